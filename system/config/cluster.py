@@ -1,0 +1,27 @@
+"""Config of the asynchronous pipeline (staleness bound) and of the Ray cluster it runs on."""
+
+from pydantic import Field
+
+from system.config.base import StrictModel
+
+
+class AsyncConfig(StrictModel):
+    max_lag: int = Field(default=1, ge=0)
+    """A sample may be generated with weights at most this many policy versions behind the learner; 0 = synchronous on-policy."""
+    buffer_batches: int = Field(default=2, ge=1)
+    """Trajectory-buffer capacity, in training batches."""
+
+
+class RayConfig(StrictModel):
+    address: str | None = None
+    """Cluster to join (``auto`` or ``ray://...``); unset = start a private local cluster bound to 127.0.0.1."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """Logical CPUs of a local cluster (unset = enough for every actor)."""
+    object_store_gib: float = Field(default=1.0, gt=0.0)
+    """Object-store memory of a local cluster."""
+    include_dashboard: bool = False
+    """Start the dashboard of a local cluster (on loopback)."""
+    rollout_resource: str = "rollout"
+    """Custom resource that marks nodes for rollout workers (ignored when no node offers it)."""
+    learner_resource: str = "learner"
+    """Custom resource that marks nodes for learner ranks (ignored when no node offers it)."""

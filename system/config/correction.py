@@ -1,0 +1,109 @@
+"""Config of the correction service: the IS method (a union on ``type``) and AIS.
+
+Defaults follow ``CORRECTION_SPEC.md`` section 2 and 3. The default method is ``seq-mis``
+with ``hi = 3``.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from system.config.base import StrictModel
+
+
+class _MethodBase(StrictModel):
+    veto: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """Catastrophe veto: drop a whole sequence if any token has ``d < log(veto)``; unset = off (1e-4 when used)."""
+    self_normalize: bool = False
+    """Divide the weights by their mean over valid tokens (token methods) or sequences (sequence methods)."""
+
+
+class NoCorrection(_MethodBase):
+    type: Literal["none"] = "none"
+    """Weight 1 for every valid token."""
+
+
+class TokenTIS(_MethodBase):
+    type: Literal["token-tis"] = "token-tis"
+    """Token-level truncated IS: ``w = min(rho, c)``."""
+    c: float = Field(default=2.0, gt=0.0)
+    """Truncation cap C."""
+
+
+class IcePop(_MethodBase):
+    type: Literal["icepop"] = "icepop"
+    """Token-level masked IS: ``w = rho`` inside ``[lo, hi]``, else 0."""
+    lo: float = Field(default=0.5, gt=0.0)
+    """Lower bound of the kept band."""
+    hi: float = Field(default=5.0, gt=0.0)
+    """Upper bound of the kept band."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "IcePop":
+        if self.lo > self.hi:
+            raise ValueError(f"lo ({self.lo}) must be <= hi ({self.hi})")
+        return self
+
+
+class SeqTIS(_MethodBase):
+    type: Literal["seq-tis"] = "seq-tis"
+    """Sequence-level truncated IS: ``w = min(rho_seq, c)`` for every token of the sequence."""
+    c: float = Field(default=2.0, gt=0.0)
+    """Truncation cap C."""
+
+
+class SeqMIS(_MethodBase):
+    type: Literal["seq-mis"] = "seq-mis"
+    """Sequence-level masked IS: ``w = rho_seq`` if ``log lo <= L <= log hi``, else 0."""
+    hi: float = Field(default=3.0, gt=0.0)
+    """Upper threshold on the sequence ratio."""
+    lo: float | None = Field(default=None, gt=0.0)
+    """Optional lower threshold on the sequence ratio (unset = one-sided)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SeqMIS":
+        if self.lo is not None and self.lo > self.hi:
+            raise ValueError(f"lo ({self.lo}) must be <= hi ({self.hi})")
+        return self
+
+
+class GeoRS(_MethodBase):
+    type: Literal["geo-rs"] = "geo-rs"
+    """Geometric rejection sampling: keep a sequence iff ``log lo <= L/T <= log hi``."""
+    lo: float = Field(default=0.999, gt=0.0)
+    """Lower bound on the geometric-mean ratio (tuned for BF16; calibrate for FP8)."""
+    hi: float = Field(default=1.001, gt=0.0)
+    """Upper bound on the geometric-mean ratio."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "GeoRS":
+        if self.lo > self.hi:
+            raise ValueError(f"lo ({self.lo}) must be <= hi ({self.hi})")
+        return self
+
+
+MethodConfig = Annotated[
+    NoCorrection | TokenTIS | IcePop | SeqTIS | SeqMIS | GeoRS,
+    Field(discriminator="type"),
+]
+METHOD_TYPES: tuple[str, ...] = ("none", "token-tis", "icepop", "seq-tis", "seq-mis", "geo-rs")
+
+
+class AISConfig(StrictModel):
+    enabled: bool = False
+    """Mix the uncorrected and the corrected gradient with the adaptive coefficient alpha (spec section 3)."""
+    warmup_batches: int = Field(default=10, ge=1)
+    """K: batches whose mean severity becomes S_ref; alpha is 0 during them."""
+    k_s: float = Field(default=2.0, gt=1.0)
+    """Severity multiple of S_ref at which the gate saturates."""
+    beta: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """EMA coefficient of alpha."""
+    c: float = Field(default=2.0, gt=0.0)
+    """Truncation cap used by the reliability and variance diagnostics."""
+
+
+class CorrectionConfig(StrictModel):
+    method: MethodConfig = Field(default_factory=SeqMIS)
+    """The importance-sampling correction applied to the policy loss (default seq-mis, hi = 3)."""
+    ais: AISConfig = Field(default_factory=AISConfig)
+    """Adaptive importance sampling on top of the method."""

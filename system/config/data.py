@@ -1,0 +1,56 @@
+"""Config of the prompt source (a union on ``type``) and its verifiable reward (a union on ``type``)."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from system.config.base import StrictModel
+
+
+class ArithmeticTaskConfig(StrictModel):
+    type: Literal["arithmetic"] = "arithmetic"
+    """Synthetic multi-digit addition prompts generated from a seed (the embedded default)."""
+    num_digits: int = Field(default=2, ge=1, le=9)
+    """Digits of each operand."""
+    num_prompts: int = Field(default=100_000, ge=1)
+    """Size of the prompt pool; an epoch ends after this many prompts."""
+
+
+class JsonlTaskConfig(StrictModel):
+    type: Literal["gsm8k"] = "gsm8k"
+    """GSM8K-style rows (``question``, ``answer`` ending in ``#### <number>``) from jsonl or parquet."""
+    path: str = Field(min_length=1)
+    """Path of a ``.jsonl`` or ``.parquet`` file."""
+    prompt_template: str = "Question: {question}\nAnswer:"
+    """Template formatting each row's ``question`` into the prompt."""
+
+    @model_validator(mode="after")
+    def _suffix(self) -> "JsonlTaskConfig":
+        if not self.path.endswith((".jsonl", ".parquet")):
+            raise ValueError(f"path must end in .jsonl or .parquet, got {self.path!r}")
+        return self
+
+
+TaskConfig = Annotated[ArithmeticTaskConfig | JsonlTaskConfig, Field(discriminator="type")]
+
+
+class DigitMatchReward(StrictModel):
+    type: Literal["digit-match"] = "digit-match"
+    """Partial credit: fraction of answer digits right in place, 1.0 for an exact answer."""
+
+
+class MathAnswerReward(StrictModel):
+    type: Literal["math-answer"] = "math-answer"
+    """1.0 if the number after the last ``####`` (or the last number) equals the reference, else 0."""
+    format_bonus: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Reward for a well-formed ``#### <number>`` answer that is wrong."""
+
+
+RewardConfig = Annotated[DigitMatchReward | MathAnswerReward, Field(discriminator="type")]
+
+
+class DataConfig(StrictModel):
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
+    """Where prompts and reference answers come from."""
+    reward: RewardConfig = Field(default_factory=DigitMatchReward)
+    """How a completion is scored against its reference."""

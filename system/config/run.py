@@ -1,0 +1,55 @@
+"""The whole run's config: one section per component plus the run-level keys."""
+
+from pydantic import Field, model_validator
+
+from system.config.base import StrictModel
+from system.config.cluster import AsyncConfig, RayConfig
+from system.config.correction import CorrectionConfig
+from system.config.data import DataConfig
+from system.config.learner import LearnerConfig
+from system.config.model import ModelConfig, TinyModelConfig
+from system.config.report import ReportConfig
+from system.config.rollout import RolloutConfig
+
+
+class RunConfig(StrictModel):
+    seed: int = 0
+    """Seed of every random generator of the run."""
+    max_steps: int = Field(default=60, ge=1)
+    """Learner steps (policy versions) to train."""
+    output_dir: str = "runs/default"
+    """Run directory: config, metrics, dumps, report, checkpoints."""
+    prompts_per_step: int = Field(default=16, ge=1)
+    """Prompts per training batch; the batch holds ``prompts_per_step * rollout.group_size`` sequences."""
+    checkpoint_every: int = Field(default=20, ge=0)
+    """Save a checkpoint every this many steps (and at the end); 0 = only at the end."""
+    model: ModelConfig = Field(default_factory=TinyModelConfig)
+    """The policy model."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Prompts and reward."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Rollout workers."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """FSDP2 learner and policy loss."""
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    """Mismatch diagnostics and importance-sampling correction."""
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+    """Staleness bound of the asynchronous pipeline."""
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    """Sinks, W&B and dumps."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """The Ray cluster."""
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.prompts_per_step * self.rollout.group_size
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "RunConfig":
+        n, r = self.sequences_per_step, self.learner.num_ranks
+        if n % r:
+            raise ValueError(
+                f"learner.num_ranks ({r}) must divide the batch of prompts_per_step x "
+                f"rollout.group_size = {n} sequences"
+            )
+        return self
