@@ -1,0 +1,47 @@
+"""The wire format of exported policy weights: numpy arrays (bf16 as an int16 view) plus dtypes.
+
+Numpy arrays travel through Ray's object store without a copy; torch tensors are pickled.
+"""
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_VIEW = {torch.bfloat16: (np.int16, torch.int16)}
+
+
+@dataclass(frozen=True)
+class WeightPayload:
+    """Full (unsharded) weights of one policy version."""
+
+    policy_version: int
+    arrays: dict[str, np.ndarray]
+    dtypes: dict[str, str]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+def encode_weights(state: Mapping[str, torch.Tensor], policy_version: int) -> WeightPayload:
+    """Detach every tensor to CPU numpy; bf16 is carried bit-exactly as int16."""
+    arrays, dtypes = {}, {}
+    for name, tensor in state.items():
+        t = tensor.detach().to("cpu").contiguous()
+        dtypes[name] = str(t.dtype).removeprefix("torch.")
+        if t.dtype in _VIEW:
+            t = t.view(_VIEW[t.dtype][1])
+        arrays[name] = t.numpy()
+    return WeightPayload(policy_version=policy_version, arrays=arrays, dtypes=dtypes)
+
+
+def decode_weights(payload: WeightPayload) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` in the original dtypes (zero-copy where the array allows it)."""
+    for name, arr in payload.arrays.items():
+        dtype = getattr(torch, payload.dtypes[name])
+        t = torch.from_numpy(np.array(arr, copy=not arr.flags.writeable))
+        if dtype in _VIEW:
+            t = t.view(dtype)
+        yield name, t
