@@ -1,0 +1,1 @@
+"""Thin Ray shells over the ``system`` core, the controller and the ``aisrl`` command line."""

@@ -1,0 +1,1 @@
+"""Metric records and sinks, batch dumps and the mismatch report."""

@@ -1,0 +1,101 @@
+"""Batch dumps (``CORRECTION_SPEC.md`` section 6): one ``.npz`` per dumped step, validated on load."""
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REQUIRED = ("rollout_logp", "train_logp", "response_mask")
+OPTIONAL_ROW = ("lag", "reward", "uid", "prompt_text", "response_text")
+OPTIONAL_GRID = ("response_ids", "token_text")
+
+
+class DumpError(ValueError):
+    """A dump that cannot be reported on; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class BatchDump:
+    """The arrays of one dump; ``N`` responses padded to ``T`` tokens."""
+
+    rollout_logp: np.ndarray  # float32 [N, T]  (mu)
+    train_logp: np.ndarray  # float32 [N, T]  (old)
+    response_mask: np.ndarray  # bool [N, T]
+    lag: np.ndarray  # int32 [N] (all 0 when absent)
+    has_lag: bool
+    reward: np.ndarray | None = None  # float32 [N]
+    uid: np.ndarray | None = None  # str [N]
+    prompt_text: np.ndarray | None = None
+    response_text: np.ndarray | None = None
+    response_ids: np.ndarray | None = None  # int32 [N, T]
+    token_text: np.ndarray | None = None  # str [N, T]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rollout_logp.shape
+
+
+def _check_shape(name: str, arr: np.ndarray, want: tuple[int, ...], path: str) -> None:
+    if arr.shape != want:
+        raise DumpError(f"{path}: key {name!r} has shape {arr.shape}, expected {want}")
+
+
+def load_dump(path: str | Path) -> BatchDump:
+    """Read and validate a dump; raises DumpError naming the file and the offending key."""
+    p = str(path)
+    if not Path(p).is_file():
+        raise DumpError(f"{p}: no such file")
+    try:
+        npz = np.load(p, allow_pickle=False)
+        arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise DumpError(f"{p}: not a readable .npz batch dump ({exc})") from None
+    for key in REQUIRED:
+        if key not in arrays:
+            raise DumpError(f"{p}: missing required key {key!r} (have {sorted(arrays)})")
+    mu = arrays["rollout_logp"]
+    if mu.ndim != 2:
+        raise DumpError(f"{p}: key 'rollout_logp' must be 2-D [N, T], got shape {mu.shape}")
+    n, t = mu.shape
+    if n == 0 or t == 0:
+        raise DumpError(f"{p}: empty batch: key 'rollout_logp' has shape {mu.shape}")
+    for key in ("train_logp", "response_mask") + tuple(k for k in OPTIONAL_GRID if k in arrays):
+        _check_shape(key, arrays[key], (n, t), p)
+    for key in (k for k in OPTIONAL_ROW if k in arrays):
+        _check_shape(key, arrays[key], (n,), p)
+    for key in ("rollout_logp", "train_logp"):
+        if not np.issubdtype(arrays[key].dtype, np.floating):
+            raise DumpError(f"{p}: key {key!r} must be floating point, got {arrays[key].dtype}")
+    mask = arrays["response_mask"]
+    if mask.dtype != np.bool_ and not np.isin(mask, (0, 1)).all():
+        raise DumpError(f"{p}: key 'response_mask' must hold only 0/1")
+    if not mask.astype(bool).any():
+        raise DumpError(f"{p}: empty batch: 'response_mask' selects no token")
+    lag = arrays.get("lag")
+    return BatchDump(
+        rollout_logp=mu.astype(np.float32, copy=False),
+        train_logp=arrays["train_logp"].astype(np.float32, copy=False),
+        response_mask=mask.astype(bool, copy=False),
+        lag=(lag if lag is not None else np.zeros(n)).astype(np.int32),
+        has_lag=lag is not None,
+        reward=arrays["reward"].astype(np.float32) if "reward" in arrays else None,
+        uid=arrays.get("uid"),
+        prompt_text=arrays.get("prompt_text"),
+        response_text=arrays.get("response_text"),
+        response_ids=arrays["response_ids"].astype(np.int32) if "response_ids" in arrays else None,
+        token_text=arrays.get("token_text"),
+    )
+
+
+def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
+    """Write a dump atomically (temp file, then rename); keys as in section 6."""
+    missing = [k for k in REQUIRED if k not in arrays]
+    if missing:
+        raise DumpError(f"{path}: cannot save without {missing}")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items() if v is not None})
+    tmp.replace(out)
+    return out

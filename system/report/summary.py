@@ -1,0 +1,52 @@
+"""``summary.json`` of a batch dump: section 1 diagnostics, AIS diagnostics, every method, by lag."""
+
+import numpy as np
+import torch
+
+from system.correction import (
+    LogRatios,
+    ais_diagnostics,
+    compute_diagnostics,
+    compute_log_ratios,
+    compute_weights,
+    default_method_configs,
+    diagnostics_by_lag,
+    method_statistics,
+)
+from system.report.dump import BatchDump
+
+
+def dump_ratios(dump: BatchDump) -> LogRatios:
+    """The per-token log-ratios of a dump (computed once, shared by summary and samples)."""
+    return compute_log_ratios(
+        torch.from_numpy(dump.rollout_logp),
+        torch.from_numpy(dump.train_logp),
+        torch.from_numpy(dump.response_mask),
+    )
+
+
+def methods_table(ratios: LogRatios) -> dict[str, dict]:
+    """What every section 2 method would keep at its default thresholds."""
+    table = {}
+    for name, method in default_method_configs().items():
+        w_BT = compute_weights(ratios, method)
+        table[name] = method_statistics(ratios, w_BT)
+    return table
+
+
+def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
+    """Every key of section 1 at the top level, plus ``ais``, ``methods`` and (with lags) ``by_lag``."""
+    ratios = ratios if ratios is not None else dump_ratios(dump)
+    summary = dict(compute_diagnostics(ratios))
+    summary["ais"] = ais_diagnostics(ratios)
+    summary["methods"] = methods_table(ratios)
+    if dump.has_lag:
+        summary["by_lag"] = diagnostics_by_lag(
+            torch.from_numpy(dump.rollout_logp),
+            torch.from_numpy(dump.train_logp),
+            torch.from_numpy(dump.response_mask),
+            torch.from_numpy(dump.lag.astype(np.int64)),
+        )
+    if dump.reward is not None:
+        summary["reward_mean"] = float(np.mean(dump.reward))
+    return summary

@@ -1,0 +1,1 @@
+"""Verifiable rewards: ``completion text, reference -> float``, chosen by the config's ``type``."""
