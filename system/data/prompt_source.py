@@ -5,10 +5,10 @@ controller (and its exactly-once sampler) addresses prompts by index, so a resta
 sees the same prompt at the same index.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
-from system.config.data import ArithmeticTaskConfig, JsonlTaskConfig, TaskConfig
+from system.config.data import ArithmeticTaskConfig, JsonlTaskConfig
 from system.data.arithmetic import ArithmeticPrompts
 from system.data.gsm8k import load_gsm8k
 from system.types import Prompt
@@ -23,16 +23,21 @@ class PromptSource(Protocol):
     def __getitem__(self, index: int) -> Prompt: ...
 
 
-def build_prompt_source(task: TaskConfig, seed: int) -> PromptSource:
-    """The prompt source of ``task`` (``seed`` fixes the synthetic pool; files ignore it)."""
-    if isinstance(task, ArithmeticTaskConfig):
-        return ArithmeticPrompts(task, seed)
-    if isinstance(task, JsonlTaskConfig):
-        return load_gsm8k(task.path, task.prompt_template)
-    raise ValueError(f"data.task.type {getattr(task, 'type', task)!r} has no prompt source")
+_BUILDERS: dict[str, Callable[..., PromptSource]] = {
+    "arithmetic": lambda task, seed: ArithmeticPrompts(task, seed),
+    "gsm8k": lambda task, seed: load_gsm8k(task.path, task.prompt_template),
+}
 
 
-def iter_prompts(task: TaskConfig, seed: int) -> Iterator[Prompt]:
+def build_prompt_source(task: ArithmeticTaskConfig | JsonlTaskConfig, seed: int) -> PromptSource:
+    """The prompts of ``data.task``; ``seed`` fixes the synthetic pool (files ignore it)."""
+    builder = _BUILDERS.get(task.type)
+    if builder is None:
+        raise ValueError(f"data.task.type {task.type!r} is not one of {sorted(_BUILDERS)}")
+    return builder(task, seed)
+
+
+def iter_prompts(task: ArithmeticTaskConfig | JsonlTaskConfig, seed: int) -> Iterator[Prompt]:
     """Every prompt of the task once, in index order."""
     source = build_prompt_source(task, seed)
     for i in range(len(source)):

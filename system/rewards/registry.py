@@ -2,20 +2,20 @@
 
 from collections.abc import Callable
 
-from system.config.data import DigitMatchReward, MathAnswerReward, RewardConfig
+from system.config.data import DigitMatchReward, MathAnswerReward
 from system.rewards.digit_match import digit_match
 from system.rewards.math_answer import math_answer_reward
 
 RewardFn = Callable[[str, str], float]
 """``reward(completion_text, reference) -> float``."""
 
-_BUILDERS: dict[str, Callable[[RewardConfig], RewardFn]] = {
+_BUILDERS: dict[str, Callable[..., RewardFn]] = {
     "digit-match": lambda cfg: digit_match,
     "math-answer": lambda cfg: math_answer_reward(cfg.format_bonus),
 }
 
 
-def build_reward(cfg: DigitMatchReward | MathAnswerReward | RewardConfig) -> RewardFn:
+def build_reward(cfg: DigitMatchReward | MathAnswerReward) -> RewardFn:
     """The reward function of ``cfg`` (``data.reward``)."""
     builder = _BUILDERS.get(cfg.type)
     if builder is None:

@@ -1,0 +1,145 @@
+"""Log-ratios between the learner and the behaviour policy, derived once per batch (spec section 0).
+
+    valid = mask != 0 and mu, old finite        d = old - mu (0 where not valid)
+    dc = clamp(d, -20, 20)                      rho = exp(dc) (0 where not valid)
+    T_i = sum_t valid                           L_i = sum_t dc        rho_seq_i = exp(clamp(L_i, -20, 20))
+
+Non-finite log-probs are replaced by 0 *before* any arithmetic, so no NaN can leak into a
+statistic, a weight or a gradient. Everything here is detached and float64 (the statistics
+dtype); weights built from it are handed back in ``weight_dtype``.
+
+Shapes: B = responses in the batch, T = padded response length.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+LOG_RATIO_CLAMP = 20.0
+"""Per-token (and per-sequence, for ``rho_seq``) clamp of the log-ratio before ``exp``."""
+
+
+@dataclass(frozen=True)
+class LogRatios:
+    """Everything the diagnostics and the weights derive from ``(mu, old, mask)``; all detached."""
+
+    valid_BT: torch.Tensor
+    """bool: mask != 0 and both log-probs finite."""
+    d_BT: torch.Tensor
+    """float64: old - mu, 0 where not valid."""
+    dc_BT: torch.Tensor
+    """float64: clamp(d, -20, 20), 0 where not valid."""
+    rho_BT: torch.Tensor
+    """float64: exp(dc) where valid, 0 elsewhere."""
+    num_valid_B: torch.Tensor
+    """int64: T_i, valid tokens of each response."""
+    seq_valid_B: torch.Tensor
+    """bool: T_i >= 1 (the response counts as a sequence)."""
+    seq_logratio_B: torch.Tensor
+    """float64: L_i = sum of dc over valid tokens, 0 for an empty response; not clamped."""
+    rho_seq_B: torch.Tensor
+    """float64: exp(clamp(L_i, -20, 20)); 1 for an empty response (no token carries it)."""
+    nonfinite_tokens: int
+    """Masked-in tokens excluded because mu or old was NaN or +-inf."""
+    behaviour_BT: torch.Tensor
+    """float64: mu where valid, 0 elsewhere."""
+    proximal_BT: torch.Tensor
+    """float64: old where valid, 0 elsewhere."""
+    nonfinite_B: torch.Tensor
+    """int64: the non-finite masked-in tokens of each response."""
+    weight_dtype: torch.dtype
+    """Floating dtype of the inputs promoted to at least float32: the dtype weights are returned in."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Valid tokens in the batch."""
+        return int(self.num_valid_B.sum().item())
+
+    @property
+    def num_sequences(self) -> int:
+        """Responses with at least one valid token."""
+        return int(self.seq_valid_B.sum().item())
+
+
+def _check_inputs(behaviour_BT, proximal_BT, mask_BT) -> None:
+    if behaviour_BT.dim() != 2:
+        raise ValueError(f"behaviour_logp must be [B, T], got shape {tuple(behaviour_BT.shape)}")
+    for name, t in (("proximal_logp", proximal_BT), ("mask", mask_BT)):
+        if t.shape != behaviour_BT.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but behaviour_logp has {tuple(behaviour_BT.shape)}"
+            )
+    for name, t in (("behaviour_logp", behaviour_BT), ("proximal_logp", proximal_BT)):
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
+
+
+def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatios:
+    """Derive every per-token and per-sequence ratio of spec section 0 from ``(mu, old, mask)``.
+
+    Inputs may be torch tensors or numpy arrays; ``mask`` may be bool, integer or float
+    (non-zero = response token). Raises ``ValueError`` on shape or dtype mismatch.
+    """
+    behaviour_BT = torch.as_tensor(behaviour_logp_BT).detach()
+    proximal_BT = torch.as_tensor(proximal_logp_BT).detach()
+    mask_BT = torch.as_tensor(mask_BT, device=behaviour_BT.device).detach()
+    _check_inputs(behaviour_BT, proximal_BT, mask_BT)
+    weight_dtype = torch.promote_types(
+        torch.promote_types(behaviour_BT.dtype, proximal_BT.dtype), torch.float32
+    )
+    mu_BT = behaviour_BT.to(torch.float64)
+    old_BT = proximal_BT.to(torch.float64)
+    in_mask_BT = mask_BT if mask_BT.dtype == torch.bool else mask_BT != 0
+    # In float64 the difference of two finite float32 log-probs is finite, and it is non-finite
+    # whenever either operand is: one isfinite pass finds every excluded token.
+    raw_d_BT = old_BT - mu_BT
+    finite_BT = torch.isfinite(raw_d_BT)
+    valid_BT = in_mask_BT & finite_BT
+    nonfinite_B = (in_mask_BT & ~finite_BT).sum(dim=1)
+    mu_BT = torch.where(valid_BT, mu_BT, 0.0)
+    old_BT = torch.where(valid_BT, old_BT, 0.0)
+    d_BT = torch.where(valid_BT, raw_d_BT, 0.0)
+    dc_BT = d_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    rho_BT = torch.where(valid_BT, dc_BT.exp(), 0.0)
+    num_valid_B = valid_BT.sum(dim=1)
+    seq_logratio_B = dc_BT.sum(dim=1)
+    return LogRatios(
+        valid_BT=valid_BT,
+        d_BT=d_BT,
+        dc_BT=dc_BT,
+        rho_BT=rho_BT,
+        num_valid_B=num_valid_B,
+        seq_valid_B=num_valid_B >= 1,
+        seq_logratio_B=seq_logratio_B,
+        rho_seq_B=seq_logratio_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp(),
+        nonfinite_tokens=int(nonfinite_B.sum().item()),
+        behaviour_BT=mu_BT,
+        proximal_BT=old_BT,
+        nonfinite_B=nonfinite_B,
+        weight_dtype=weight_dtype,
+    )
+
+
+def select_sequences(ratios: LogRatios, rows_B: torch.Tensor) -> LogRatios:
+    """The ratios of a subset of responses (a bool mask or an index tensor over B), no recompute."""
+    rows_B = torch.as_tensor(rows_B, device=ratios.valid_BT.device)
+    if rows_B.dtype == torch.bool and rows_B.shape != ratios.num_valid_B.shape:
+        raise ValueError(
+            f"row mask has shape {tuple(rows_B.shape)} but the batch has {ratios.num_valid_B.numel()} responses"
+        )
+    nonfinite_B = ratios.nonfinite_B[rows_B]
+    return LogRatios(
+        valid_BT=ratios.valid_BT[rows_B],
+        d_BT=ratios.d_BT[rows_B],
+        dc_BT=ratios.dc_BT[rows_B],
+        rho_BT=ratios.rho_BT[rows_B],
+        num_valid_B=ratios.num_valid_B[rows_B],
+        seq_valid_B=ratios.seq_valid_B[rows_B],
+        seq_logratio_B=ratios.seq_logratio_B[rows_B],
+        rho_seq_B=ratios.rho_seq_B[rows_B],
+        nonfinite_tokens=int(nonfinite_B.sum().item()),
+        behaviour_BT=ratios.behaviour_BT[rows_B],
+        proximal_BT=ratios.proximal_BT[rows_B],
+        nonfinite_B=nonfinite_B,
+        weight_dtype=ratios.weight_dtype,
+    )

@@ -1,0 +1,99 @@
+"""Process-group set-up of the learner ranks from explicit arguments: gloo on CPU, NCCL on GPU.
+
+Every learner rank (one Ray actor each, or one process in tests) calls ``init_process_group``
+with its own ``rank`` and the shared ``world_size``, ``master_addr`` and ``master_port``; the
+address travels in the call, never through ``MASTER_ADDR``/``MASTER_PORT``. A world of size 1
+still gets a (1-rank) process group, so FSDP2, DCP and the full-state-dict export run the same
+code path for one rank as for many.
+
+When the master address is a loopback address, gloo is pinned to the loopback interface
+(``GLOO_SOCKET_IFNAME``, unless the user set it), so single-machine runs and tests keep all
+traffic on 127.0.0.1.
+"""
+
+import ipaddress
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it; racy by nature)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def backend_for_device(device: torch.device) -> str:
+    """``nccl`` for CUDA devices, ``gloo`` otherwise."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def learner_device(rank: int) -> torch.device:
+    """The device of one rank: ``cuda:(rank mod visible GPUs)`` if CUDA is available, else CPU.
+
+    Under Ray each learner actor sees exactly one GPU, so this is ``cuda:0`` there.
+    """
+    if torch.cuda.is_available():
+        index = rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init_process_group(
+    rank: int,
+    world_size: int,
+    master_port: int,
+    master_addr: str = "127.0.0.1",
+    device: torch.device | None = None,
+    timeout_s: float = 600.0,
+) -> torch.device:
+    """Join the learner's process group; returns this rank's device. Collective over all ranks."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if not 0 < master_port < 65536:
+        raise ValueError(f"master_port must be a TCP port in (0, 65536), got {master_port}")
+    if dist.is_initialized():
+        raise ValueError("a default process group already exists in this process; destroy it first")
+    device = device if device is not None else learner_device(rank)
+    backend = backend_for_device(device)
+    if backend == "gloo" and _is_loopback(master_addr):
+        _pin_gloo_to_loopback()
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return device
+
+
+def destroy_process_group() -> None:
+    """Leave and destroy the default process group (no-op if there is none)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _pin_gloo_to_loopback() -> None:
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    if names:
+        os.environ["GLOO_SOCKET_IFNAME"] = names[0]

@@ -1,0 +1,73 @@
+"""Metric sinks behind one protocol: JSONL, fan-out, null. (W&B: ``wandb_sink``; console: ``console_sink``.)
+
+Core code returns metrics as flat ``{name: number}`` dicts; only sinks write them anywhere.
+"""
+
+import json
+import math
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def log_histogram(self, step: int, name: str, values: np.ndarray) -> None: ...
+    def log_table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None: ...
+    def close(self) -> None: ...
+
+
+def json_safe(value):
+    """Non-finite floats become None (JSON has no NaN); numpy scalars become Python numbers."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class NullSink:
+    def log(self, step, metrics): pass
+    def log_histogram(self, step, name, values): pass
+    def log_table(self, step, name, columns, rows): pass
+    def close(self): pass
+
+
+class JsonlSink(NullSink):
+    """Appends one JSON object per ``log`` call to ``metrics.jsonl`` (flushed each line)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a", buffering=1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: json_safe(v) for k, v in metrics.items()}}
+        self._fh.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class FanOutSink(NullSink):
+    """Sends every call to each child sink."""
+
+    def __init__(self, sinks: list[MetricSink]) -> None:
+        self.sinks = list(sinks)
+
+    def log(self, step, metrics):
+        for s in self.sinks:
+            s.log(step, metrics)
+
+    def log_histogram(self, step, name, values):
+        for s in self.sinks:
+            s.log_histogram(step, name, values)
+
+    def log_table(self, step, name, columns, rows):
+        for s in self.sinks:
+            s.log_table(step, name, columns, rows)
+
+    def close(self):
+        for s in self.sinks:
+            s.close()
