@@ -66,11 +66,11 @@ def build_fsdp_model(
     param_dtype: str = "bfloat16",
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    """Load, shard over a 1-D mesh of ``world_size`` ranks and move the shards to ``device``.
+    """Load and shard over a 1-D mesh of ``world_size`` ranks of ``device``'s type.
 
+    ``fully_shard`` moves the shards to the mesh's device (the current CUDA device, or CPU).
     Needs an initialised default process group of ``world_size`` ranks. Collective.
     """
     model = load_causal_lm(model_dir, trust_remote_code)
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
-    shard_model(model, mesh, param_dtype_of(param_dtype))
-    return model.to(device)
+    return shard_model(model, mesh, param_dtype_of(param_dtype))

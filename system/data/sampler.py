@@ -1,0 +1,107 @@
+"""Exactly-once prompt sampler and its ledger: every issued prompt ends trained or dropped with a reason.
+
+Prompts are served in a per-epoch permutation of the source's indices (seeded), each issue
+stamped with a unique ``prompt_id`` = ``e<epoch>-<index>``. A prompt whose worker died is
+handed back with :meth:`requeue` and served again before new ones, under the same id, so a
+late duplicate result is recognised and discarded instead of trained twice.
+"""
+
+from collections import Counter, deque
+from dataclasses import replace
+
+import numpy as np
+
+from system.data.prompt_source import PromptSource
+from system.types import Prompt
+
+ISSUED, GENERATED, TRAINED, DROPPED = "issued", "generated", "trained", "dropped"
+
+
+class PromptSampler:
+    def __init__(self, source: PromptSource, seed: int) -> None:
+        if len(source) == 0:
+            raise ValueError("the prompt source is empty")
+        self.source = source
+        self.seed = seed
+        self.epoch = 0
+        self.cursor = 0
+        self._order = self._permutation(0)
+        self.requeued: deque[str] = deque()
+        self.state: dict[str, str] = {}  # prompt_id -> ISSUED / GENERATED / TRAINED / DROPPED
+        self.drop_reasons: Counter[str] = Counter()
+        self.duplicates = 0
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
+
+    def _prompt(self, prompt_id: str) -> Prompt:
+        index = int(prompt_id.split("-", 1)[1])
+        return replace(self.source[index], prompt_id=prompt_id)
+
+    def next_prompts(self, k: int) -> list[Prompt]:
+        """Issue ``k`` prompts: requeued ones first, then the next of the permutation."""
+        out = []
+        while len(out) < k and self.requeued:
+            out.append(self._prompt(self.requeued.popleft()))
+        while len(out) < k:
+            if self.cursor == len(self._order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            pid = f"e{self.epoch}-{int(self._order[self.cursor])}"
+            self.cursor += 1
+            self.state[pid] = ISSUED
+            out.append(self._prompt(pid))
+        return out
+
+    def requeue(self, prompt_ids: list[str]) -> None:
+        """Hand back issued prompts whose generation was lost (dead worker, removed worker)."""
+        for pid in prompt_ids:
+            if self.state.get(pid) == ISSUED and pid not in self.requeued:
+                self.requeued.append(pid)
+
+    def mark_generated(self, prompt_id: str) -> bool:
+        """Record a finished generation; False (and counted) for a duplicate or unknown id."""
+        if self.state.get(prompt_id) != ISSUED:
+            self.duplicates += 1
+            return False
+        if prompt_id in self.requeued:
+            self.requeued.remove(prompt_id)
+        self.state[prompt_id] = GENERATED
+        return True
+
+    def mark_trained(self, prompt_ids: list[str]) -> None:
+        for pid in prompt_ids:
+            if self.state.get(pid) != GENERATED:
+                raise AssertionError(f"prompt {pid} trained from state {self.state.get(pid)}")
+            self.state[pid] = TRAINED
+
+    def mark_dropped(self, prompt_id: str, reason: str) -> None:
+        if self.state.get(prompt_id) not in (ISSUED, GENERATED):
+            raise AssertionError(f"prompt {prompt_id} dropped from state {self.state.get(prompt_id)}")
+        self.state[prompt_id] = DROPPED
+        self.drop_reasons[reason] += 1
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(self.state.values())
+        return {
+            "issued": len(self.state), "in_flight": c[ISSUED], "buffered": c[GENERATED],
+            "trained": c[TRAINED], "dropped": c[DROPPED], "duplicates": self.duplicates,
+            **{f"dropped/{r}": n for r, n in sorted(self.drop_reasons.items())},
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "seed": self.seed, "epoch": self.epoch, "cursor": self.cursor,
+            "requeued": list(self.requeued), "state": dict(self.state),
+            "drop_reasons": dict(self.drop_reasons), "duplicates": self.duplicates,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["seed"] != self.seed:
+            raise ValueError(f"sampler checkpoint has seed {sd['seed']}, the config {self.seed}")
+        self.epoch, self.cursor = sd["epoch"], sd["cursor"]
+        self._order = self._permutation(self.epoch)
+        self.requeued = deque(sd["requeued"])
+        self.state = dict(sd["state"])
+        self.drop_reasons = Counter(sd["drop_reasons"])
+        self.duplicates = sd["duplicates"]

@@ -1,0 +1,150 @@
+"""Collate rollout groups into the learner's padded batch, shard it over ranks and slice it.
+
+Legend: ``B`` sequences, ``S`` positions of prompt + response (right-padded), ``T`` positions
+of the response-only view (the global batch's longest response).
+
+Alignment: sequence b holds its prompt at positions ``[0, P_b)`` and its response at
+``[P_b, P_b + T_b)`` with ``P_b = response_start_B[b]``, ``T_b = response_len_B[b]``. Every
+per-position array is indexed by the token it scores: ``behaviour_logp_BS[b, s]`` is log mu of
+``input_ids_BS[b, s]`` given the tokens before it, exactly like the learner's
+``logp_BS[b, s]`` (``system.learner.logprobs``). The response view is
+``x_BT[b, t] = x_BS[b, P_b + t]`` for ``t < T_b`` and 0 beyond.
+
+Advantages are computed by ``collate_groups`` over whole groups, before any sharding, so
+``shard_batch`` may cut anywhere (contiguous rows) without changing them.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+
+from system.losses.advantages import group_advantages
+from system.types import RolloutGroup
+
+
+@dataclass(frozen=True)
+class LearnerBatch:
+    """Padded numpy arrays of B sequences (cheap to move through Ray's object store)."""
+
+    input_ids_BS: np.ndarray  # int64, prompt + response, right-padded with pad_token_id
+    attention_mask_BS: np.ndarray  # bool, 1 on prompt and response tokens
+    response_mask_BS: np.ndarray  # bool, 1 on response tokens
+    behaviour_logp_BS: np.ndarray  # float32, log mu of token s at s (response only, else 0)
+    response_start_B: np.ndarray  # int64, P_b: prompt length = first response position
+    response_len_B: np.ndarray  # int64, T_b
+    rewards_B: np.ndarray  # float32
+    advantages_B: np.ndarray  # float32, computed over the whole groups at collate time
+    group_index_B: np.ndarray  # int64, index of the prompt group in the global batch
+    policy_version_B: np.ndarray  # int64, behaviour policy version of each sequence
+    uids: tuple[str, ...]  # completion uids ("prompt_id#sample_index")
+    num_response_tokens: int  # T: width of response views (the global batch's longest response)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids_BS.shape[0])
+
+    def rows(self, index: slice) -> "LearnerBatch":
+        """The sub-batch of rows ``index`` (a slice); keeps S and T of the full batch."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value[index] if isinstance(value, np.ndarray | tuple) else value
+        return replace(self, **values)
+
+    def response_view(self, x_BS: np.ndarray) -> np.ndarray:
+        """``x_BT[b, t] = x_BS[b, P_b + t]`` for ``t < T_b``, 0 elsewhere."""
+        return gather_response(torch.from_numpy(np.asarray(x_BS)), self._start_t(), self._len_t(),
+                               self.num_response_tokens).numpy()
+
+    def response_arrays(self) -> dict[str, np.ndarray]:
+        """Response-only ``[B, T]`` arrays for the correction service and batch dumps."""
+        return {
+            "behaviour_logp": self.response_view(self.behaviour_logp_BS).astype(np.float32),
+            "response_mask": self.response_view(self.response_mask_BS).astype(bool),
+            "response_ids": self.response_view(self.input_ids_BS).astype(np.int32),
+        }
+
+    def _start_t(self) -> torch.Tensor:
+        return torch.from_numpy(self.response_start_B)
+
+    def _len_t(self) -> torch.Tensor:
+        return torch.from_numpy(self.response_len_B)
+
+
+def gather_response(
+    x_BS: torch.Tensor, response_start_B: torch.Tensor, response_len_B: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """Response-only view ``x_BT`` of a per-position tensor (differentiable; 0 past each response)."""
+    t_T = torch.arange(num_tokens, device=x_BS.device)
+    pos_BT = response_start_B.to(x_BS.device)[:, None] + t_T[None, :]
+    inside_BT = t_T[None, :] < response_len_B.to(x_BS.device)[:, None]
+    pos_BT = torch.where(inside_BT, pos_BT, 0).clamp(max=x_BS.shape[1] - 1)
+    gathered_BT = x_BS.gather(1, pos_BT)
+    return torch.where(inside_BT, gathered_BT, torch.zeros((), dtype=x_BS.dtype, device=x_BS.device))
+
+
+def collate_groups(
+    groups: Sequence[RolloutGroup], scale_advantages_by_std: bool, pad_token_id: int = 0
+) -> LearnerBatch:
+    """Pad the completions of ``groups`` (in order) into one batch and compute group advantages."""
+    completions = [(g_idx, c) for g_idx, g in enumerate(groups) for c in g.completions]
+    if not completions:
+        raise ValueError("cannot collate an empty batch: the groups hold no completions")
+    for _, c in completions:
+        if len(c.prompt_token_ids) == 0:
+            raise ValueError(f"completion {c.uid} has an empty prompt; the first token needs a context")
+    prompt_len_B = np.array([len(c.prompt_token_ids) for _, c in completions], dtype=np.int64)
+    response_len_B = np.array([len(c.response_token_ids) for _, c in completions], dtype=np.int64)
+    num_seq, seq_len = len(completions), int((prompt_len_B + response_len_B).max())
+    input_ids_BS = np.full((num_seq, seq_len), pad_token_id, dtype=np.int64)
+    behaviour_logp_BS = np.zeros((num_seq, seq_len), dtype=np.float32)
+    response_mask_BS = np.zeros((num_seq, seq_len), dtype=bool)
+    for b, (_, c) in enumerate(completions):
+        p, t = prompt_len_B[b], response_len_B[b]
+        input_ids_BS[b, :p] = c.prompt_token_ids
+        input_ids_BS[b, p : p + t] = c.response_token_ids
+        behaviour_logp_BS[b, p : p + t] = c.behaviour_logprobs
+        response_mask_BS[b, p : p + t] = True
+    positions_S = np.arange(seq_len)
+    rewards_B = np.array([c.reward for _, c in completions], dtype=np.float32)
+    group_index_B = np.array([g for g, _ in completions], dtype=np.int64)
+    advantages_B = group_advantages(
+        torch.from_numpy(rewards_B), torch.from_numpy(group_index_B), scale_by_std=scale_advantages_by_std
+    )
+    return LearnerBatch(
+        input_ids_BS=input_ids_BS,
+        attention_mask_BS=positions_S[None, :] < (prompt_len_B + response_len_B)[:, None],
+        response_mask_BS=response_mask_BS,
+        behaviour_logp_BS=behaviour_logp_BS,
+        response_start_B=prompt_len_B,
+        response_len_B=response_len_B,
+        rewards_B=rewards_B,
+        advantages_B=np.asarray(advantages_B.detach().cpu(), dtype=np.float32),
+        group_index_B=group_index_B,
+        policy_version_B=np.array([c.policy_version for _, c in completions], dtype=np.int64),
+        uids=tuple(c.uid for _, c in completions),
+        num_response_tokens=max(1, int(response_len_B.max())),
+    )
+
+
+def shard_batch(batch: LearnerBatch, rank: int, world_size: int) -> LearnerBatch:
+    """Rank ``rank``'s contiguous block of ``B / world_size`` sequences."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if batch.num_sequences % world_size:
+        raise ValueError(
+            f"the batch of {batch.num_sequences} sequences does not split evenly over "
+            f"{world_size} learner ranks; choose prompts_per_step x group_size divisible by num_ranks"
+        )
+    size = batch.num_sequences // world_size
+    return batch.rows(slice(rank * size, (rank + 1) * size))
+
+
+def micro_batch_slices(num_sequences: int, micro_batch_size: int) -> list[slice]:
+    """Consecutive row slices of at most ``micro_batch_size`` sequences (the last may be shorter)."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    starts = range(0, num_sequences, micro_batch_size)
+    return [slice(s, min(s + micro_batch_size, num_sequences)) for s in starts]

@@ -1,0 +1,81 @@
+"""Micro-batched forward passes over one rank's shard, returning response-only ``[B, T]`` log-probs.
+
+Each micro-batch is trimmed to its longest sequence before the forward (right padding and a
+causal mask make the trimmed columns irrelevant to the kept ones), and scattered back into
+the shard's response view. The proximal recompute and the training forward use the same
+micro-batches and the same trimming, so on the first update ``cur - old`` is exactly 0.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from system.learner.batch import LearnerBatch, gather_response, micro_batch_slices
+from system.learner.logprobs import token_logprobs, token_logprobs_and_entropy
+
+
+@dataclass(frozen=True)
+class ShardTensors:
+    """The torch tensors of one rank's shard, on the learner's device."""
+
+    input_ids_BS: torch.Tensor
+    attention_mask_BS: torch.Tensor
+    response_start_B: torch.Tensor
+    response_len_B: torch.Tensor
+    response_mask_BT: torch.Tensor  # bool
+    behaviour_logp_BT: torch.Tensor  # float32, raw (may hold NaN on masked-out tokens)
+    advantages_B: torch.Tensor
+    num_response_tokens: int
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids_BS.shape[0])
+
+
+def shard_tensors(batch: LearnerBatch, device: torch.device) -> ShardTensors:
+    """Move a rank's ``LearnerBatch`` to ``device`` as tensors (response views precomputed)."""
+    arrays = batch.response_arrays()
+
+    def to(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+    return ShardTensors(
+        input_ids_BS=to(batch.input_ids_BS).long(),
+        attention_mask_BS=to(batch.attention_mask_BS).long(),
+        response_start_B=to(batch.response_start_B).long(),
+        response_len_B=to(batch.response_len_B).long(),
+        response_mask_BT=to(arrays["response_mask"]).bool(),
+        behaviour_logp_BT=to(arrays["behaviour_logp"]).float(),
+        advantages_B=to(batch.advantages_B).float(),
+        num_response_tokens=batch.num_response_tokens,
+    )
+
+
+def response_logprobs(
+    model: nn.Module, shard: ShardTensors, rows: slice, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logp_BT, entropy_BT or None)`` of the micro-batch ``rows``, from one trimmed forward."""
+    start_B, len_B = shard.response_start_B[rows], shard.response_len_B[rows]
+    width = max(2, int((start_B + len_B).max()))
+    ids_BS = shard.input_ids_BS[rows, :width]
+    mask_BS = shard.attention_mask_BS[rows, :width]
+    T = shard.num_response_tokens
+    if with_entropy:
+        logp_BS, entropy_BS = token_logprobs_and_entropy(model, ids_BS, mask_BS, temperature)
+        return gather_response(logp_BS, start_B, len_B, T), gather_response(entropy_BS, start_B, len_B, T)
+    logp_BS = token_logprobs(model, ids_BS, mask_BS, temperature)
+    return gather_response(logp_BS, start_B, len_B, T), None
+
+
+@torch.no_grad()
+def proximal_logprobs(
+    model: nn.Module, shard: ShardTensors, micro_batch_size: int, temperature: float
+) -> torch.Tensor:
+    """fp32 ``old_BT`` of the whole shard with the current weights (no grad). Collective under FSDP."""
+    pieces = [
+        response_logprobs(model, shard, rows, temperature, with_entropy=False)[0]
+        for rows in micro_batch_slices(shard.num_sequences, micro_batch_size)
+    ]
+    return torch.cat(pieces, dim=0)

@@ -1,0 +1,124 @@
+"""Build the embedded tiny policy as a Hugging Face model directory, cached by config hash.
+
+``build_tiny_model`` trains a character tokenizer on the task's text, initialises a
+Qwen2-style causal LM from :class:`TinyModelConfig` (untied embeddings), warm-starts it on
+the task's reference answers and saves ``config.json``, ``generation_config.json``,
+``model.safetensors`` (float32), the tokenizer files and ``aisrl_build.json`` (what was
+built, how long it took, the warm-start losses). Both ``AutoModelForCausalLM.from_pretrained``
+and ``vllm.LLM`` load the directory.
+
+The directory lives at ``cache_dir/tiny-<hash>``, where the hash covers the model config,
+the task config, the seed and :data:`BUILD_FORMAT`; a second call returns it at once. It is
+written to a temporary sibling and renamed into place, so a reader never sees half a
+model, and of two concurrent builders the second simply keeps the first one's result.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+
+from system.config.data import ArithmeticTaskConfig, JsonlTaskConfig
+from system.config.model import TinyModelConfig
+from system.data.prompt_source import PromptSource, build_prompt_source
+from system.models.tokenizer import train_char_tokenizer
+from system.models.warm_start import warm_start
+
+BUILD_FORMAT = 1
+"""Bumped whenever the build recipe changes, so stale cache entries are never reused."""
+
+TOKENIZER_SAMPLE = 4096
+"""Prompts whose text (and reference) the tokenizer is trained on."""
+
+
+def default_cache_dir() -> Path:
+    """``$AISRL_CACHE_DIR`` or ``~/.cache/aisrl/models``."""
+    return Path(os.environ.get("AISRL_CACHE_DIR", Path.home() / ".cache" / "aisrl" / "models"))
+
+
+def build_key(model: TinyModelConfig, task: ArithmeticTaskConfig | JsonlTaskConfig, seed: int) -> str:
+    """A short hash of everything that determines the built directory."""
+    blob = json.dumps({"format": BUILD_FORMAT, "model": model.model_dump(mode="json"),
+                       "task": task.model_dump(mode="json"), "seed": seed}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def qwen2_config(model: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int) -> Qwen2Config:
+    """The Qwen2 config of the tiny model: untied embeddings, float32 weights on disk."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_kv_heads,
+        max_position_embeddings=model.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+    )
+
+
+def _tokenizer_texts(prompts: PromptSource) -> list[str]:
+    n = min(len(prompts), TOKENIZER_SAMPLE)
+    return [prompts[i].text + prompts[i].reference for i in range(n)]
+
+
+def _write_model(out: Path, model_cfg: TinyModelConfig, prompts: PromptSource, seed: int) -> dict:
+    tokenizer = train_char_tokenizer(_tokenizer_texts(prompts), model_cfg.max_position_embeddings)
+    config = qwen2_config(model_cfg, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    started = time.perf_counter()
+    losses = warm_start(model, tokenizer, prompts, model_cfg.warm_start_steps,
+                        model_cfg.warm_start_lr, seed)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return {"num_parameters": sum(p.numel() for p in model.parameters()),
+            "warm_start_seconds": round(time.perf_counter() - started, 3),
+            "warm_start_losses": [round(x, 5) for x in losses]}
+
+
+def build_tiny_model(
+    model_cfg: TinyModelConfig,
+    task_cfg: ArithmeticTaskConfig | JsonlTaskConfig,
+    seed: int,
+    cache_dir: str | Path,
+) -> Path:
+    """The directory of the warm-started tiny model for these configs (built once, then cached)."""
+    cache_dir = Path(cache_dir)
+    key = build_key(model_cfg, task_cfg, seed)
+    final = cache_dir / f"tiny-{key}"
+    if (final / "aisrl_build.json").is_file():
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_dir))
+    try:
+        started = time.perf_counter()
+        info = _write_model(tmp, model_cfg, build_prompt_source(task_cfg, seed), seed)
+        info.update(key=key, seed=seed, build_seconds=round(time.perf_counter() - started, 3),
+                    model=model_cfg.model_dump(mode="json"), task=task_cfg.model_dump(mode="json"))
+        (tmp / "aisrl_build.json").write_text(json.dumps(info, indent=1))
+        try:
+            tmp.rename(final)
+        except OSError:  # another process renamed its build into place first: keep that one
+            if not (final / "aisrl_build.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def read_build_info(model_dir: str | Path) -> dict:
+    """The ``aisrl_build.json`` of a built tiny model directory."""
+    return json.loads((Path(model_dir) / "aisrl_build.json").read_text())
