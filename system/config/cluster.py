@@ -25,3 +25,7 @@ class RayConfig(StrictModel):
     """Custom resource that marks nodes for rollout workers (ignored when no node offers it)."""
     learner_resource: str = "learner"
     """Custom resource that marks nodes for learner ranks (ignored when no node offers it)."""
+    rollout_gpus: float = Field(default=0.0, ge=0.0)
+    """GPUs each rollout worker reserves (1 on GPU clusters)."""
+    learner_gpus: float = Field(default=0.0, ge=0.0)
+    """GPUs each learner rank reserves (1 on GPU clusters)."""

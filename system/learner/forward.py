@@ -58,7 +58,7 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logp_BT, entropy_BT or None)`` of the micro-batch ``rows``, from one trimmed forward."""
     start_B, len_B = shard.response_start_B[rows], shard.response_len_B[rows]
-    width = max(2, int((start_B + len_B).max()))
+    width = int((start_B + len_B).max())
     ids_BS = shard.input_ids_BS[rows, :width]
     mask_BS = shard.attention_mask_BS[rows, :width]
     T = shard.num_response_tokens

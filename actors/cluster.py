@@ -1,0 +1,38 @@
+"""Start or join the Ray cluster; a private local cluster binds to 127.0.0.1 with no public dashboard."""
+
+import os
+
+import ray
+
+from system.config.cluster import RayConfig
+
+
+def local_cluster_cpus(cfg: RayConfig, num_actors: int) -> int:
+    """Logical CPUs for a private cluster: one per actor unless the config says otherwise."""
+    return cfg.num_cpus if cfg.num_cpus is not None else max(num_actors, 1)
+
+
+def connect(cfg: RayConfig, num_actors: int, runtime_env: dict | None = None) -> None:
+    """Join ``cfg.address`` if set, else start a private cluster on loopback (never an existing one)."""
+    if ray.is_initialized():
+        return
+    if cfg.address is not None:
+        ray.init(address=cfg.address, runtime_env=runtime_env, log_to_driver=True)
+        return
+    # Ray binds to the machine's interface unless told otherwise; keep local runs on loopback.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(
+        address="local",
+        num_cpus=local_cluster_cpus(cfg, num_actors),
+        object_store_memory=int(cfg.object_store_gib * 2**30),
+        include_dashboard=cfg.include_dashboard,
+        dashboard_host="127.0.0.1",
+        _node_ip_address="127.0.0.1",
+        runtime_env=runtime_env,
+        log_to_driver=True,
+    )
+
+
+def disconnect() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
