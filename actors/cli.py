@@ -1,10 +1,12 @@
-"""The ``aisrl`` command line: ``report`` and ``demo-dump`` (the Ray commands join as they land)."""
+"""The ``aisrl`` command line: ``train``, ``report`` and ``demo-dump``."""
 
+import json
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
+from system.config import ConfigError, RunConfig, dump_config, resolve_config
 from system.report.demo_dump import make_demo_dump
 from system.report.dump import DumpError, save_dump
 
@@ -15,6 +17,61 @@ console = Console(stderr=True)
 def _fail(message: str) -> None:
     console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code=2)
+
+
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """Presets (``*.yaml`` / ``*.yml`` / ``*.json`` files) and ``dotted.key=value`` overrides."""
+    presets, overrides = [], []
+    for arg in args:
+        if "=" in arg:
+            overrides.append(arg)
+        elif arg.endswith((".yaml", ".yml", ".json")):
+            presets.append(arg)
+        else:
+            raise ConfigError(f"argument {arg!r} is neither a preset file (.yaml) nor a dotted.key=value override")
+    return presets, overrides
+
+
+def load_run_config(args: list[str], resume: Path | None) -> RunConfig:
+    presets, overrides = split_args(args)
+    if resume is not None:
+        saved = resume / "config.json"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {resume}: no config.json there")
+        presets = [str(saved), *presets]
+        overrides = [*overrides, f"output_dir={resume}"]
+    return resolve_config(presets, overrides)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def train(
+    args: list[str] = typer.Argument(None, help="Presets (configs/*.yaml, applied left to right) and dotted.key=value overrides."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config and the placement plan; start nothing."),
+    resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete checkpoint."),
+) -> None:
+    """Train: rollout workers, FSDP2 learner and correction service on Ray (a private local cluster unless ray.address is set)."""
+    try:
+        cfg = load_run_config(args or [], resume)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if dry_run:
+        from actors.placement import describe_plan, plan_placement
+
+        print(dump_config(cfg))
+        print(json.dumps({"placement": describe_plan(plan_placement(cfg, None))}, indent=2))
+        return
+    from actors.trainer import Trainer
+
+    trainer = None
+    try:
+        trainer = Trainer(cfg, resume=resume is not None)
+        last = trainer.run()
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+    console.print(f"[green]done[/]: {cfg.max_steps} steps in {cfg.output_dir}; final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {trainer.report_path}")
 
 
 @app.command()

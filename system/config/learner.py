@@ -53,5 +53,7 @@ class LearnerConfig(StrictModel):
     """GRPO (group-normalised by std) or Dr.GRPO (mean-centred only)."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     """How per-token losses are reduced (spec section 5)."""
+    cpu_threads: int = Field(default=1, ge=1)
+    """torch intra-op threads of each rank when it runs on CPU."""
     loss: LossConfig = Field(default_factory=PPOLossConfig)
     """The policy-gradient surrogate."""

@@ -99,3 +99,12 @@ def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
     np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items() if v is not None})
     tmp.replace(out)
     return out
+
+
+def token_text_grid(id_to_token, response_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``token_text`` [N, T] from ids through ``id_to_token`` (a tokenizer's ``convert_ids_to_tokens``)."""
+    vocab = {int(i): str(id_to_token(int(i))) for i in np.unique(response_ids[mask.astype(bool)])}
+    grid = np.full(response_ids.shape, "", dtype=object)
+    rows, cols = np.nonzero(mask)
+    grid[rows, cols] = [vocab[int(i)] for i in response_ids[rows, cols]]
+    return grid.astype(str)

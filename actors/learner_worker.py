@@ -1,0 +1,84 @@
+"""Learner rank actor (one per FSDP2 rank) and the group that drives all ranks in lock-step."""
+
+import numpy as np
+import ray
+import torch
+
+from actors.placement import RoleOptions
+from system.config import RunConfig
+from system.learner.batch import LearnerBatch, shard_batch
+from system.learner.core import LearnerCore, LossNormalisers
+from system.learner.distributed import find_free_port
+
+
+@ray.remote
+class LearnerRank:
+    def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int, master_port: int) -> None:
+        if not torch.cuda.is_available():
+            torch.set_num_threads(cfg.learner.cpu_threads)
+        self.rank, self.world_size = rank, world_size
+        self.core = LearnerCore(cfg, model_dir, rank, world_size, master_port)
+
+    def policy_version(self) -> int:
+        return self.core.policy_version
+
+    def compute_proximal_logprobs(self, batch: LearnerBatch) -> np.ndarray:
+        return self.core.compute_proximal_logprobs(shard_batch(batch, self.rank, self.world_size))
+
+    def train_step(self, batch: LearnerBatch, weights_NT: np.ndarray, normalisers: LossNormalisers) -> dict:
+        size = batch.num_sequences // self.world_size
+        rows = slice(self.rank * size, (self.rank + 1) * size)
+        return self.core.train_step(shard_batch(batch, self.rank, self.world_size), weights_NT[rows], normalisers)
+
+    def export_weights(self):
+        return self.core.export_weights()
+
+    def save_checkpoint(self, path: str) -> None:
+        self.core.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.core.load_checkpoint(path)
+
+    def close(self) -> None:
+        self.core.close()
+
+
+class LearnerGroup:
+    """R ranks, every method called on all of them (the cores' collectives need every rank)."""
+
+    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions) -> None:
+        port = find_free_port()
+        world = cfg.learner.num_ranks
+        self.ranks = [
+            LearnerRank.options(**options.actor_options()).remote(cfg, model_dir, r, world, port)
+            for r in range(world)
+        ]
+        ray.get([r.policy_version.remote() for r in self.ranks])
+
+    def proximal_logprobs(self, batch_ref: ray.ObjectRef) -> np.ndarray:
+        """Global ``old[N, T]``: the ranks' shards concatenated in rank order."""
+        return np.concatenate(ray.get([r.compute_proximal_logprobs.remote(batch_ref) for r in self.ranks]))
+
+    def train_step(self, batch_ref, weights_ref, normalisers: LossNormalisers) -> dict:
+        metrics = ray.get([r.train_step.remote(batch_ref, weights_ref, normalisers) for r in self.ranks])
+        return metrics[0]
+
+    def export_weights(self) -> ray.ObjectRef:
+        """A reference to the full weights (rank 0's payload); the driver never copies them."""
+        refs = [r.export_weights.remote() for r in self.ranks]
+        ray.wait(refs, num_returns=len(refs), fetch_local=False)
+        return refs[0]
+
+    def save_checkpoint(self, path: str) -> None:
+        ray.get([r.save_checkpoint.remote(path) for r in self.ranks])
+
+    def load_checkpoint(self, path: str) -> int:
+        ray.get([r.load_checkpoint.remote(path) for r in self.ranks])
+        return ray.get(self.ranks[0].policy_version.remote())
+
+    def shutdown(self) -> None:
+        try:
+            ray.get([r.close.remote() for r in self.ranks], timeout=30)
+        finally:
+            for r in self.ranks:
+                ray.kill(r, no_restart=True)

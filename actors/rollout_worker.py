@@ -1,0 +1,40 @@
+"""Rollout worker actor: a thin shell over ``system.rollout.worker.RolloutWorkerCore`` (one vLLM engine)."""
+
+import ray
+
+from system.config import RunConfig
+from system.rollout.worker import RolloutWorkerCore
+from system.types import Prompt, RolloutGroup
+from system.weight_payload import WeightPayload
+
+
+class StaleWeightsError(RuntimeError):
+    """A generate call reached a worker whose weights are older than the controller allows."""
+
+
+@ray.remote
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.core = RolloutWorkerCore(cfg, model_dir, worker_id)
+
+    def ready(self) -> dict:
+        return {"worker_id": self.worker_id, "policy_version": self.core.policy_version,
+                "quantization": self.core.quantization_scheme}
+
+    def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
+        """G samples per prompt with the current weights; refuses weights older than allowed."""
+        if self.core.policy_version < min_policy_version:
+            raise StaleWeightsError(
+                f"worker {self.worker_id} holds policy version {self.core.policy_version}, "
+                f"the controller requires >= {min_policy_version}"
+            )
+        return self.core.generate_groups(prompts, self.core.policy_version)
+
+    def update_weights(self, payload: WeightPayload) -> int:
+        """Swap in new weights (runs between generate calls: actor calls execute one at a time)."""
+        self.core.update_weights(payload)
+        return self.core.policy_version
+
+    def stats(self) -> dict:
+        return self.core.stats()

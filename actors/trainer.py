@@ -1,0 +1,182 @@
+"""The job: build every role, run the train loop against the rollout loop, checkpoint, report.
+
+Each step (see ``actors.controller`` for the loops):
+take a batch -> learners recompute ``old`` -> correction service (weights, metrics, dumps)
+-> learners train (version + 1) -> export and publish weights -> step record -> checkpoint.
+"""
+
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+
+from actors import cluster
+from actors.controller import RolloutLoop, SharedState, lag_stats, take_batch
+from actors.correction_service import CorrectionService
+from actors.learner_worker import LearnerGroup
+from actors.placement import plan_placement
+from actors.rollout_pool import RolloutPool
+from system import run_state
+from system.config import RunConfig, dump_config
+from system.data.buffer import TrajectoryBuffer
+from system.data.prompt_source import build_prompt_source
+from system.data.sampler import PromptSampler
+from system.learner.batch import collate_groups
+from system.learner.step import loss_normalisers
+from system.models.model_dir import resolve_model_dir
+from system.report.console_sink import ConsoleSink
+from system.types import RolloutGroup
+
+
+def batch_arrays(groups: list[RolloutGroup], batch, proximal_NT: np.ndarray, version: int) -> dict:
+    """The correction service's input, in the batch-dump key names (section 6)."""
+    resp = batch.response_arrays()
+    completions = [c for g in groups for c in g.completions]
+    return {
+        "rollout_logp": resp["behaviour_logp"], "train_logp": proximal_NT.astype(np.float32),
+        "response_mask": resp["response_mask"], "response_ids": resp["response_ids"],
+        "lag": (version - batch.policy_version_B).astype(np.int32), "reward": batch.rewards_B,
+        "uid": np.array(batch.uids), "prompt_text": np.array([g.prompt.text for g in groups for _ in g.completions]),
+        "response_text": np.array([c.response_text for c in completions]),
+    }
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.output_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(dump_config(cfg))
+        self.model_dir = str(resolve_model_dir(cfg))
+        self.ckpt = run_state.latest_run_checkpoint(self.run_dir) if resume else None
+        if resume and self.ckpt is None:
+            raise ValueError(f"--resume: no complete checkpoint under {self.run_dir / 'checkpoints'}")
+        saved = run_state.load_controller_state(self.ckpt) if self.ckpt else {}
+        self.step = saved.get("step", 0)
+        self._build(saved)
+
+    def _build(self, saved: dict) -> None:
+        cfg = self.cfg
+        plan = plan_placement(cfg, None)
+        cluster.connect(cfg.ray, num_actors=sum(r.count for r in plan))
+        roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
+        self.service = CorrectionService.remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
+        self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"])
+        self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
+        self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
+        published = (0, None)
+        if self.ckpt is not None:
+            self._restore(saved)
+            published = (self.step, self.learners.export_weights())
+        self.state = SharedState(self.step, published)
+        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"])
+        self.pool.start(cfg.rollout.num_workers)
+        self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state)
+
+    def _restore(self, saved: dict) -> None:
+        version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
+        if version != saved["step"]:
+            raise ValueError(f"{self.ckpt}: learner at version {version} but controller at step {saved['step']}")
+        self.sampler.load_state_dict(saved["sampler"])
+        self.sampler.requeue([pid for pid, s in self.sampler.state.items() if s == "issued"])
+        self.buffer.restore(saved["buffer"])
+        ray.get(self.service.load_state_dict.remote(saved["correction"]))
+        random.setstate(saved["rng"]["python"])
+        np.random.set_state(saved["rng"]["numpy"])
+        torch.set_rng_state(saved["rng"]["torch"])
+
+    def run(self) -> dict:
+        console = ConsoleSink(self.cfg.max_steps, self.step) if self.cfg.report.console else None
+        self.rollout.thread.start()
+        record: dict = {}
+        try:
+            while self.step < self.cfg.max_steps:
+                record = self.train_one_step()
+                if console:
+                    console.log(self.step, record)
+                if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+        finally:
+            if console:
+                console.close()
+        self.finish()
+        return record
+
+    def train_one_step(self) -> dict:
+        t0 = time.perf_counter()
+        version = self.step
+        groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout)
+        batch = collate_groups(groups, self.cfg.learner.advantage == "grpo")
+        batch_ref = ray.put(batch)
+        t1 = time.perf_counter()
+        proximal = self.learners.proximal_logprobs(batch_ref)
+        t2 = time.perf_counter()
+        arrays = batch_arrays(groups, batch, proximal, version)
+        weights, _ = ray.get(self.service.process.remote(self.step + 1, arrays))
+        t3 = time.perf_counter()
+        norms = loss_normalisers(arrays["response_mask"], arrays["rollout_logp"], arrays["train_logp"])
+        learner_metrics = self.learners.train_step(batch_ref, ray.put(weights), norms)
+        t4 = time.perf_counter()
+        self.state.publish(version + 1, self.learners.export_weights())
+        t5 = time.perf_counter()
+        with self.state.cond:
+            self.sampler.mark_trained([g.prompt.prompt_id for g in groups])
+            ledger = self.sampler.counts()
+        self.step += 1
+        tokens = int(arrays["response_mask"].sum())
+        metrics = {
+            "policy_version": self.step, "reward/mean": float(batch.rewards_B.mean()),
+            "reward/std": float(batch.rewards_B.std()), **lag_stats(groups, version),
+            **{f"learner/{k}": v for k, v in learner_metrics.items()},
+            **{f"ledger/{k}": v for k, v in ledger.items()},
+            "time/wait_rollout": waited, "time/proximal": t2 - t1, "time/correction": t3 - t2,
+            "time/update": t4 - t3, "time/sync": t5 - t4, "time/step": t5 - t0,
+            "throughput/learner_tokens_per_s": tokens / max(t5 - t0, 1e-9),
+            "throughput/rollout_tokens_per_s": self._rollout_rate(),
+            "tokens/trained": tokens,
+        }
+        return ray.get(self.service.finish_step.remote(self.step, metrics))
+
+    def _rollout_rate(self) -> float:
+        now = time.perf_counter()
+        start = getattr(self, "_rate_t", None)
+        tokens = self.state.generated_tokens
+        self._rate_t, prev = now, getattr(self, "_rate_tokens", 0)
+        self._rate_tokens = tokens
+        return (tokens - prev) / (now - start) if start else 0.0
+
+    def save_checkpoint(self) -> Path:
+        ckpt = run_state.checkpoint_dir(self.run_dir, self.step)
+        self.learners.save_checkpoint(run_state.learner_dir(ckpt))
+        with self.state.cond:
+            state = {
+                "step": self.step, "sampler": self.sampler.state_dict(), "buffer": self.buffer.groups(),
+                "correction": ray.get(self.service.state_dict.remote()),
+                "wandb_run_id": ray.get(self.service.wandb_run_id.remote()),
+                "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+            }
+        run_state.save_controller_state(ckpt, state)
+        return ckpt
+
+    def finish(self) -> None:
+        self.rollout.drain(timeout=60)
+        with self.state.cond:
+            for g in self.buffer.groups():
+                self.sampler.mark_dropped(g.prompt.prompt_id, "unused_at_end")
+            self.buffer.restore([])
+        if self.cfg.checkpoint_every == 0 or self.step % self.cfg.checkpoint_every:
+            self.save_checkpoint()
+        report = ray.get(self.service.write_report.remote())
+        ray.get(self.service.close.remote())
+        (self.run_dir / "ledger.json").write_text(json.dumps(self.sampler.counts(), indent=1))
+        self.report_path = report
+
+    def shutdown(self) -> None:
+        for part in ("pool", "learners"):
+            obj = getattr(self, part, None)
+            if obj is not None:
+                obj.shutdown()

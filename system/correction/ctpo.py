@@ -1,0 +1,99 @@
+"""CTPO: the PPO surrogate on the cumulative (prefix-product) token ratio (spec section 4, arXiv 2605.07331).
+
+With t the 1-indexed position among the valid tokens of a response and
+delta_s = clamp(cur - old, -20, 20) at valid tokens (0 elsewhere):
+
+    lr[i,t] = sg(min(sum_{s<=t} delta_s, 10)) + cur[i,t] - sg(cur[i,t])
+        (the value is the capped prefix sum; the gradient reaches only the current token)
+    clipped lr: clamp(lr, -c_lo * t**p, +c_hi * t**p)          [c_lo 0.025, c_hi 0.05, p 0.5]
+    obj = min(r * A, r_clip * A),  r = exp(lr),  r_clip = exp(clipped lr)
+    dual clip, A < 0:  obj = max(obj, exp(c_dual * t**p) * A)   [c_dual 0.05]
+    loss[i,t] = -w[i,t] * obj at valid tokens, 0 elsewhere
+
+Clip fractions count the tokens whose gradient a clip cuts: ``high`` (A > 0, lr above its
+bound), ``low`` (A < 0, lr below its bound), ``dual`` (A < 0, the dual bound selected);
+each overall and by position bucket (t <= 128, <= 512, <= 2048, > 2048). A token with a
+non-finite ``cur`` or ``old`` is treated as not valid.
+
+Shapes: B = responses in the batch, T = padded response length.
+"""
+
+import torch
+
+from system.config.learner import CTPOLossConfig
+from system.correction.ratios import LOG_RATIO_CLAMP
+from system.correction.reductions import LENGTH_BUCKETS, as_float, fraction_by_bucket
+
+PREFIX_LOG_RATIO_CAP = 10.0
+"""Cap on the cumulative log-ratio before ``exp``."""
+
+
+def _check_shapes(current_BT, proximal_BT, advantages_B, valid_BT, weights_BT) -> None:
+    if current_BT.dim() != 2:
+        raise ValueError(f"current_logp must be [B, T], got shape {tuple(current_BT.shape)}")
+    for name, t in (("proximal_logp", proximal_BT), ("valid", valid_BT), ("weights", weights_BT)):
+        if t.shape != current_BT.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but current_logp has {tuple(current_BT.shape)}")
+    if advantages_B.shape != current_BT.shape[:1]:
+        raise ValueError(
+            f"advantages must be [B] = [{current_BT.shape[0]}], got shape {tuple(advantages_B.shape)}"
+        )
+
+
+def _clip_statistics(valid_BT, pos_BT, ratio_BT, high_BT, low_BT, dual_BT) -> dict:
+    """Clip fractions overall and by position bucket, and the mean ratio, as python numbers."""
+    n = int(valid_BT.sum().item())
+    out: dict = {"num_tokens": n}
+    for key, hit_BT in (("high", high_BT), ("low", low_BT), ("dual", dual_BT)):
+        out[f"clip_frac_{key}"] = int(hit_BT.sum().item()) / n if n else None
+        out[f"clip_frac_{key}_by_pos"] = fraction_by_bucket(hit_BT, pos_BT, valid_BT)
+    out["ratio_mean"] = as_float(torch.where(valid_BT, ratio_BT, 0.0).sum() / n) if n else None
+    return out
+
+
+def ctpo_token_loss(
+    current_logp_BT: torch.Tensor,
+    proximal_logp_BT: torch.Tensor,
+    advantages_B: torch.Tensor,
+    valid_BT: torch.Tensor,
+    weights_BT: torch.Tensor,
+    cfg: CTPOLossConfig,
+) -> tuple[torch.Tensor, dict]:
+    """Per-token CTPO loss (gradient through ``current_logp`` only) and its clip statistics."""
+    _check_shapes(current_logp_BT, proximal_logp_BT, advantages_B, valid_BT, weights_BT)
+    dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
+    current_BT = current_logp_BT.to(dtype)
+    proximal_BT = proximal_logp_BT.detach().to(dtype)
+    valid_BT = valid_BT.bool() & torch.isfinite(current_BT.detach()) & torch.isfinite(proximal_BT)
+    cur_BT = torch.where(valid_BT, current_BT, 0.0)
+    old_BT = torch.where(valid_BT, proximal_BT, 0.0)
+    step_BT = (cur_BT.detach() - old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    prefix_BT = step_BT.cumsum(dim=1).clamp(max=PREFIX_LOG_RATIO_CAP)
+    lr_BT = prefix_BT + (cur_BT - cur_BT.detach())
+    pos_BT = valid_BT.cumsum(dim=1).to(dtype)
+    scale_BT = pos_BT.pow(cfg.p)
+    lr_clip_BT = torch.clamp(lr_BT, min=-cfg.c_lo * scale_BT, max=cfg.c_hi * scale_BT)
+    adv_BT = advantages_B.detach().to(dtype)[:, None].expand_as(lr_BT)
+    ratio_BT = lr_BT.exp()
+    objective_BT = torch.minimum(ratio_BT * adv_BT, lr_clip_BT.exp() * adv_BT)
+    dual_log_bound_BT = cfg.c_dual * scale_BT
+    negative_BT = adv_BT < 0
+    objective_BT = torch.where(
+        negative_BT, torch.maximum(objective_BT, dual_log_bound_BT.exp() * adv_BT), objective_BT
+    )
+    weights_BT = torch.where(valid_BT, weights_BT.detach().to(dtype), 0.0)
+    loss_BT = torch.where(valid_BT, -weights_BT * objective_BT, 0.0)
+    with torch.no_grad():
+        stats = _clip_statistics(
+            valid_BT,
+            pos_BT,
+            ratio_BT,
+            high_BT=valid_BT & (adv_BT > 0) & (lr_BT > cfg.c_hi * scale_BT),
+            low_BT=valid_BT & negative_BT & (lr_BT < -cfg.c_lo * scale_BT),
+            dual_BT=valid_BT & negative_BT & (torch.maximum(lr_BT, lr_clip_BT) > dual_log_bound_BT),
+        )
+    return loss_BT, stats
+
+
+CTPO_POSITION_BUCKETS = tuple(key for key, _ in LENGTH_BUCKETS)
+"""The keys of the ``*_by_pos`` clip fractions."""

@@ -1,0 +1,101 @@
+"""The registry of correction methods and ``compute_weights``, the one entry point (spec section 2).
+
+    w = registry[method.type](ratios, method)          token ([B, T]) or sequence ([B]) weights
+    veto (optional):  w_i = 0 for a response with any valid token d < log(veto)
+    self-normalisation (optional):  w /= mean(w) over valid tokens (token methods, ``none``
+        included) or over sequences (sequence methods), after truncation, masking and veto;
+        left as is when that mean is 0 (everything rejected)
+
+The result is detached, >= 0, 0 at every non-valid token, in ``ratios.weight_dtype``.
+
+Shapes: B = responses in the batch, T = padded response length.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from system.config.correction import (
+    METHOD_TYPES,
+    GeoRS,
+    IcePop,
+    MethodConfig,
+    NoCorrection,
+    SeqMIS,
+    SeqTIS,
+    TokenTIS,
+)
+from system.correction.ratios import LogRatios
+from system.correction.sequence_is import geo_rs_weights_B, seq_mis_weights_B, seq_tis_weights_B
+from system.correction.token_is import (
+    icepop_weights_BT,
+    no_correction_weights_BT,
+    token_tis_weights_BT,
+)
+
+
+@dataclass(frozen=True)
+class CorrectionMethod:
+    """One registry entry: whether it weights tokens ([B, T]) or sequences ([B]), and how."""
+
+    level: Literal["token", "sequence"]
+    weights: Callable[[LogRatios, MethodConfig], torch.Tensor]
+
+
+METHOD_REGISTRY: dict[str, CorrectionMethod] = {
+    "none": CorrectionMethod("token", no_correction_weights_BT),
+    "token-tis": CorrectionMethod("token", token_tis_weights_BT),
+    "icepop": CorrectionMethod("token", icepop_weights_BT),
+    "seq-tis": CorrectionMethod("sequence", seq_tis_weights_B),
+    "seq-mis": CorrectionMethod("sequence", seq_mis_weights_B),
+    "geo-rs": CorrectionMethod("sequence", geo_rs_weights_B),
+}
+"""Correction methods keyed by the config's ``type``."""
+
+assert tuple(METHOD_REGISTRY) == METHOD_TYPES, "the registry must cover every config type"
+
+
+def _vetoed_B(ratios: LogRatios, veto: float) -> torch.Tensor:
+    """Responses with any valid token whose log-ratio d is below ``log(veto)``."""
+    return (ratios.valid_BT & (ratios.d_BT < math.log(veto))).any(dim=1)
+
+
+def _token_weights_BT(ratios: LogRatios, method: MethodConfig, entry: CorrectionMethod):
+    w_BT = entry.weights(ratios, method)
+    if method.veto is not None:
+        w_BT = torch.where(_vetoed_B(ratios, method.veto)[:, None], 0.0, w_BT)
+    if method.self_normalize:
+        mean = w_BT.sum() / ratios.num_valid_B.sum().clamp(min=1)
+        w_BT = torch.where(mean > 0, w_BT / mean, w_BT)
+    return w_BT
+
+
+def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: CorrectionMethod):
+    w_B = entry.weights(ratios, method)
+    if method.veto is not None:
+        w_B = torch.where(_vetoed_B(ratios, method.veto), 0.0, w_B)
+    if method.self_normalize:
+        mean = torch.where(ratios.seq_valid_B, w_B, 0.0).sum() / ratios.seq_valid_B.sum().clamp(min=1)
+        w_B = torch.where(mean > 0, w_B / mean, w_B)
+    return torch.where(ratios.valid_BT, w_B[:, None], 0.0)
+
+
+def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
+    """The detached correction weight of every token (w_BT), 0 where not valid."""
+    entry = METHOD_REGISTRY.get(method.type)
+    if entry is None:
+        raise ValueError(f"unknown correction method {method.type!r}; known: {sorted(METHOD_REGISTRY)}")
+    if entry.level == "token":
+        w_BT = _token_weights_BT(ratios, method, entry)
+    else:
+        w_BT = _sequence_weights_BT(ratios, method, entry)
+    return w_BT.to(ratios.weight_dtype)
+
+
+def default_method_configs() -> dict[str, MethodConfig]:
+    """One config per method type at its default thresholds (the report's per-method table)."""
+    configs = (NoCorrection(), TokenTIS(), IcePop(), SeqTIS(), SeqMIS(), GeoRS())
+    return {config.type: config for config in configs}

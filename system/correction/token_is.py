@@ -1,0 +1,34 @@
+"""Token-level importance weights: none, truncated (token-tis) and masked (icepop) (spec section 2).
+
+    none:       w = 1
+    token-tis:  w = min(rho, C)                                    [C = 2]
+    icepop:     w = rho if log lo <= d <= log hi else 0            [lo = 0.5, hi = 5]
+
+The icepop band is tested in log space on the raw d (not on the ±20-clamped dc), so the
+clamp never changes a decision. Each function returns a float64 [B, T] weight, 0 where not valid.
+
+Shapes: B = responses in the batch, T = padded response length.
+"""
+
+import math
+
+import torch
+
+from system.config.correction import IcePop, NoCorrection, TokenTIS
+from system.correction.ratios import LogRatios
+
+
+def no_correction_weights_BT(ratios: LogRatios, method: NoCorrection) -> torch.Tensor:
+    """1 at every valid token."""
+    return ratios.valid_BT.to(torch.float64)
+
+
+def token_tis_weights_BT(ratios: LogRatios, method: TokenTIS) -> torch.Tensor:
+    """Truncated token ratio ``min(rho, C)``."""
+    return ratios.rho_BT.clamp(max=method.c)
+
+
+def icepop_weights_BT(ratios: LogRatios, method: IcePop) -> torch.Tensor:
+    """Token ratio inside the band ``[lo, hi]``, 0 outside."""
+    in_band_BT = (ratios.d_BT >= math.log(method.lo)) & (ratios.d_BT <= math.log(method.hi))
+    return torch.where(in_band_BT, ratios.rho_BT, 0.0)

@@ -1,0 +1,103 @@
+"""Sharded checkpoints of the learner (model, AdamW state, schedule, counters) with DCP.
+
+Layout of one checkpoint ``<root>/step_00000020/``: DCP's shard files and ``.metadata``
+(model and optimiser state as sharded DTensors, reshardable to another world size on load)
+plus ``trainer.json`` (optimiser step, policy version, scheduler state).
+
+Atomicity: every rank writes into ``<path>.partial``; only after DCP has finished (its
+coordinator writes ``.metadata`` after every rank's data) and rank 0 has written
+``trainer.json`` does rank 0 ``os.rename`` the directory to ``<path>``. A rename within one
+file system is atomic, so a process killed at any moment leaves either no ``<path>`` or a
+complete one; ``latest_checkpoint`` ignores ``*.partial`` directories and any directory
+without both ``.metadata`` and ``trainer.json``. Checkpoints need a file system shared by all
+ranks (as DCP itself does on several nodes).
+"""
+
+import json
+import os
+import re
+import shutil
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+_TRAINER_FILE = "trainer.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_path(root: str, step: int) -> str:
+    """``<root>/step_<step:08d>``, the name ``latest_checkpoint`` looks for."""
+    return os.path.join(root, f"step_{step:08d}")
+
+
+def is_complete(path: str) -> bool:
+    """A published checkpoint: DCP metadata and trainer state both present."""
+    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, _TRAINER_FILE))
+
+
+def latest_checkpoint(root: str) -> str | None:
+    """The complete ``step_*`` checkpoint under ``root`` with the highest step, or None."""
+    if not os.path.isdir(root):
+        return None
+    found = []
+    for name in os.listdir(root):
+        match = _STEP_DIR.match(name)
+        if match and is_complete(os.path.join(root, name)):
+            found.append((int(match.group(1)), os.path.join(root, name)))
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(
+    path: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    counters: dict[str, int],
+) -> None:
+    """Write a checkpoint to ``path`` atomically (see the module docstring). Collective."""
+    path = os.path.abspath(path)
+    partial, rank = path + ".partial", dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
+    if rank == 0:
+        trainer = {"counters": dict(counters), "scheduler": scheduler.state_dict()}
+        with open(os.path.join(partial, _TRAINER_FILE), "w") as f:
+            json.dump(trainer, f)
+        _publish(partial, path)
+    dist.barrier()
+
+
+def load_checkpoint(
+    path: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, int]:
+    """Restore model, optimiser and scheduler in place; returns the saved counters. Collective."""
+    if not is_complete(path):
+        raise ValueError(f"{path} is not a complete checkpoint (missing .metadata or {_TRAINER_FILE})")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    with open(os.path.join(path, _TRAINER_FILE)) as f:
+        trainer = json.load(f)
+    scheduler.load_state_dict(trainer["scheduler"])
+    return {k: int(v) for k, v in trainer["counters"].items()}
+
+
+def _publish(partial: str, path: str) -> None:
+    """Rename ``partial`` to ``path``; an existing ``path`` is moved aside first, then deleted."""
+    stale = path + ".stale"
+    if os.path.exists(path):
+        shutil.rmtree(stale, ignore_errors=True)
+        os.rename(path, stale)
+    os.rename(partial, path)
+    shutil.rmtree(stale, ignore_errors=True)

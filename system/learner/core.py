@@ -1,0 +1,125 @@
+"""One learner rank: FSDP2 policy, AdamW, schedule and the methods the Ray actor calls on every rank.
+
+Per policy version the controller drives all R ranks in lock-step (every method below except
+``policy_version`` is collective: call it on every rank, with that rank's shard):
+
+    batch  = collate_groups(groups, scale_advantages_by_std)      (driver, global batch)
+    shard  = shard_batch(batch, rank, R)
+    old_r  = core.compute_proximal_logprobs(shard)                  [B/R, T] per rank
+    old    = concat(old_r over ranks);  w, ... = correction service(mu, old, mask, lag)
+    norms  = loss_normalisers(mask, mu, old)                        (global, once)
+    core.train_step(shard, w[rows of rank], norms)                  policy_version += 1
+    payload = core.export_weights()                                 (rank 0 only; others None)
+
+``train_step`` reuses the proximal log-probs of the last ``compute_proximal_logprobs`` call
+for the same shard (checked by uid), or takes them explicitly.
+"""
+
+import numpy as np
+import torch
+
+from system.config.run import RunConfig
+from system.learner import checkpoint, distributed
+from system.learner.batch import LearnerBatch
+from system.learner.export import export_weights
+from system.learner.forward import proximal_logprobs, shard_tensors
+from system.learner.model import build_fsdp_model
+from system.learner.optim import build_optimizer, build_scheduler
+from system.learner.step import LossNormalisers, train_step
+from system.weight_payload import WeightPayload
+
+
+class LearnerCore:
+    """A plain (Ray-free) learner rank; the Ray actor is a shell around one of these."""
+
+    def __init__(
+        self,
+        run_cfg: RunConfig,
+        model_dir: str,
+        rank: int,
+        world_size: int,
+        master_port: int,
+        master_addr: str = "127.0.0.1",
+    ) -> None:
+        self.cfg = run_cfg.learner
+        self.temperature = run_cfg.rollout.temperature
+        self.rank, self.world_size = rank, world_size
+        torch.manual_seed(run_cfg.seed)
+        self.device = distributed.init_process_group(rank, world_size, master_port, master_addr)
+        trust = getattr(run_cfg.model, "trust_remote_code", False)
+        self.model = build_fsdp_model(model_dir, self.device, world_size, self.cfg.param_dtype, trust)
+        self.optimizer = build_optimizer(self.model, self.cfg)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg)
+        self.optimizer_step = 0
+        self._policy_version = 0
+        self._proximal: tuple[tuple[str, ...], torch.Tensor] | None = None
+
+    @property
+    def policy_version(self) -> int:
+        """Number of batches trained (the version of the weights ``export_weights`` returns)."""
+        return self._policy_version
+
+    def compute_proximal_logprobs(self, batch_shard: LearnerBatch) -> np.ndarray:
+        """float32 ``old[B_shard, T]`` with the current weights (response view, 0 past each response)."""
+        shard = shard_tensors(batch_shard, self.device)
+        old_BT = proximal_logprobs(self.model, shard, self.cfg.micro_batch_size, self.temperature)
+        self._proximal = (batch_shard.uids, old_BT)
+        return old_BT.cpu().numpy()
+
+    def train_step(
+        self,
+        batch_shard: LearnerBatch,
+        weights: np.ndarray,
+        normalisers: LossNormalisers,
+        proximal_logp: np.ndarray | None = None,
+    ) -> dict[str, float]:
+        """``updates_per_batch`` optimiser steps on this shard; the policy version advances by one.
+
+        ``weights`` is this shard's ``[B_shard, T]`` block of the correction weights. Metrics are
+        those of the last update, global over ranks.
+        """
+        shard = shard_tensors(batch_shard, self.device)
+        old_BT = self._proximal_for(batch_shard, proximal_logp)
+        w_BT = torch.as_tensor(np.asarray(weights, dtype=np.float32), device=self.device)
+        metrics: dict[str, float] = {}
+        for _ in range(self.cfg.updates_per_batch):
+            metrics = train_step(
+                self.model, self.optimizer, self.scheduler, shard, old_BT, w_BT,
+                normalisers, self.cfg, self.temperature,
+            )
+            self.optimizer_step += int(metrics["skipped_step"] == 0.0)
+        self._policy_version += 1
+        self._proximal = None
+        metrics["policy_version"] = float(self._policy_version)
+        return metrics
+
+    def export_weights(self) -> WeightPayload | None:
+        """bf16 full weights of the current version on rank 0; None on the other ranks."""
+        return export_weights(self.model, self._policy_version)
+
+    def save_checkpoint(self, path: str) -> None:
+        counters = {"policy_version": self._policy_version, "optimizer_step": self.optimizer_step}
+        checkpoint.save_checkpoint(path, self.model, self.optimizer, self.scheduler, counters)
+
+    def load_checkpoint(self, path: str) -> None:
+        counters = checkpoint.load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+        self._policy_version = counters["policy_version"]
+        self.optimizer_step = counters["optimizer_step"]
+        self._proximal = None
+
+    def close(self) -> None:
+        """Destroy the process group (collective on NCCL; call on every rank at shutdown)."""
+        distributed.destroy_process_group()
+
+    def _proximal_for(self, batch_shard: LearnerBatch, proximal_logp: np.ndarray | None) -> torch.Tensor:
+        if proximal_logp is not None:
+            return torch.as_tensor(np.asarray(proximal_logp, dtype=np.float32), device=self.device)
+        if self._proximal is None or self._proximal[0] != batch_shard.uids:
+            raise ValueError(
+                "train_step needs the proximal log-probs of this shard: call compute_proximal_logprobs "
+                "on it first (with the current weights) or pass proximal_logp"
+            )
+        return self._proximal[1]
+
+
+__all__ = ["LearnerCore", "LossNormalisers"]

@@ -1,0 +1,113 @@
+"""One optimiser step on this rank's shard: micro-batched loss and backward, clip, AdamW, schedule.
+
+Why the R-rank gradient equals the one-process gradient: the global loss is
+
+    L = sum_r sum_m L[r, m],   L[r, m] = aggregate(l_BT of micro-batch m on rank r, N_tok, N_seq)
+
+where ``N_tok`` / ``N_seq`` are the GLOBAL normalisers (valid tokens / sequences of the whole
+batch, before any weight masks a token: spec section 5). So ``grad L = sum_{r,m} grad L[r, m]``.
+``backward`` sums over micro-batches on a rank; FSDP2's reduce-scatter AVERAGES over the R
+ranks, so each rank back-propagates ``R * L[r, m]``:  (1/R) sum_r R sum_m grad L[r, m] = grad L.
+
+Valid tokens (spec section 0): response tokens whose behaviour and proximal log-probs are both
+finite; everything else is replaced by 0 before any arithmetic and excluded from the loss.
+A non-finite global gradient norm skips the optimiser step (every rank sees the same norm).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from system.config.learner import LearnerConfig
+from system.learner.batch import micro_batch_slices
+from system.learner.forward import ShardTensors, response_logprobs
+from system.learner.policy_loss import policy_token_loss
+from system.learner.step_metrics import MetricSums
+from system.losses.aggregation import aggregate
+
+
+@dataclass(frozen=True)
+class LossNormalisers:
+    """Global counts the aggregation divides by, computed once per batch over all ranks."""
+
+    num_valid_tokens: int
+    num_sequences: int
+
+
+def loss_normalisers(
+    response_mask_NT: np.ndarray, behaviour_logp_NT: np.ndarray, proximal_logp_NT: np.ndarray
+) -> LossNormalisers:
+    """Valid tokens and sequences with at least one valid token, over the GLOBAL ``[N, T]`` batch."""
+    if not response_mask_NT.shape == behaviour_logp_NT.shape == proximal_logp_NT.shape:
+        raise ValueError(
+            f"response_mask {response_mask_NT.shape}, behaviour_logp {behaviour_logp_NT.shape} and "
+            f"proximal_logp {proximal_logp_NT.shape} must have one [N, T] shape"
+        )
+    valid_NT = response_mask_NT.astype(bool) & np.isfinite(behaviour_logp_NT) & np.isfinite(proximal_logp_NT)
+    return LossNormalisers(int(valid_NT.sum()), int((valid_NT.sum(axis=1) >= 1).sum()))
+
+
+def valid_tokens(response_mask_BT: torch.Tensor, *logps_BT: torch.Tensor) -> torch.Tensor:
+    """``m = 1`` and every given log-prob finite."""
+    valid_BT = response_mask_BT.bool()
+    for logp_BT in logps_BT:
+        valid_BT = valid_BT & torch.isfinite(logp_BT)
+    return valid_BT
+
+
+def _checked_weights(weights_BT: torch.Tensor, valid_BT: torch.Tensor) -> torch.Tensor:
+    if weights_BT.shape != valid_BT.shape:
+        raise ValueError(f"weights have shape {tuple(weights_BT.shape)}, expected [B, T] = {tuple(valid_BT.shape)}")
+    bad = valid_BT & ~(torch.isfinite(weights_BT) & (weights_BT >= 0))
+    if bad.any():
+        raise ValueError(f"{int(bad.sum())} correction weights on valid tokens are negative or non-finite")
+    return torch.where(valid_BT, weights_BT.float(), 0.0).detach()
+
+
+def global_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip in place to ``max_norm``; returns the pre-clip L2 norm over ALL ranks' shards."""
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    shard: ShardTensors,
+    proximal_logp_BT: torch.Tensor,
+    weights_BT: torch.Tensor,
+    normalisers: LossNormalisers,
+    cfg: LearnerConfig,
+    temperature: float,
+) -> dict[str, float]:
+    """One optimiser step; returns metrics reduced over all ranks. Collective: call on every rank."""
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    valid_BT = valid_tokens(shard.response_mask_BT, shard.behaviour_logp_BT, proximal_logp_BT)
+    old_BT = torch.where(valid_BT, proximal_logp_BT, 0.0).detach()
+    w_BT = _checked_weights(weights_BT, valid_BT)
+    num_tok, num_seq = max(1, normalisers.num_valid_tokens), max(1, normalisers.num_sequences)
+    sums = MetricSums(proximal_logp_BT.device)
+    optimizer.zero_grad(set_to_none=True)
+    for rows in micro_batch_slices(shard.num_sequences, cfg.micro_batch_size):
+        cur_BT, entropy_BT = response_logprobs(model, shard, rows, temperature, with_entropy=True)
+        loss_BT, stats = policy_token_loss(
+            cur_BT, old_BT[rows], shard.advantages_B[rows], w_BT[rows], valid_BT[rows], cfg.loss
+        )
+        loss = aggregate(loss_BT, valid_BT[rows], cfg.aggregation, num_tok, num_seq)
+        (loss * world_size).backward()
+        sums.add_micro_batch(loss, valid_BT[rows], w_BT[rows], entropy_BT, stats)
+    grad_norm = global_grad_norm(model, cfg.grad_clip)
+    lr = scheduler.get_last_lr()[0]
+    stepped = bool(torch.isfinite(grad_norm))
+    if stepped:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    metrics = sums.reduce()
+    metrics.update(grad_norm=float(grad_norm), lr=float(lr), skipped_step=float(not stepped))
+    return metrics

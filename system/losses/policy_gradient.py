@@ -1,0 +1,84 @@
+"""The PPO clipped surrogate with a correction weight, per token (spec section 5).
+
+    r = exp(cur - old)        (cur - old clamped to [-20, 20] before exp, as in spec section 0)
+    l[i,t] = -w[i,t] * min(r * A_i, clip(r, 1 - eps_lo, 1 + eps_hi) * A_i)   at valid tokens, 0 elsewhere
+
+Defaults eps_lo = 0.2, eps_hi = 0.28 (DAPO-style asymmetric). Non-finite ``cur`` or ``old``
+make a token not valid, and every excluded position is replaced by 0 before any arithmetic,
+so neither the loss nor its gradient can carry a NaN. Statistics over the valid tokens:
+``clip_frac`` (tokens whose gradient the clip cuts: A > 0 and r > 1 + eps_hi, counted in
+``clip_frac_high``, or A < 0 and r < 1 - eps_lo, in ``clip_frac_low``), ``ratio_mean``,
+``approx_kl_k1`` = mean(old - cur) and ``approx_kl`` = mean(r - 1 - log r) (k3).
+
+Shapes: B = responses in the batch, T = padded response length.
+"""
+
+import torch
+
+LOG_RATIO_CLAMP = 20.0
+"""Clamp of cur - old before exp."""
+
+
+def _check_shapes(current_BT, proximal_BT, advantages_B, weights_BT, valid_BT) -> None:
+    if current_BT.dim() != 2:
+        raise ValueError(f"current_logp must be [B, T], got shape {tuple(current_BT.shape)}")
+    for name, t in (("proximal_logp", proximal_BT), ("weights", weights_BT), ("valid", valid_BT)):
+        if t.shape != current_BT.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but current_logp has {tuple(current_BT.shape)}")
+    if advantages_B.shape != current_BT.shape[:1]:
+        raise ValueError(
+            f"advantages must be [B] = [{current_BT.shape[0]}], got shape {tuple(advantages_B.shape)}"
+        )
+
+
+def _statistics(valid_BT, log_ratio_BT, ratio_BT, low_BT, high_BT) -> dict:
+    n = int(valid_BT.sum().item())
+    if n == 0:
+        keys = ("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl_k1", "approx_kl")
+        return {"num_tokens": 0, **dict.fromkeys(keys)}
+    num_low, num_high = int(low_BT.sum().item()), int(high_BT.sum().item())
+    k3_BT = torch.expm1(log_ratio_BT) - log_ratio_BT  # 0 where not valid (log ratio 0 there)
+    return {
+        "num_tokens": n,
+        "clip_frac": (num_low + num_high) / n,
+        "clip_frac_low": num_low / n,
+        "clip_frac_high": num_high / n,
+        "ratio_mean": float((torch.where(valid_BT, ratio_BT, 0.0).sum() / n).item()),
+        "approx_kl_k1": float((-log_ratio_BT.sum() / n).item()),
+        "approx_kl": float((k3_BT.sum() / n).item()),
+    }
+
+
+def ppo_token_loss(
+    current_logp_BT: torch.Tensor,
+    proximal_logp_BT: torch.Tensor,
+    advantages_B: torch.Tensor,
+    weights_BT: torch.Tensor,
+    valid_BT: torch.Tensor,
+    eps_lo: float = 0.2,
+    eps_hi: float = 0.28,
+) -> tuple[torch.Tensor, dict]:
+    """Per-token weighted PPO loss (0 at non-valid tokens) and its statistics as python numbers."""
+    _check_shapes(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
+    dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
+    current_BT = current_logp_BT.to(dtype)
+    proximal_BT = proximal_logp_BT.detach().to(dtype)
+    valid_BT = valid_BT.bool() & torch.isfinite(current_BT.detach()) & torch.isfinite(proximal_BT)
+    cur_BT = torch.where(valid_BT, current_BT, 0.0)
+    old_BT = torch.where(valid_BT, proximal_BT, 0.0)
+    log_ratio_BT = (cur_BT - old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio_BT = log_ratio_BT.exp()
+    adv_BT = advantages_B.detach().to(dtype)[:, None].expand_as(ratio_BT)
+    clipped_ratio_BT = ratio_BT.clamp(1.0 - eps_lo, 1.0 + eps_hi)
+    objective_BT = torch.minimum(ratio_BT * adv_BT, clipped_ratio_BT * adv_BT)
+    weights_BT = torch.where(valid_BT, weights_BT.detach().to(dtype), 0.0)
+    loss_BT = torch.where(valid_BT, -weights_BT * objective_BT, 0.0)
+    with torch.no_grad():
+        stats = _statistics(
+            valid_BT,
+            log_ratio_BT.detach(),
+            ratio_BT.detach(),
+            low_BT=valid_BT & (adv_BT < 0) & (ratio_BT < 1.0 - eps_lo),
+            high_BT=valid_BT & (adv_BT > 0) & (ratio_BT > 1.0 + eps_hi),
+        )
+    return loss_BT, stats

@@ -1,0 +1,82 @@
+"""A run's metric hub: streams metrics to JSONL + W&B, writes batch dumps and the final report.
+
+One object per job owns the W&B run. ``stream`` sends metrics the moment they exist (W&B
+merges several calls of the same step); ``finish_step`` writes the step's single
+``metrics.jsonl`` record, the union of everything streamed for that step.
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from system.config.report import ReportConfig
+from system.report.dump import save_dump
+from system.report.sinks import FanOutSink, JsonlSink, MetricSink
+from system.report.wandb_sink import WandbSink
+
+WORST_SEQUENCES = 16
+
+
+class RunLogger:
+    def __init__(self, run_dir: str | Path, cfg: ReportConfig, run_config: dict,
+                 wandb_run_id: str | None = None, extra_sinks: list[MetricSink] = ()) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.jsonl = JsonlSink(self.run_dir / "metrics.jsonl")
+        w = cfg.wandb
+        self.wandb = WandbSink(w.mode, w.project, self.run_dir, run_config, entity=w.entity,
+                               name=w.run_name, resume_id=wandb_run_id)
+        self.live = FanOutSink([self.wandb, *extra_sinks])
+        self._pending: dict[int, dict] = {}
+        self.last_dump: Path | None = None
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        return self.wandb.run_id
+
+    def stream(self, step: int, metrics: dict) -> None:
+        self._pending.setdefault(step, {}).update(metrics)
+        self.live.log(step, metrics)
+
+    def finish_step(self, step: int, metrics: dict) -> dict:
+        """Write the step's JSONL record (streamed metrics + these); return the record."""
+        self.live.log(step, metrics)
+        record = {**self._pending.pop(step, {}), **metrics}
+        self.jsonl.log(step, record)
+        return record
+
+    def should_dump(self, step: int) -> bool:
+        return self.cfg.dump_every > 0 and step % self.cfg.dump_every == 0
+
+    def dump(self, step: int, arrays: dict[str, np.ndarray], token_ratios: np.ndarray) -> Path:
+        """Write ``dumps/step_XXXXXX.npz`` and log the ratio histogram and the worst sequences."""
+        path = save_dump(self.run_dir / "dumps" / f"step_{step:06d}.npz", **arrays)
+        self.last_dump = path
+        self.live.log_histogram(step, "mismatch/token_ratio", token_ratios)
+        self.live.log_table(step, "mismatch/worst_sequences", *worst_sequences_table(arrays))
+        return path
+
+    def close(self) -> None:
+        self.jsonl.close()
+        self.live.close()
+
+
+def worst_sequences_table(arrays: dict[str, np.ndarray]) -> tuple[list[str], list[list]]:
+    """Columns and rows of the sequences with the largest mean |old - mu|."""
+    mask = arrays["response_mask"].astype(bool)
+    d = np.where(mask, arrays["train_logp"] - arrays["rollout_logp"], 0.0)
+    d = np.where(np.isfinite(d), d, 0.0)
+    n = np.maximum(mask.sum(1), 1)
+    mean_abs = np.abs(d).sum(1) / n
+    order = np.argsort(-mean_abs, kind="stable")[:WORST_SEQUENCES]
+    cols = ["uid", "mean_abs_diff", "max_abs_diff", "length", "lag", "reward", "response"]
+    rows = []
+    for i in order:
+        rows.append([
+            str(arrays["uid"][i]) if "uid" in arrays else str(i), float(mean_abs[i]),
+            float(np.abs(d[i]).max()), int(mask[i].sum()),
+            int(arrays["lag"][i]) if "lag" in arrays else 0,
+            float(arrays["reward"][i]) if "reward" in arrays else None,
+            str(arrays["response_text"][i]) if "response_text" in arrays else "",
+        ])
+    return cols, rows

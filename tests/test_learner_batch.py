@@ -1,0 +1,104 @@
+"""Collation, response views, sharding, micro-batching and loss normalisers of the learner batch.
+
+Expected arrays are written out by hand from the example groups below.
+"""
+
+import numpy as np
+import pytest
+
+from system.learner.batch import collate_groups, micro_batch_slices, shard_batch
+from system.learner.step import loss_normalisers
+from system.types import Completion, Prompt, RolloutGroup
+
+
+def _completion(prompt_id, k, prompt, response, mu, reward, version=0):
+    return Completion(prompt_id, k, np.array(prompt), np.array(response), np.array(mu, np.float32),
+                      "", reward, version)
+
+
+def _hand_groups():
+    """Group 0: prompt [5 6 7]; group 1: prompt [11 12], second response empty."""
+    g0 = RolloutGroup(Prompt("a", "", ""), (
+        _completion("a", 0, [5, 6, 7], [8, 9], [-0.1, -0.2], 1.0, version=3),
+        _completion("a", 1, [5, 6, 7], [10], [-0.3], 0.0, version=3),
+    ), policy_version=3)
+    g1 = RolloutGroup(Prompt("b", "", ""), (
+        _completion("b", 0, [11, 12], [13, 14, 15], [-0.4, -0.5, -0.6], 0.5, version=4),
+        _completion("b", 1, [11, 12], [], [], 0.5, version=4),
+    ), policy_version=4)
+    return [g0, g1]
+
+
+def test_collate_pads_and_aligns_behaviour_logprobs_with_their_tokens():
+    batch = collate_groups(_hand_groups(), scale_advantages_by_std=True, pad_token_id=0)
+    np.testing.assert_array_equal(batch.input_ids_BS, [
+        [5, 6, 7, 8, 9], [5, 6, 7, 10, 0], [11, 12, 13, 14, 15], [11, 12, 0, 0, 0]])
+    np.testing.assert_array_equal(batch.attention_mask_BS, [
+        [1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    np.testing.assert_array_equal(batch.response_mask_BS, [
+        [0, 0, 0, 1, 1], [0, 0, 0, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    # log mu of token 8 (position 3) sits at position 3, and so on.
+    np.testing.assert_allclose(batch.behaviour_logp_BS, [
+        [0, 0, 0, -0.1, -0.2], [0, 0, 0, -0.3, 0], [0, 0, -0.4, -0.5, -0.6], [0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(batch.response_start_B, [3, 3, 2, 2])
+    np.testing.assert_array_equal(batch.response_len_B, [2, 1, 3, 0])
+    np.testing.assert_array_equal(batch.group_index_B, [0, 0, 1, 1])
+    np.testing.assert_array_equal(batch.policy_version_B, [3, 3, 4, 4])
+    np.testing.assert_allclose(batch.rewards_B, [1.0, 0.0, 0.5, 0.5])
+    # GRPO: group 0 has mean 0.5 and population std 0.5 -> +-0.5 / (0.5 + 1e-6); group 1 is constant.
+    a = 0.5 / (0.5 + 1e-6)
+    np.testing.assert_allclose(batch.advantages_B, [a, -a, 0.0, 0.0], rtol=1e-6)
+    assert batch.uids == ("a#0", "a#1", "b#0", "b#1")
+    assert batch.num_response_tokens == 3
+
+
+def test_response_arrays_are_the_response_only_view():
+    batch = collate_groups(_hand_groups(), scale_advantages_by_std=False)
+    arrays = batch.response_arrays()
+    np.testing.assert_allclose(arrays["behaviour_logp"], [
+        [-0.1, -0.2, 0], [-0.3, 0, 0], [-0.4, -0.5, -0.6], [0, 0, 0]])
+    np.testing.assert_array_equal(arrays["response_mask"], [
+        [1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
+    np.testing.assert_array_equal(arrays["response_ids"], [
+        [8, 9, 0], [10, 0, 0], [13, 14, 15], [0, 0, 0]])
+    # Dr.GRPO: mean-centred only.
+    np.testing.assert_allclose(batch.advantages_B, [0.5, -0.5, 0.0, 0.0])
+
+
+def test_shard_keeps_global_advantages_and_widths():
+    batch = collate_groups(_hand_groups(), scale_advantages_by_std=True)
+    first, second = shard_batch(batch, 0, 2), shard_batch(batch, 1, 2)
+    np.testing.assert_array_equal(second.input_ids_BS, batch.input_ids_BS[2:])
+    np.testing.assert_array_equal(first.advantages_B, batch.advantages_B[:2])
+    assert second.uids == ("b#0", "b#1")
+    assert first.num_response_tokens == second.num_response_tokens == 3
+    with pytest.raises(ValueError, match="does not split evenly"):
+        shard_batch(batch, 0, 3)
+    with pytest.raises(ValueError, match="rank"):
+        shard_batch(batch, 2, 2)
+
+
+def test_micro_batch_slices_cover_rows_in_order():
+    assert micro_batch_slices(5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert micro_batch_slices(4, 8) == [slice(0, 4)]
+    with pytest.raises(ValueError):
+        micro_batch_slices(4, 0)
+
+
+def test_collate_rejects_empty_input():
+    with pytest.raises(ValueError, match="empty batch"):
+        collate_groups([], scale_advantages_by_std=True)
+    empty_prompt = RolloutGroup(Prompt("c", "", ""), (_completion("c", 0, [], [1], [-0.1], 0.0),), 0)
+    with pytest.raises(ValueError, match="empty prompt"):
+        collate_groups([empty_prompt], scale_advantages_by_std=True)
+
+
+def test_loss_normalisers_count_valid_tokens_and_sequences():
+    mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], bool)
+    mu = np.array([[-0.1, np.nan, 0], [-0.3, 0, 0], [-0.4, -0.5, -0.6], [0, 0, 0]], np.float32)
+    old = np.array([[-0.1, -0.2, 0], [np.inf, 0, 0], [-0.4, -0.5, -0.6], [0, 0, 0]], np.float32)
+    norms = loss_normalisers(mask, mu, old)
+    # valid: (0,0), (2,0), (2,1), (2,2); row 1's only token has old = inf.
+    assert (norms.num_valid_tokens, norms.num_sequences) == (4, 2)
+    with pytest.raises(ValueError, match="shape"):
+        loss_normalisers(mask, mu[:, :2], old)
