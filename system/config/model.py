@@ -26,6 +26,8 @@ class TinyModelConfig(StrictModel):
     """Supervised steps on the task's reference answers before RL, so the policy starts with a non-zero reward."""
     warm_start_lr: float = Field(default=3e-3, gt=0.0)
     """Learning rate of the supervised warm start."""
+    warm_start_label_smoothing: float = Field(default=0.5, ge=0.0, lt=1.0)
+    """Label smoothing of the warm start: caps the learned answer probability, so the policy knows the answer (greedy) but samples it rarely at temperature 1, and RL improves it by sharpening."""
 
     @model_validator(mode="after")
     def _heads(self) -> "TinyModelConfig":

@@ -9,11 +9,12 @@ Means over the n valid tokens (d = old - mu raw, dc clamped, rho = exp(dc)):
     frac_outside_{2x,5x} = mean(|d| > log {2,5})
     ess_token = (sum rho)**2 / (n sum rho**2)    ess_seq = the same on rho_seq over sequences
 
-Numerics: every quantity is computed once, in float64, on the [B, T] tensors of
+Numerics: every shared quantity is computed once, in float64, on the [B, T] tensors of
 ``LogRatios`` (already 0 where not valid, so plain sums are masked sums), with no loop over
-sequences. ``rho - 1 - dc`` is evaluated as ``expm1(dc) - dc`` and ``rho**2 - 1`` as
-``expm1(2 dc)``: the same numbers without the cancellation near d = 0. An empty batch gives
-counts 0 and ``None`` for every float statistic, never NaN.
+sequences and few temporaries. ``rho - 1`` is evaluated as ``expm1(dc)`` (no rounding of
+``exp`` near 1 when d is tiny); the median selects two order statistics without sorting
+(``reductions.kth_smallest``). An empty batch gives counts 0 and ``None`` for every float
+statistic, never NaN.
 
 Shapes: B = responses in the batch, T = padded response length.
 """
@@ -28,7 +29,7 @@ from system.correction.ratios import (
     compute_log_ratios,
     select_sequences,
 )
-from system.correction.reductions import as_float, ess_fraction, median_of_valid
+from system.correction.reductions import as_float, ess_fraction, median_of_nonnegative
 
 DIAGNOSTIC_KEYS: tuple[str, ...] = (
     "n_sequences", "n_tokens", "nonfinite_tokens",
@@ -42,58 +43,73 @@ _LOG_2 = math.log(2.0)
 _LOG_5 = math.log(5.0)
 
 
-def _centred(values_BT: torch.Tensor, valid_BT: torch.Tensor, ref: torch.Tensor, n: int):
-    """Valid values minus their mean, 0 elsewhere; shifted by a sample value first so a
-    constant input gives exactly 0 (and a zero variance) rather than rounding noise."""
-    shifted_BT = torch.where(valid_BT, values_BT - ref, 0.0)
-    return torch.where(valid_BT, shifted_BT - shifted_BT.sum() / n, 0.0)
+def _dot(x_BT: torch.Tensor, y_BT: torch.Tensor) -> torch.Tensor:
+    """sum(x * y) without materialising the product."""
+    return torch.dot(x_BT.reshape(-1), y_BT.reshape(-1))
+
+
+def _centred(values_BT: torch.Tensor, valid_f_BT: torch.Tensor, ref: torch.Tensor, n: int):
+    """Valid values minus their mean, 0 elsewhere; shifted by a sample value first so that a
+    constant input gives exactly 0 (a zero variance) rather than rounding noise."""
+    shifted_BT = (values_BT - ref).mul_(valid_f_BT)
+    return shifted_BT.sub_(shifted_BT.sum() / n).mul_(valid_f_BT)
 
 
 def _pearson(ratios: LogRatios, n: int) -> float | None:
     """Pearson correlation of mu and old over valid tokens; None if either has zero variance."""
     row = int(ratios.seq_valid_B.nonzero()[0, 0].item())
     col = int(ratios.valid_BT[row].nonzero()[0, 0].item())
-    mu_BT = _centred(ratios.behaviour_BT, ratios.valid_BT, ratios.behaviour_BT[row, col], n)
-    old_BT = _centred(ratios.proximal_BT, ratios.valid_BT, ratios.proximal_BT[row, col], n)
-    var_mu = mu_BT.square().sum()
-    var_old = old_BT.square().sum()
-    if var_mu.item() == 0.0 or var_old.item() == 0.0:
+    valid_f_BT = ratios.valid_BT.to(torch.float64)
+    mu_BT = _centred(ratios.behaviour_BT, valid_f_BT, ratios.behaviour_BT[row, col], n)
+    old_BT = _centred(ratios.proximal_BT, valid_f_BT, ratios.proximal_BT[row, col], n)
+    var_mu, var_old, cov = torch.stack([_dot(mu_BT, mu_BT), _dot(old_BT, old_BT), _dot(mu_BT, old_BT)]).tolist()
+    if var_mu == 0.0 or var_old == 0.0:
         return None
-    cov = (mu_BT * old_BT).sum()
-    return as_float((cov / (var_mu.sqrt() * var_old.sqrt())).clamp(-1.0, 1.0))
+    return max(-1.0, min(1.0, cov / (math.sqrt(var_mu) * math.sqrt(var_old))))
 
 
-def _token_statistics(ratios: LogRatios, n: int) -> dict[str, float | None]:
-    """Every per-token statistic of the table, as means over the n >= 1 valid tokens."""
+def _log_ratio_means(ratios: LogRatios, n: int) -> dict[str, float]:
+    """kl_k1, kl_k2, kl_k3, chi2_token and ess_token.
+
+    With e = expm1(dc) (0 where not valid): rho - 1 - dc = e - dc, rho**2 - 1 = e**2 + 2 e,
+    sum rho = n + sum e and sum rho**2 = n + sum (e**2 + 2 e): one transcendental pass and
+    no ``rho - 1`` rounding near d = 0.
+    """
     d_BT, dc_BT = ratios.d_BT, ratios.dc_BT
-    abs_d_BT = d_BT.abs()
-    prob_diff_BT = (ratios.proximal_BT.exp() - ratios.behaviour_BT.exp()).abs()  # 0 where not valid
-    sums = torch.stack(
+    e_BT = torch.expm1(dc_BT)
+    sum_d, sum_dc, sum_dc_sq, sum_e, sum_e_sq = torch.stack(
+        [d_BT.sum(), dc_BT.sum(), _dot(dc_BT, dc_BT), e_BT.sum(), _dot(e_BT, e_BT)]
+    ).tolist()
+    sum_rho_sq_m1 = sum_e_sq + 2.0 * sum_e
+    return {
+        "kl_k1": (0.0 - sum_d) / n,  # 0.0 - x: no -0.0 in the report
+        "kl_k2": 0.5 * sum_dc_sq / n,
+        "kl_k3": (sum_e - sum_dc) / n,
+        "chi2_token": sum_rho_sq_m1 / n,
+        "ess_token": min((n + sum_e) ** 2 / (n * (n + sum_rho_sq_m1)), 1.0),  # <= 1 up to rounding
+    }
+
+
+def _abs_diff_statistics(ratios: LogRatios, n: int) -> dict[str, float | None]:
+    """Mean, median, max and tail fractions of |d|, and the mean absolute probability gap."""
+    abs_d_BT = ratios.d_BT.abs()
+    prob_gap_BT = ratios.proximal_BT.exp().sub_(ratios.behaviour_BT.exp()).abs_()  # 0 if not valid
+    sum_abs, max_abs, sum_gap, out_2x, out_5x = torch.stack(
         [
-            -d_BT.sum(),
-            0.5 * dc_BT.square().sum(),
-            (torch.expm1(dc_BT) - dc_BT).sum(),
-            torch.expm1(2.0 * dc_BT).sum(),
             abs_d_BT.sum(),
-            prob_diff_BT.sum(),
+            abs_d_BT.max(),
+            prob_gap_BT.sum(),
             (abs_d_BT > _LOG_2).sum(),
             (abs_d_BT > _LOG_5).sum(),
         ]
-    ) / n
-    kl_k1, kl_k2, kl_k3, chi2, abs_mean, prob_mean, out_2x, out_5x = sums.tolist()
+    ).tolist()
     return {
-        "kl_k1": kl_k1,
-        "kl_k2": kl_k2,
-        "kl_k3": kl_k3,
-        "chi2_token": chi2,
-        "logp_pearson": _pearson(ratios, n),
-        "abs_diff_mean": abs_mean,
-        "abs_diff_median": median_of_valid(abs_d_BT, ratios.valid_BT, n),
-        "abs_diff_max": as_float(abs_d_BT.max()),
-        "prob_abs_diff_mean": prob_mean,
-        "frac_outside_2x": out_2x,
-        "frac_outside_5x": out_5x,
-        "ess_token": ess_fraction(ratios.rho_BT, n),
+        "abs_diff_mean": sum_abs / n,
+        "abs_diff_median": median_of_nonnegative(abs_d_BT, n),
+        "abs_diff_max": max_abs,
+        "prob_abs_diff_mean": sum_gap / n,
+        "frac_outside_2x": out_2x / n,
+        "frac_outside_5x": out_5x / n,
     }
 
 
@@ -116,7 +132,9 @@ def compute_diagnostics(ratios: LogRatios) -> dict[str, float | int | None]:
     out.update(n_sequences=n_seq, n_tokens=n, nonfinite_tokens=ratios.nonfinite_tokens)
     if n == 0:
         return out
-    out.update(_token_statistics(ratios, n))
+    out.update(_log_ratio_means(ratios, n))
+    out["logp_pearson"] = _pearson(ratios, n)
+    out.update(_abs_diff_statistics(ratios, n))
     out.update(_sequence_statistics(ratios, n_seq))
     return out
 

@@ -87,20 +87,22 @@ def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatio
     weight_dtype = torch.promote_types(
         torch.promote_types(behaviour_BT.dtype, proximal_BT.dtype), torch.float32
     )
-    mu_BT = behaviour_BT.to(torch.float64)
-    old_BT = proximal_BT.to(torch.float64)
+    # Fresh float64 copies, zeroed in place where not valid: non-finite values are replaced
+    # first, so none survives the product with the mask.
+    mu_BT = behaviour_BT.to(torch.float64, copy=True)
+    old_BT = proximal_BT.to(torch.float64, copy=True)
     in_mask_BT = mask_BT if mask_BT.dtype == torch.bool else mask_BT != 0
     # In float64 the difference of two finite float32 log-probs is finite, and it is non-finite
-    # whenever either operand is: one isfinite pass finds every excluded token.
-    raw_d_BT = old_BT - mu_BT
-    finite_BT = torch.isfinite(raw_d_BT)
+    # whenever either operand is: one pass over it finds every excluded token.
+    d_BT = old_BT - mu_BT
+    finite_BT = d_BT.abs() < float("inf")  # False for NaN and +-inf
     valid_BT = in_mask_BT & finite_BT
     nonfinite_B = (in_mask_BT & ~finite_BT).sum(dim=1)
-    mu_BT = torch.where(valid_BT, mu_BT, 0.0)
-    old_BT = torch.where(valid_BT, old_BT, 0.0)
-    d_BT = torch.where(valid_BT, raw_d_BT, 0.0)
+    valid_f_BT = valid_BT.to(torch.float64)
+    for x_BT in (d_BT, mu_BT, old_BT):
+        x_BT.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).mul_(valid_f_BT)
     dc_BT = d_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    rho_BT = torch.where(valid_BT, dc_BT.exp(), 0.0)
+    rho_BT = dc_BT.exp().mul_(valid_f_BT)
     num_valid_B = valid_BT.sum(dim=1)
     seq_logratio_B = dc_BT.sum(dim=1)
     return LogRatios(

@@ -2,12 +2,15 @@
 
     ess(x)    = (sum x)**2 / (n * sum x**2)        (spec section 1, ``ess_token``)
     median(x) = numpy's median: the middle value, or the average of the two middle values
+    fraction by bucket = #(hit and in bucket) / #(in bucket), buckets of length or position
 
 Every reduction here runs in float64 on tensors that are already 0 (or masked) where not
 valid, and returns ``None`` instead of NaN when it is undefined.
 
 Shapes: B = responses, T = padded length, N = any flat count.
 """
+
+import math
 
 import torch
 
@@ -18,6 +21,11 @@ LENGTH_BUCKETS: tuple[tuple[str, float], ...] = (
     (">2048", float("inf")),
 )
 """Length (or position) buckets as (key, inclusive upper edge); a bucket starts after the previous edge."""
+
+_BAND_MIN_SIZE = 1 << 16
+"""Below this many values ``kth_smallest`` calls ``kthvalue`` directly."""
+_BAND_SAMPLE_SIZE = 16384
+"""About this many strided samples bracket the wanted ranks."""
 
 
 def as_float(value: torch.Tensor) -> float:
@@ -33,28 +41,51 @@ def ess_fraction(x_N: torch.Tensor, count: int) -> float | None:
     sum_sq = x_N.square().sum()
     if sum_sq.item() == 0.0:
         return 0.0
-    return as_float(x_N.sum().square() / (count * sum_sq))
+    return min(as_float(x_N.sum().square() / (count * sum_sq)), 1.0)  # <= 1 up to rounding
 
 
-def median_of_valid(values_BT: torch.Tensor, valid_BT: torch.Tensor, count: int) -> float | None:
-    """numpy's median of ``values`` over the ``count`` valid entries, without compacting them.
+def kth_smallest(values_N: torch.Tensor, ranks: list[int]) -> list[torch.Tensor]:
+    """The values of 1-indexed ``ranks`` in ascending order of the flat ``values_N``.
 
-    Invalid entries are filled with -inf, so in sorted order they come first and the k-th
-    smallest valid value is the (k + num_invalid)-th smallest of the whole array.
+    Large inputs: a strided sample brackets the ranks, one pass counts the values below the
+    bracket and keeps the (few) inside it, and ``kthvalue`` runs on those alone. The result
+    is exact: if the bracket misses (adversarial layouts), it falls back to the whole array.
+    """
+    num = values_N.numel()
+    if num > _BAND_MIN_SIZE:
+        sample_S = values_N[:: num // _BAND_SAMPLE_SIZE].contiguous()
+        size = sample_S.numel()
+        margin = 3.0 * math.sqrt(size) + 8.0  # >= 6 binomial std of a sample rank
+        rank_lo = math.floor(min(ranks) / num * size - margin)
+        rank_hi = math.ceil(max(ranks) / num * size + margin)
+        keep_N = torch.ones_like(values_N, dtype=torch.bool)
+        num_below = 0
+        if rank_lo >= 1:
+            keep_N = values_N >= sample_S.kthvalue(rank_lo).values
+            num_below = num - int(keep_N.sum().item())
+        if rank_hi <= size:
+            keep_N &= values_N <= sample_S.kthvalue(rank_hi).values
+        band_M = values_N[keep_N]
+        if num_below < min(ranks) and max(ranks) <= num_below + band_M.numel():
+            return [band_M.kthvalue(rank - num_below).values for rank in ranks]
+    return [values_N.kthvalue(rank).values for rank in ranks]
+
+
+def median_of_nonnegative(values_BT: torch.Tensor, count: int) -> float | None:
+    """numpy's median over the ``count`` valid entries of ``values_BT``, without compacting them.
+
+    Precondition: valid entries are >= 0 and every other entry is exactly 0. The invalid
+    zeros then sort first, so the k-th smallest valid value is the (k + num_invalid)-th
+    smallest of the whole array.
     """
     if count == 0:
         return None
-    flat_N = torch.where(valid_BT, values_BT, float("-inf")).reshape(-1)
+    flat_N = values_BT.reshape(-1)
     offset = flat_N.numel() - count
-    lower = flat_N.kthvalue(offset + (count + 1) // 2).values
     if count % 2 == 1:
-        return as_float(lower)
-    # Upper middle: the lower one again if enough entries tie with it, else the next larger value.
-    num_at_most_lower = int((flat_N <= lower).sum().item())
-    if num_at_most_lower >= offset + count // 2 + 1:
-        upper = lower
-    else:
-        upper = torch.where(flat_N > lower, flat_N, float("inf")).min()
+        (middle,) = kth_smallest(flat_N, [offset + (count + 1) // 2])
+        return as_float(middle)
+    lower, upper = kth_smallest(flat_N, [offset + count // 2, offset + count // 2 + 1])
     return as_float((lower + upper) / 2)
 
 

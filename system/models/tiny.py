@@ -79,7 +79,7 @@ def _write_model(out: Path, model_cfg: TinyModelConfig, prompts: PromptSource, s
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     started = time.perf_counter()
     losses = warm_start(model, tokenizer, prompts, model_cfg.warm_start_steps,
-                        model_cfg.warm_start_lr, seed)
+                        model_cfg.warm_start_lr, seed, model_cfg.warm_start_label_smoothing)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out, safe_serialization=True)

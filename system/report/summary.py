@@ -10,7 +10,7 @@ from system.correction import (
     compute_log_ratios,
     compute_weights,
     default_method_configs,
-    diagnostics_by_lag,
+    diagnostics_by_lag_of,
     method_statistics,
 )
 from system.report.dump import BatchDump
@@ -41,12 +41,7 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
     summary["ais"] = ais_diagnostics(ratios)
     summary["methods"] = methods_table(ratios)
     if dump.has_lag:
-        summary["by_lag"] = diagnostics_by_lag(
-            torch.from_numpy(dump.rollout_logp),
-            torch.from_numpy(dump.train_logp),
-            torch.from_numpy(dump.response_mask),
-            torch.from_numpy(dump.lag.astype(np.int64)),
-        )
+        summary["by_lag"] = diagnostics_by_lag_of(ratios, torch.from_numpy(dump.lag.astype(np.int64)))
     if dump.reward is not None:
         summary["reward_mean"] = float(np.mean(dump.reward))
     return summary

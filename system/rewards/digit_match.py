@@ -2,13 +2,15 @@
 
 The answer is the leading run of digits of the completion (after leading whitespace); what
 follows it, e.g. tokens generated after a missing end-of-sequence, is ignored. Digits are
-compared **right-aligned** (units with units, tens with tens, as in written addition), and
+compared **left-aligned**: the i-th answer digit with the i-th reference digit, in the
+order they are generated, so the credit a digit earns never depends on tokens sampled
+after it (a clean per-token signal for RL). With
 
-    reward = (# positions where answer and reference digits agree) / max(len(answer), len(reference))
+    reward = (# positions i where answer[i] == reference[i]) / max(len(answer), len(reference))
 
-so an exact answer scores 1.0, a wrong or extra digit costs ``1 / max_len``, and an empty or
-non-numeric answer scores 0. Example: reference ``"82"``: ``"82"`` -> 1, ``"72"`` -> 0.5,
-``"182"`` -> 2/3, ``"8"`` -> 0 (its ``8`` sits in the units place), ``"+="`` -> 0.
+an exact answer scores 1.0, each wrong, missing or extra digit costs ``1 / max_len``, and an
+empty or non-numeric answer scores 0. Reference ``"82"``: ``"82"`` -> 1, ``"72"`` -> 0.5,
+``"8"`` -> 0.5, ``"821"`` -> 2/3, ``"182"`` -> 0, ``"+="`` -> 0.
 """
 
 import re
@@ -22,9 +24,9 @@ def answer_digits(completion: str) -> str:
 
 
 def digit_match(completion: str, reference: str) -> float:
-    """Fraction of right-aligned digit positions that agree, over the longer of the two."""
+    """Fraction of left-aligned digit positions that agree, over the longer of the two."""
     answer = answer_digits(completion)
     if not answer or not reference:
         return 0.0
-    matches = sum(a == r for a, r in zip(reversed(answer), reversed(reference), strict=False))
+    matches = sum(a == r for a, r in zip(answer, reference, strict=False))
     return matches / max(len(answer), len(reference))
