@@ -170,7 +170,7 @@ def make_batch(regime: str, seed: int, B: int = 12, T: int = 40):
         old = 0.45 * mu - rng.exponential(4.9, size=(B, T))
     elif regime == "extreme":  # log-probs down to -1e4, differences far beyond the clamp
         mu = -rng.uniform(0, 1e4, size=(B, T)) * (rng.random((B, T)) < 0.3)
-        old = mu + rng.normal(0, 40, size=(B, T))
+        old = np.minimum(mu + rng.normal(0, 40, size=(B, T)), 0.0)
     else:
         raise AssertionError(regime)
     lengths = rng.integers(0, T + 1, size=B)
