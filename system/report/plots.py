@@ -14,7 +14,7 @@ _SCATTER_POINTS = 40_000
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=85, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -78,5 +78,5 @@ def keep_by_length(methods: dict[str, dict]) -> str:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("kept sequence fraction")
     ax.set_xlabel("response length (tokens)")
-    ax.legend(fontsize=7, ncol=3)
+    ax.legend(fontsize=7, ncol=3, loc="lower left", framealpha=0.9)
     return _png(fig)
