@@ -29,7 +29,11 @@ MASK = [[1, 1, 1], [1, 1, 0]]
 
 
 def hand_batch():
-    return compute_log_ratios(torch.tensor(MU, dtype=torch.float64), torch.tensor(OLD, dtype=torch.float64), torch.tensor(MASK))
+    return compute_log_ratios(
+        torch.tensor(MU, dtype=torch.float64),
+        torch.tensor(OLD, dtype=torch.float64),
+        torch.tensor(MASK),
+    )
 
 
 def test_log_ratios_of_the_hand_batch():
@@ -65,7 +69,10 @@ def test_every_diagnostic_of_the_hand_batch():
         "abs_diff_mean": 1.5 / 4,  # |d| = .5, 1, 0, 0
         "abs_diff_median": (0.0 + 0.5) / 2,  # sorted 0, 0, .5, 1: the two middles averaged
         "abs_diff_max": 1.0,
-        "prob_abs_diff_mean": (abs(math.exp(-1.5) - math.exp(-1)) + abs(math.exp(-1) - math.exp(-2))) / 4,
+        "prob_abs_diff_mean": (
+            abs(math.exp(-1.5) - math.exp(-1)) + abs(math.exp(-1) - math.exp(-2))
+        )
+        / 4,
         "frac_outside_2x": 1 / 4,  # only |d| = 1 > log 2 = 0.693
         "frac_outside_5x": 0.0,  # log 5 = 1.609
         "ess_token": (math.exp(-0.5) + E + 2) ** 2 / (4 * (math.exp(-1) + E**2 + 2)),
@@ -78,11 +85,15 @@ def test_every_diagnostic_of_the_hand_batch():
 
 def test_empty_batch_gives_zero_counts_and_none_never_nan():
     mu = torch.tensor([[NAN, -1.0], [-2.0, -3.0]])
-    got = compute_diagnostics(compute_log_ratios(mu, torch.zeros(2, 2), torch.tensor([[1, 0], [0, 0]])))
+    got = compute_diagnostics(
+        compute_log_ratios(mu, torch.zeros(2, 2), torch.tensor([[1, 0], [0, 0]]))
+    )
     assert got["n_sequences"] == 0 and got["n_tokens"] == 0
     assert got["nonfinite_tokens"] == 1  # the NaN was masked in
     assert all(got[k] is None for k in DIAGNOSTIC_KEYS[3:])
-    got = compute_diagnostics(compute_log_ratios(torch.zeros(0, 5), torch.zeros(0, 5), torch.zeros(0, 5)))
+    got = compute_diagnostics(
+        compute_log_ratios(torch.zeros(0, 5), torch.zeros(0, 5), torch.zeros(0, 5))
+    )
     assert got["n_tokens"] == 0 and got["kl_k1"] is None
 
 
@@ -93,7 +104,9 @@ def test_pearson_is_none_for_a_constant_side_and_one_for_a_shift():
     assert compute_diagnostics(compute_log_ratios(mu, old, mask))["logp_pearson"] is None
     assert compute_diagnostics(compute_log_ratios(old, mu, mask))["logp_pearson"] is None
     # old = mu - 0.25: perfectly correlated
-    assert compute_diagnostics(compute_log_ratios(old, old - 0.25, mask))["logp_pearson"] == pytest.approx(1.0)
+    assert compute_diagnostics(compute_log_ratios(old, old - 0.25, mask))[
+        "logp_pearson"
+    ] == pytest.approx(1.0)
     one = compute_diagnostics(compute_log_ratios(old[:1, :1], old[:1, :1], mask[:1, :1]))
     assert one["n_tokens"] == 1 and one["logp_pearson"] is None
 
@@ -109,15 +122,21 @@ def test_nonfinite_counts_only_masked_in_tokens():
 
 
 def test_diagnostics_by_lag_split_the_hand_batch():
-    got = diagnostics_by_lag(torch.tensor(MU), torch.tensor(OLD), torch.tensor(MASK), torch.tensor([3, 1]))
+    got = diagnostics_by_lag(
+        torch.tensor(MU), torch.tensor(OLD), torch.tensor(MASK), torch.tensor([3, 1])
+    )
     assert list(got) == ["1", "3"]
     # lag 1 = row 1: one token with d = 0 and the NaN
-    assert got["1"]["n_tokens"] == 1 and got["1"]["nonfinite_tokens"] == 1 and got["1"]["kl_k3"] == 0.0
+    assert (
+        got["1"]["n_tokens"] == 1 and got["1"]["nonfinite_tokens"] == 1 and got["1"]["kl_k3"] == 0.0
+    )
     assert got["1"]["ess_token"] == 1.0 and got["1"]["logp_pearson"] is None
     # lag 3 = row 0: d = -0.5, 1, 0
     assert got["3"]["kl_k1"] == pytest.approx(-0.5 / 3) and got["3"]["abs_diff_median"] == 0.5
     assert got["3"]["chi2_seq"] == pytest.approx(E - 1)
-    assert list(diagnostics_by_lag(torch.tensor(MU), torch.tensor(OLD), torch.tensor(MASK), [10, 2])) == ["2", "10"]
+    assert list(
+        diagnostics_by_lag(torch.tensor(MU), torch.tensor(OLD), torch.tensor(MASK), [10, 2])
+    ) == ["2", "10"]
 
 
 def test_select_sequences_equals_recomputing_on_the_rows():
@@ -125,7 +144,9 @@ def test_select_sequences_equals_recomputing_on_the_rows():
     mu, old = -rng.exponential(size=(6, 5)), -rng.exponential(size=(6, 5))
     mask = rng.random((6, 5)) < 0.7
     rows = np.array([True, False, True, True, False, False])
-    sub = compute_diagnostics(select_sequences(compute_log_ratios(mu, old, mask), torch.from_numpy(rows)))
+    sub = compute_diagnostics(
+        select_sequences(compute_log_ratios(mu, old, mask), torch.from_numpy(rows))
+    )
     assert sub == compute_diagnostics(compute_log_ratios(mu[rows], old[rows], mask[rows]))
 
 
@@ -152,7 +173,12 @@ def test_bad_lag_raises_value_error():
 
 def test_median_is_numpys_for_odd_even_and_ties():
     # values of the valid entries; invalid entries are 0 by precondition
-    for values, want in [([3.0], 3.0), ([2.0, 1.0], 1.5), ([0.0, 0.0, 5.0, 5.0], 2.5), ([1.0, 1.0, 1.0, 4.0], 1.0)]:
+    for values, want in [
+        ([3.0], 3.0),
+        ([2.0, 1.0], 1.5),
+        ([0.0, 0.0, 5.0, 5.0], 2.5),
+        ([1.0, 1.0, 1.0, 4.0], 1.0),
+    ]:
         padded = torch.tensor(values + [0.0] * 3, dtype=torch.float64)
         assert median_of_nonnegative(padded, len(values)) == want == np.median(values)
     assert median_of_nonnegative(torch.zeros(4, dtype=torch.float64), 0) is None
@@ -169,8 +195,9 @@ def test_kth_smallest_on_large_arrays_is_exact(layout):
         "sorted": np.sort(rng.random(n)),
         "reversed": np.sort(rng.random(n))[::-1].copy(),
         "ties": rng.integers(0, 5, size=n).astype(np.float64),
-        "periodic": np.tile(np.arange(12.0), n // 12 + 1)[:n] * (np.arange(n) % 12 != 0) + (np.arange(n) % 12 == 0) * 1e6,
+        "periodic": np.tile(np.arange(12.0), n // 12 + 1)[:n] * (np.arange(n) % 12 != 0)
+        + (np.arange(n) % 12 == 0) * 1e6,
     }[layout]
     ranks = [1, n // 3, n // 2, n // 2 + 1, n]
-    got = [v.item() for v in kth_smallest(torch.from_numpy(x), ranks)]
+    got = kth_smallest(torch.from_numpy(x), ranks)
     assert got == [np.partition(x, k - 1)[k - 1] for k in ranks]

@@ -47,7 +47,11 @@ def ref_sequences(mu, old, mask):
 def ref_diagnostics(mu, old, mask):
     seqs, nonfinite = ref_sequences(mu, old, mask)
     seqs = [s for s in seqs if len(s[0])]
-    out = {"n_sequences": len(seqs), "n_tokens": sum(len(s[0]) for s in seqs), "nonfinite_tokens": nonfinite}
+    out = {
+        "n_sequences": len(seqs),
+        "n_tokens": sum(len(s[0]) for s in seqs),
+        "nonfinite_tokens": nonfinite,
+    }
     if not seqs:
         return out
     m = np.concatenate([s[0] for s in seqs])
@@ -55,7 +59,9 @@ def ref_diagnostics(mu, old, mask):
     d = o - m
     dc = np.clip(d, -20, 20)
     rho = np.exp(dc)
-    rho_seq = np.array([math.exp(min(max(np.clip(s[1] - s[0], -20, 20).sum(), -20), 20)) for s in seqs])
+    rho_seq = np.array(
+        [math.exp(min(max(np.clip(s[1] - s[0], -20, 20).sum(), -20), 20)) for s in seqs]
+    )
     pearson = None if np.ptp(m) == 0 or np.ptp(o) == 0 else float(np.corrcoef(m, o)[0, 1])
     out.update(
         kl_k1=np.mean(m - o),
@@ -83,7 +89,11 @@ def ref_weights(mu, old, mask, cfg):
     per_seq = []  # (row, columns, weights) before self-normalisation
     with np.errstate(over="ignore"):
         for i in range(mu.shape[0]):
-            cols = [t for t in range(mu.shape[1]) if mask[i, t] and np.isfinite(mu[i, t]) and np.isfinite(old[i, t])]
+            cols = [
+                t
+                for t in range(mu.shape[1])
+                if mask[i, t] and np.isfinite(mu[i, t]) and np.isfinite(old[i, t])
+            ]
             if not cols:
                 continue
             d = old[i, cols].astype(np.float64) - mu[i, cols].astype(np.float64)
@@ -122,14 +132,23 @@ def ref_weights(mu, old, mask, cfg):
 def ref_method_statistics(mu, old, mask, w):
     seqs = []
     for i in range(mu.shape[0]):
-        cols = [t for t in range(mu.shape[1]) if mask[i, t] and np.isfinite(mu[i, t]) and np.isfinite(old[i, t])]
+        cols = [
+            t
+            for t in range(mu.shape[1])
+            if mask[i, t] and np.isfinite(mu[i, t]) and np.isfinite(old[i, t])
+        ]
         if cols:
             seqs.append(np.asarray(w[i, cols], dtype=np.float64))
     if not seqs:
         return None
     flat = np.concatenate(seqs)
     buckets = {}
-    for key, lo, hi in (("<=128", 0, 128), ("<=512", 128, 512), ("<=2048", 512, 2048), (">2048", 2048, 1e18)):
+    for key, lo, hi in (
+        ("<=128", 0, 128),
+        ("<=512", 128, 512),
+        ("<=2048", 512, 2048),
+        (">2048", 2048, 1e18),
+    ):
         kept = [np.any(s > 0) for s in seqs if lo < len(s) <= hi]
         buckets[key] = float(np.mean(kept)) if kept else None
     return {
@@ -147,7 +166,9 @@ def ref_ais(mu, old, mask, c=2.0):
     seqs = [s for s in seqs if len(s[0])]
     dc = np.clip(np.concatenate([s[1] - s[0] for s in seqs]), -20, 20)
     w_tok = np.minimum(np.exp(dc), c)
-    w_seq = np.array([min(math.exp(min(max(np.clip(o - m, -20, 20).sum(), -20), 20)), c) for m, o in seqs])
+    w_seq = np.array(
+        [min(math.exp(min(max(np.clip(o - m, -20, 20).sum(), -20), 20)), c) for m, o in seqs]
+    )
     return {
         "severity": np.mean(np.abs(dc)),
         "reliability": w_seq.sum() ** 2 / (len(w_seq) * (w_seq**2).sum()),
@@ -240,14 +261,18 @@ def test_weights_and_their_statistics_match_reference(regime, method):
     w = compute_weights(ratios, method)
     assert w.dtype == torch.float32 and not w.requires_grad
     np.testing.assert_allclose(w.numpy(), ref_weights(mu, old, mask, method), rtol=1e-6, atol=0)
-    assert_stats_close(method_statistics(ratios, w), ref_method_statistics(mu, old, mask, w.numpy()))
+    assert_stats_close(
+        method_statistics(ratios, w), ref_method_statistics(mu, old, mask, w.numpy())
+    )
 
 
 @pytest.mark.parametrize("regime", REGIMES)
 @pytest.mark.parametrize("c", [2.0, 5.0])
 def test_ais_diagnostics_match_reference(regime, c):
     mu, old, mask, _ = make_batch(regime, seed=7)
-    assert_stats_close(ais_diagnostics(compute_log_ratios(mu, old, mask), c=c), ref_ais(mu, old, mask, c))
+    assert_stats_close(
+        ais_diagnostics(compute_log_ratios(mu, old, mask), c=c), ref_ais(mu, old, mask, c)
+    )
 
 
 def test_compressed_regime_is_finite_and_meaningful():

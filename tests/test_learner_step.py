@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from system.config.learner import LearnerConfig
+from system.config.learner import CTPOLossConfig, LearnerConfig, PPOLossConfig
 from system.learner.batch import collate_groups
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import LinearWarmup, build_optimizer, build_scheduler
@@ -117,8 +117,33 @@ def test_train_step_matches_naive_reference(tmp_path):
             # Adam moves each weight by about lr * g / |g|: atol = 1e-3 * lr absorbs the elements
             # whose gradient is at rounding level, where the sign is down to summation order.
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-3 * cfg.lr, msg=lambda m, n=name: f"{n}: {m}")
-    assert metrics["num_valid_tokens"] == norms.num_valid_tokens
-    assert metrics["skipped_step"] == 0.0
+    valid = arrays["response_mask"] & np.isfinite(arrays["behaviour_logp"])
+    assert metrics["num_valid_tokens"] == norms.num_valid_tokens == valid.sum()
+    assert metrics["num_sequences"] == norms.num_sequences == (valid.sum(1) > 0).sum()
+    assert metrics["weight_mean"] == pytest.approx(w[valid].mean(), rel=1e-6)
+    assert metrics["keep_token_frac"] == pytest.approx((w[valid] > 0).mean(), rel=1e-6)
+    assert metrics["skipped_step"] == 0.0 and metrics["lr"] == cfg.lr
+
+
+def test_non_finite_gradient_skips_the_update(tmp_path):
+    cfg = LearnerConfig(num_ranks=1, param_dtype="float32")
+    model = Qwen2ForCausalLM.from_pretrained(save_tiny_model(tmp_path / "m"))
+    opt = build_optimizer(model, cfg)
+    sched = build_scheduler(opt, cfg)
+    batch = make_batch()
+    shard = shard_tensors(batch, torch.device("cpu"))
+    old_BT = proximal_logprobs(model, shard, 4, TEMPERATURE)
+    arrays = batch.response_arrays()
+    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("inf")  # every logit becomes non-finite
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    w = torch.from_numpy(make_weights(batch))
+    metrics = train_step(model, opt, sched, shard, old_BT, w, norms, cfg, TEMPERATURE)
+    assert metrics["skipped_step"] == 1.0 and not np.isfinite(metrics["grad_norm"])
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name], equal_nan=True, msg=name)
+    assert sched.last_epoch == 0 and all(p.grad is None for p in model.parameters())
 
 
 def test_invalid_weights_are_rejected(tmp_path):
@@ -151,3 +176,24 @@ def test_linear_warmup_schedule():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.05, 0.1, 0.1])
+
+
+def test_ctpo_equals_ppo_on_the_first_update(tmp_path):
+    """At cur == old both surrogates are -w * A with gradient -w * A * grad(cur): same loss and norm."""
+    model_dir = save_tiny_model(tmp_path / "m")
+    batch = make_batch()
+    shard = shard_tensors(batch, torch.device("cpu"))
+    w = torch.from_numpy(make_weights(batch))
+    results = []
+    for loss_cfg in (PPOLossConfig(), CTPOLossConfig()):
+        cfg = LearnerConfig(num_ranks=1, param_dtype="float32", micro_batch_size=5, loss=loss_cfg)
+        model = Qwen2ForCausalLM.from_pretrained(model_dir)
+        opt = build_optimizer(model, cfg)
+        old_BT = proximal_logprobs(model, shard, cfg.micro_batch_size, TEMPERATURE)
+        arrays = batch.response_arrays()
+        norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+        results.append(train_step(model, opt, build_scheduler(opt, cfg), shard, old_BT, w, norms, cfg, TEMPERATURE))
+    ppo, ctpo = results
+    assert ctpo["loss"] == pytest.approx(ppo["loss"], rel=1e-6)
+    assert ctpo["grad_norm"] == pytest.approx(ppo["grad_norm"], rel=1e-6)
+    assert ctpo["loss/ratio_mean"] == pytest.approx(1.0)

@@ -34,8 +34,8 @@ class RolloutConfig(StrictModel):
     """Sampling temperature; the learner divides its logits by the same value."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
-    max_new_tokens: int = Field(default=8, ge=1)
-    """Longest response, in tokens."""
+    max_new_tokens: int = Field(default=6, ge=1)
+    """Longest response, in tokens (the tiny task's answers take at most ``num_digits + 2``)."""
     prompts_per_call: int = Field(default=8, ge=1)
     """Prompts a worker generates for in one call."""
     engine: EngineConfig = Field(default_factory=VLLMEngineConfig)

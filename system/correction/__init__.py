@@ -1,10 +1,10 @@
 """Train-inference mismatch correction as pure torch functions (``CORRECTION_SPEC.md``).
 
-    (mu, old, mask) --compute_log_ratios--> LogRatios --compute_diagnostics--> dict (section 1)
-                                                      --compute_weights------> w_BT (section 2)
-                                                      --ais_diagnostics------> S, R, V (section 3)
-    AdaptiveIS.update(S, R, V) -> alpha;   AdaptiveIS.omega(w_BT, valid_BT, alpha) -> omega_BT
-    ctpo_token_loss: the CTPO surrogate (section 4)
+(mu, old, mask) --compute_log_ratios--> LogRatios --compute_diagnostics--> dict (section 1)
+                                                  --compute_weights------> w_BT (section 2)
+                                                  --ais_diagnostics------> S, R, V (section 3)
+AdaptiveIS.update(S, R, V) -> alpha;   AdaptiveIS.omega(w_BT, valid_BT, alpha) -> omega_BT
+ctpo_token_loss: the CTPO surrogate (section 4)
 """
 
 from system.correction.ais import AdaptiveIS, ais_diagnostics

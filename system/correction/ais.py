@@ -47,7 +47,12 @@ def ais_diagnostics(ratios: LogRatios, c: float = 2.0) -> dict[str, float | None
 
 
 class AdaptiveIS:
-    """The AIS state (S_ref and the alpha EMA), advanced once per batch by ``update``."""
+    """The AIS state (S_ref and the alpha EMA), advanced once per batch by ``update``.
+
+    The combination rule in ``update`` is OUR RECONSTRUCTION of the paper's (see the module
+    docstring). ``config.enabled`` is the caller's switch: the state advances either way,
+    so alpha can be logged before it is applied.
+    """
 
     def __init__(self, config: AISConfig) -> None:
         self.config = config
@@ -60,7 +65,9 @@ class AdaptiveIS:
         """``ais_diagnostics`` with this config's truncation cap C."""
         return ais_diagnostics(ratios, c=self.config.c)
 
-    def _alpha_raw(self, severity: float, reliability: float, variance: float) -> tuple[float, float]:
+    def _alpha_raw(
+        self, severity: float, reliability: float, variance: float
+    ) -> tuple[float, float]:
         """(gate, alpha_raw) of a batch after the warm-up."""
         scale = (self.config.k_s - 1.0) * max(self.s_ref, 1e-8)
         gate = min(max((severity - self.s_ref) / scale, 0.0), 1.0)
@@ -96,7 +103,9 @@ class AdaptiveIS:
     def omega(w_BT: torch.Tensor, valid_BT: torch.Tensor, alpha: float) -> torch.Tensor:
         """``1 + alpha * (w - 1)`` at valid tokens, 0 elsewhere; never above ``max(1, w)``."""
         if w_BT.shape != valid_BT.shape:
-            raise ValueError(f"weights {tuple(w_BT.shape)} and valid mask {tuple(valid_BT.shape)} differ")
+            raise ValueError(
+                f"weights {tuple(w_BT.shape)} and valid mask {tuple(valid_BT.shape)} differ"
+            )
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
         w_BT = w_BT.detach()

@@ -26,6 +26,8 @@ from system.correction.reductions import LENGTH_BUCKETS, as_float, fraction_by_b
 
 PREFIX_LOG_RATIO_CAP = 10.0
 """Cap on the cumulative log-ratio before ``exp``."""
+CTPO_POSITION_BUCKETS = tuple(key for key, _ in LENGTH_BUCKETS)
+"""The keys of the ``*_by_pos`` clip fractions."""
 
 
 def _check_shapes(current_BT, proximal_BT, advantages_B, valid_BT, weights_BT) -> None:
@@ -33,7 +35,9 @@ def _check_shapes(current_BT, proximal_BT, advantages_B, valid_BT, weights_BT) -
         raise ValueError(f"current_logp must be [B, T], got shape {tuple(current_BT.shape)}")
     for name, t in (("proximal_logp", proximal_BT), ("valid", valid_BT), ("weights", weights_BT)):
         if t.shape != current_BT.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but current_logp has {tuple(current_BT.shape)}")
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but current_logp has {tuple(current_BT.shape)}"
+            )
     if advantages_B.shape != current_BT.shape[:1]:
         raise ValueError(
             f"advantages must be [B] = [{current_BT.shape[0]}], got shape {tuple(advantages_B.shape)}"
@@ -51,6 +55,15 @@ def _clip_statistics(valid_BT, pos_BT, ratio_BT, high_BT, low_BT, dual_BT) -> di
     return out
 
 
+def _cumulative_log_ratio(current_BT, proximal_BT, valid_BT) -> torch.Tensor:
+    """``sg(min(prefix sum of clamped cur - old, 10)) + cur - sg(cur)``; 0-valued steps where not valid."""
+    cur_BT = torch.where(valid_BT, current_BT, 0.0)  # replaced before any arithmetic
+    old_BT = torch.where(valid_BT, proximal_BT, 0.0)
+    step_BT = (cur_BT.detach() - old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    prefix_BT = step_BT.cumsum(dim=1).clamp(max=PREFIX_LOG_RATIO_CAP)
+    return prefix_BT + (cur_BT - cur_BT.detach())
+
+
 def ctpo_token_loss(
     current_logp_BT: torch.Tensor,
     proximal_logp_BT: torch.Tensor,
@@ -65,11 +78,7 @@ def ctpo_token_loss(
     current_BT = current_logp_BT.to(dtype)
     proximal_BT = proximal_logp_BT.detach().to(dtype)
     valid_BT = valid_BT.bool() & torch.isfinite(current_BT.detach()) & torch.isfinite(proximal_BT)
-    cur_BT = torch.where(valid_BT, current_BT, 0.0)
-    old_BT = torch.where(valid_BT, proximal_BT, 0.0)
-    step_BT = (cur_BT.detach() - old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    prefix_BT = step_BT.cumsum(dim=1).clamp(max=PREFIX_LOG_RATIO_CAP)
-    lr_BT = prefix_BT + (cur_BT - cur_BT.detach())
+    lr_BT = _cumulative_log_ratio(current_BT, proximal_BT, valid_BT)
     pos_BT = valid_BT.cumsum(dim=1).to(dtype)
     scale_BT = pos_BT.pow(cfg.p)
     lr_clip_BT = torch.clamp(lr_BT, min=-cfg.c_lo * scale_BT, max=cfg.c_hi * scale_BT)
@@ -93,7 +102,3 @@ def ctpo_token_loss(
             dual_BT=valid_BT & negative_BT & (torch.maximum(lr_BT, lr_clip_BT) > dual_log_bound_BT),
         )
     return loss_BT, stats
-
-
-CTPO_POSITION_BUCKETS = tuple(key for key, _ in LENGTH_BUCKETS)
-"""The keys of the ``*_by_pos`` clip fractions."""

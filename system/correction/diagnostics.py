@@ -62,7 +62,9 @@ def _pearson(ratios: LogRatios, n: int) -> float | None:
     valid_f_BT = ratios.valid_BT.to(torch.float64)
     mu_BT = _centred(ratios.behaviour_BT, valid_f_BT, ratios.behaviour_BT[row, col], n)
     old_BT = _centred(ratios.proximal_BT, valid_f_BT, ratios.proximal_BT[row, col], n)
-    var_mu, var_old, cov = torch.stack([_dot(mu_BT, mu_BT), _dot(old_BT, old_BT), _dot(mu_BT, old_BT)]).tolist()
+    var_mu, var_old, cov = torch.stack(
+        [_dot(mu_BT, mu_BT), _dot(old_BT, old_BT), _dot(mu_BT, old_BT)]
+    ).tolist()
     if var_mu == 0.0 or var_old == 0.0:
         return None
     return max(-1.0, min(1.0, cov / (math.sqrt(var_mu) * math.sqrt(var_old))))
@@ -71,22 +73,28 @@ def _pearson(ratios: LogRatios, n: int) -> float | None:
 def _log_ratio_means(ratios: LogRatios, n: int) -> dict[str, float]:
     """kl_k1, kl_k2, kl_k3, chi2_token and ess_token.
 
-    With e = expm1(dc) (0 where not valid): rho - 1 - dc = e - dc, rho**2 - 1 = e**2 + 2 e,
-    sum rho = n + sum e and sum rho**2 = n + sum (e**2 + 2 e): one transcendental pass and
-    no ``rho - 1`` rounding near d = 0.
+    With e = expm1(dc) (0 where not valid): rho - 1 - dc = e - dc and rho**2 - 1 = e**2 + 2 e,
+    which avoid rounding ``exp(dc)`` near 1 when d is tiny. The ESS uses rho itself, so a
+    rho near 0 (d near -20) keeps its relative precision.
     """
-    d_BT, dc_BT = ratios.d_BT, ratios.dc_BT
+    d_BT, dc_BT, rho_BT = ratios.d_BT, ratios.dc_BT, ratios.rho_BT
     e_BT = torch.expm1(dc_BT)
-    sum_d, sum_dc, sum_dc_sq, sum_e, sum_e_sq = torch.stack(
-        [d_BT.sum(), dc_BT.sum(), _dot(dc_BT, dc_BT), e_BT.sum(), _dot(e_BT, e_BT)]
-    ).tolist()
-    sum_rho_sq_m1 = sum_e_sq + 2.0 * sum_e
+    sums = [
+        d_BT.sum(),
+        _dot(dc_BT, dc_BT),
+        e_BT.sum(),
+        _dot(e_BT, e_BT),
+        rho_BT.sum(),
+        _dot(rho_BT, rho_BT),
+    ]
+    sums.append(e_BT.sub_(dc_BT).sum())  # in place, after every other use of e
+    sum_d, sum_dc_sq, sum_e, sum_e_sq, sum_rho, sum_rho_sq, sum_k3 = torch.stack(sums).tolist()
     return {
         "kl_k1": (0.0 - sum_d) / n,  # 0.0 - x: no -0.0 in the report
         "kl_k2": 0.5 * sum_dc_sq / n,
-        "kl_k3": (sum_e - sum_dc) / n,
-        "chi2_token": sum_rho_sq_m1 / n,
-        "ess_token": min((n + sum_e) ** 2 / (n * (n + sum_rho_sq_m1)), 1.0),  # <= 1 up to rounding
+        "kl_k3": sum_k3 / n,
+        "chi2_token": (sum_e_sq + 2.0 * sum_e) / n,
+        "ess_token": min(sum_rho**2 / (n * sum_rho_sq), 1.0),  # <= 1 up to rounding
     }
 
 

@@ -48,5 +48,7 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
         "weight_mean": as_float(w_BT.sum() / n),
         "weight_max": as_float(torch.where(valid_BT, w_BT, float("-inf")).max()),
         "ess": ess_fraction(w_BT, n),
-        "keep_seq_frac_by_len": fraction_by_bucket(kept_seq_B, ratios.num_valid_B, ratios.seq_valid_B),
+        "keep_seq_frac_by_len": fraction_by_bucket(
+            kept_seq_B, ratios.num_valid_B, ratios.seq_valid_B
+        ),
     }

@@ -78,7 +78,8 @@ def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correct
     if method.veto is not None:
         w_B = torch.where(_vetoed_B(ratios, method.veto), 0.0, w_B)
     if method.self_normalize:
-        mean = torch.where(ratios.seq_valid_B, w_B, 0.0).sum() / ratios.seq_valid_B.sum().clamp(min=1)
+        num_sequences = ratios.seq_valid_B.sum().clamp(min=1)
+        mean = torch.where(ratios.seq_valid_B, w_B, 0.0).sum() / num_sequences
         w_B = torch.where(mean > 0, w_B / mean, w_B)
     return torch.where(ratios.valid_BT, w_B[:, None], 0.0)
 
@@ -87,7 +88,9 @@ def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
     """The detached correction weight of every token (w_BT), 0 where not valid."""
     entry = METHOD_REGISTRY.get(method.type)
     if entry is None:
-        raise ValueError(f"unknown correction method {method.type!r}; known: {sorted(METHOD_REGISTRY)}")
+        raise ValueError(
+            f"unknown correction method {method.type!r}; known: {sorted(METHOD_REGISTRY)}"
+        )
     if entry.level == "token":
         w_BT = _token_weights_BT(ratios, method, entry)
     else:

@@ -5,7 +5,8 @@
     T_i = sum_t valid                           L_i = sum_t dc        rho_seq_i = exp(clamp(L_i, -20, 20))
 
 Non-finite log-probs are replaced by 0 *before* any arithmetic, so no NaN can leak into a
-statistic, a weight or a gradient. Everything here is detached and float64 (the statistics
+statistic, a weight or a gradient. (A float64 difference that overflows, possible only for
+float64 inputs beyond +-1e308, counts as non-finite too.) Everything here is detached and float64 (the statistics
 dtype); weights built from it are handed back in ``weight_dtype``.
 
 Shapes: B = responses in the batch, T = padded response length.

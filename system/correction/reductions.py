@@ -12,6 +12,7 @@ Shapes: B = responses, T = padded length, N = any flat count.
 
 import math
 
+import numpy as np
 import torch
 
 LENGTH_BUCKETS: tuple[tuple[str, float], ...] = (
@@ -23,7 +24,7 @@ LENGTH_BUCKETS: tuple[tuple[str, float], ...] = (
 """Length (or position) buckets as (key, inclusive upper edge); a bucket starts after the previous edge."""
 
 _BAND_MIN_SIZE = 1 << 16
-"""Below this many values ``kth_smallest`` calls ``kthvalue`` directly."""
+"""Up to this many values ``kth_smallest`` searches them all directly."""
 _BAND_SAMPLE_SIZE = 16384
 """About this many strided samples bracket the wanted ranks."""
 
@@ -44,31 +45,42 @@ def ess_fraction(x_N: torch.Tensor, count: int) -> float | None:
     return min(as_float(x_N.sum().square() / (count * sum_sq)), 1.0)  # <= 1 up to rounding
 
 
-def kth_smallest(values_N: torch.Tensor, ranks: list[int]) -> list[torch.Tensor]:
-    """The values of 1-indexed ``ranks`` in ascending order of the flat ``values_N``.
+def _select(values_N: torch.Tensor, ranks: list[int]) -> list[float]:
+    """Exact order statistics (1-indexed ranks): numpy's introselect on CPU (linear in the
+    worst case, unlike ``kthvalue``'s quickselect on reversed inputs), a sort elsewhere."""
+    if values_N.device.type == "cpu":
+        partitioned_N = np.partition(values_N.detach().numpy(), [rank - 1 for rank in ranks])
+        return [float(partitioned_N[rank - 1]) for rank in ranks]
+    sorted_N = values_N.sort().values
+    return [float(sorted_N[rank - 1]) for rank in ranks]
+
+
+def kth_smallest(values_N: torch.Tensor, ranks: list[int]) -> list[float]:
+    """The values of the 1-indexed ``ranks`` in ascending order of the flat ``values_N``.
 
     Large inputs: a strided sample brackets the ranks, one pass counts the values below the
-    bracket and keeps the (few) inside it, and ``kthvalue`` runs on those alone. The result
-    is exact: if the bracket misses (adversarial layouts), it falls back to the whole array.
+    bracket and keeps the few inside it, and only those are searched. Exact: if the bracket
+    misses (an adversarial layout), the whole array is searched.
     """
     num = values_N.numel()
-    if num > _BAND_MIN_SIZE:
-        sample_S = values_N[:: num // _BAND_SAMPLE_SIZE].contiguous()
-        size = sample_S.numel()
-        margin = 3.0 * math.sqrt(size) + 8.0  # >= 6 binomial std of a sample rank
-        rank_lo = math.floor(min(ranks) / num * size - margin)
-        rank_hi = math.ceil(max(ranks) / num * size + margin)
-        keep_N = torch.ones_like(values_N, dtype=torch.bool)
-        num_below = 0
-        if rank_lo >= 1:
-            keep_N = values_N >= sample_S.kthvalue(rank_lo).values
-            num_below = num - int(keep_N.sum().item())
-        if rank_hi <= size:
-            keep_N &= values_N <= sample_S.kthvalue(rank_hi).values
-        band_M = values_N[keep_N]
-        if num_below < min(ranks) and max(ranks) <= num_below + band_M.numel():
-            return [band_M.kthvalue(rank - num_below).values for rank in ranks]
-    return [values_N.kthvalue(rank).values for rank in ranks]
+    if num <= _BAND_MIN_SIZE:
+        return _select(values_N, ranks)
+    sample_S = values_N[:: num // _BAND_SAMPLE_SIZE].contiguous()
+    size = sample_S.numel()
+    margin = 2.5 * math.sqrt(size) + 8.0  # >= 5 binomial std of a sample rank
+    rank_lo = math.floor(min(ranks) / num * size - margin)
+    rank_hi = math.ceil(max(ranks) / num * size + margin)
+    keep_N = torch.ones_like(values_N, dtype=torch.bool)
+    num_below = 0
+    if rank_lo >= 1:
+        keep_N = values_N >= _select(sample_S, [rank_lo])[0]
+        num_below = num - int(keep_N.sum().item())
+    if rank_hi <= size:
+        keep_N &= values_N <= _select(sample_S, [rank_hi])[0]
+    band_M = values_N[keep_N]
+    if num_below < min(ranks) and max(ranks) <= num_below + band_M.numel():
+        return _select(band_M, [rank - num_below for rank in ranks])
+    return _select(values_N, ranks)
 
 
 def median_of_nonnegative(values_BT: torch.Tensor, count: int) -> float | None:
@@ -83,10 +95,9 @@ def median_of_nonnegative(values_BT: torch.Tensor, count: int) -> float | None:
     flat_N = values_BT.reshape(-1)
     offset = flat_N.numel() - count
     if count % 2 == 1:
-        (middle,) = kth_smallest(flat_N, [offset + (count + 1) // 2])
-        return as_float(middle)
+        return kth_smallest(flat_N, [offset + (count + 1) // 2])[0]
     lower, upper = kth_smallest(flat_N, [offset + count // 2, offset + count // 2 + 1])
-    return as_float((lower + upper) / 2)
+    return (lower + upper) / 2
 
 
 def fraction_by_bucket(

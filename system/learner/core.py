@@ -44,7 +44,6 @@ class LearnerCore:
         self.cfg = run_cfg.learner
         self.temperature = run_cfg.rollout.temperature
         self.rank, self.world_size = rank, world_size
-        torch.manual_seed(run_cfg.seed)
         self.device = distributed.init_process_group(rank, world_size, master_port, master_addr)
         trust = getattr(run_cfg.model, "trust_remote_code", False)
         self.model = build_fsdp_model(model_dir, self.device, world_size, self.cfg.param_dtype, trust)
@@ -108,8 +107,8 @@ class LearnerCore:
         self._proximal = None
 
     def close(self) -> None:
-        """Destroy the process group (collective on NCCL; call on every rank at shutdown)."""
-        distributed.destroy_process_group()
+        """Wait for every rank, then destroy the process group. Collective: call on every rank."""
+        distributed.destroy_process_group(barrier=True)
 
     def _proximal_for(self, batch_shard: LearnerBatch, proximal_logp: np.ndarray | None) -> torch.Tensor:
         if proximal_logp is not None:

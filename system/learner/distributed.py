@@ -76,10 +76,17 @@ def init_process_group(
     return device
 
 
-def destroy_process_group() -> None:
-    """Leave and destroy the default process group (no-op if there is none)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def destroy_process_group(barrier: bool = False) -> None:
+    """Destroy the default process group (no-op if there is none).
+
+    With ``barrier`` (collective) every rank first waits for the others, so no rank tears down
+    its connections (or the rendezvous store hosted by rank 0) while a peer still uses them.
+    """
+    if not dist.is_initialized():
+        return
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def _is_loopback(host: str) -> bool:

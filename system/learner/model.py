@@ -28,12 +28,17 @@ def param_dtype_of(name: str) -> torch.dtype:
 
 
 def load_causal_lm(model_dir: str, trust_remote_code: bool = False) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` of a local directory or hub id, in fp32, on CPU."""
+    """``AutoModelForCausalLM.from_pretrained`` of a local directory or hub id, in fp32, on CPU.
+
+    Dropout is switched off (``eval()``; gradients still flow): the proximal recompute and the
+    training forward must be the same deterministic function of the weights, or ``cur/old``
+    would carry dropout noise.
+    """
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
     )
     model.config.use_cache = False
-    return model
+    return model.eval()
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

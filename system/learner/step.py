@@ -87,6 +87,11 @@ def train_step(
 ) -> dict[str, float]:
     """One optimiser step; returns metrics reduced over all ranks. Collective: call on every rank."""
     world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if proximal_logp_BT.shape != shard.response_mask_BT.shape:
+        raise ValueError(
+            f"proximal log-probs have shape {tuple(proximal_logp_BT.shape)}, expected the shard's "
+            f"[B, T] = {tuple(shard.response_mask_BT.shape)}"
+        )
     valid_BT = valid_tokens(shard.response_mask_BT, shard.behaviour_logp_BT, proximal_logp_BT)
     old_BT = torch.where(valid_BT, proximal_logp_BT, 0.0).detach()
     w_BT = _checked_weights(weights_BT, valid_BT)

@@ -26,8 +26,7 @@ class MetricSums:
     """Accumulates float64 sums on ``device``; ``reduce`` all-reduces them in one collective."""
 
     def __init__(self, device: torch.device) -> None:
-        self._device = device
-        self._fixed = dict.fromkeys(_FIXED, 0.0)
+        self._fixed_K = torch.zeros(len(_FIXED), dtype=torch.float64, device=device)
         self._stats: dict[str, float] | None = None
 
     def add_micro_batch(
@@ -38,27 +37,32 @@ class MetricSums:
         entropy_BT: torch.Tensor | None,
         stats: dict,
     ) -> None:
-        n_valid = float(valid_BT.sum())
-        self._fixed["loss"] += float(loss.detach())
-        self._fixed["num_valid_tokens"] += n_valid
-        self._fixed["num_sequences"] += float((valid_BT.sum(dim=1) >= 1).sum())
-        self._fixed["weight_sum"] += float(weights_BT[valid_BT].sum())
-        self._fixed["kept_tokens"] += float((valid_BT & (weights_BT > 0)).sum())
-        if entropy_BT is not None:
-            self._fixed["entropy_sum"] += float(entropy_BT.detach()[valid_BT].sum())
+        """Add one micro-batch (device tensors, no host sync) and its surrogate's stats."""
+        entropy_sum = entropy_BT.detach()[valid_BT].sum() if entropy_BT is not None else loss.new_zeros(())
+        values = (
+            loss.detach(),
+            valid_BT.sum(),
+            (valid_BT.sum(dim=1) >= 1).sum(),
+            entropy_sum,
+            weights_BT[valid_BT].sum(),
+            (valid_BT & (weights_BT > 0)).sum(),
+        )
+        self._fixed_K += torch.stack([v.to(torch.float64) for v in values])
         scalars = _scalar_stats(stats)
         if self._stats is None:
             self._stats = dict.fromkeys(scalars, 0.0)
         if set(scalars) != set(self._stats):
             raise ValueError(f"the loss reported stats {sorted(scalars)} after {sorted(self._stats)}")
-        for key, value in scalars.items():
-            self._stats[key] += value * n_valid
+        if scalars:
+            n_valid = float(valid_BT.sum())
+            for key, value in scalars.items():
+                self._stats[key] += value * n_valid
 
     def reduce(self) -> dict[str, float]:
         """Global metrics (collective when a process group exists: call on every rank)."""
         stat_keys = sorted(self._stats or {})
-        values = [self._fixed[k] for k in _FIXED] + [self._stats[k] for k in stat_keys]
-        sums = torch.tensor(values, dtype=torch.float64, device=self._device)
+        stat_values = torch.tensor([self._stats[k] for k in stat_keys], dtype=torch.float64)
+        sums = torch.cat([self._fixed_K, stat_values.to(self._fixed_K.device)])
         if dist.is_initialized():
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         total = dict(zip(list(_FIXED) + [f"loss/{k}" for k in stat_keys], sums.tolist(), strict=True))

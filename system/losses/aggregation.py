@@ -15,17 +15,49 @@ are replaced by 0 (not multiplied by 0) and every divisor is at least 1.
 Shapes: B = responses in the batch, T = padded response length.
 """
 
-import torch
+from collections.abc import Callable
 
-AGGREGATION_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+import torch
 
 
 def _denominator(global_count: float | None, local_count: torch.Tensor, name: str):
+    """The global count when given (at least 1), else the local one (at least 1)."""
     if global_count is None:
         return local_count.clamp(min=1)
     if global_count < 0:
         raise ValueError(f"{name} must be >= 0, got {global_count}")
     return max(float(global_count), 1.0)
+
+
+def _token_mean(masked_BT, num_valid_B, num_tokens_global, num_sequences_global):
+    return masked_BT.sum() / _denominator(
+        num_tokens_global, num_valid_B.sum(), "num_valid_tokens_global"
+    )
+
+
+def _seq_mean(seq_loss_B, num_valid_B, num_sequences_global):
+    num_sequences = (num_valid_B >= 1).sum()
+    return seq_loss_B.sum() / _denominator(
+        num_sequences_global, num_sequences, "num_sequences_global"
+    )
+
+
+def _seq_mean_token_mean(masked_BT, num_valid_B, num_tokens_global, num_sequences_global):
+    seq_loss_B = masked_BT.sum(dim=1) / num_valid_B.clamp(min=1)
+    return _seq_mean(seq_loss_B, num_valid_B, num_sequences_global)
+
+
+def _seq_mean_token_sum(masked_BT, num_valid_B, num_tokens_global, num_sequences_global):
+    return _seq_mean(masked_BT.sum(dim=1), num_valid_B, num_sequences_global)
+
+
+AGGREGATIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+}
+"""Aggregation modes keyed by ``learner.aggregation``."""
+AGGREGATION_MODES: tuple[str, ...] = tuple(AGGREGATIONS)
 
 
 def aggregate(
@@ -40,15 +72,10 @@ def aggregate(
         raise ValueError(
             f"loss must be [B, T] and valid the same shape, got {tuple(loss_BT.shape)} and {tuple(valid_BT.shape)}"
         )
-    if mode not in AGGREGATION_MODES:
-        raise ValueError(f"unknown aggregation mode {mode!r}; known: {list(AGGREGATION_MODES)}")
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation mode {mode!r}; known: {list(AGGREGATIONS)}")
     valid_BT = valid_BT.bool()
-    masked_BT = torch.where(valid_BT, loss_BT, 0.0)
-    num_valid_B = valid_BT.sum(dim=1)
-    if mode == "token-mean":
-        return masked_BT.sum() / _denominator(num_valid_tokens_global, num_valid_B.sum(), "num_valid_tokens_global")
-    seq_loss_B = masked_BT.sum(dim=1)
-    if mode == "seq-mean-token-mean":
-        seq_loss_B = seq_loss_B / num_valid_B.clamp(min=1)
-    num_sequences = (num_valid_B >= 1).sum()
-    return seq_loss_B.sum() / _denominator(num_sequences_global, num_sequences, "num_sequences_global")
+    masked_BT = torch.where(valid_BT, loss_BT, 0.0)  # replaced, not multiplied: no NaN survives
+    return AGGREGATIONS[mode](
+        masked_BT, valid_BT.sum(dim=1), num_valid_tokens_global, num_sequences_global
+    )

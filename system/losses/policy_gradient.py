@@ -24,7 +24,9 @@ def _check_shapes(current_BT, proximal_BT, advantages_B, weights_BT, valid_BT) -
         raise ValueError(f"current_logp must be [B, T], got shape {tuple(current_BT.shape)}")
     for name, t in (("proximal_logp", proximal_BT), ("weights", weights_BT), ("valid", valid_BT)):
         if t.shape != current_BT.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but current_logp has {tuple(current_BT.shape)}")
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but current_logp has {tuple(current_BT.shape)}"
+            )
     if advantages_B.shape != current_BT.shape[:1]:
         raise ValueError(
             f"advantages must be [B] = [{current_BT.shape[0]}], got shape {tuple(advantages_B.shape)}"
@@ -34,7 +36,14 @@ def _check_shapes(current_BT, proximal_BT, advantages_B, weights_BT, valid_BT) -
 def _statistics(valid_BT, log_ratio_BT, ratio_BT, low_BT, high_BT) -> dict:
     n = int(valid_BT.sum().item())
     if n == 0:
-        keys = ("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl_k1", "approx_kl")
+        keys = (
+            "clip_frac",
+            "clip_frac_low",
+            "clip_frac_high",
+            "ratio_mean",
+            "approx_kl_k1",
+            "approx_kl",
+        )
         return {"num_tokens": 0, **dict.fromkeys(keys)}
     num_low, num_high = int(low_BT.sum().item()), int(high_BT.sum().item())
     k3_BT = torch.expm1(log_ratio_BT) - log_ratio_BT  # 0 where not valid (log ratio 0 there)

@@ -1,0 +1,113 @@
+"""The rollout worker core: prompts in, scored and version-stamped rollout groups out.
+
+A plain class (no Ray) that owns one :class:`VLLMEngine` and the task's reward; the Ray
+actor in ``actors/rollout_worker.py`` is a thin shell over it. Every completion carries the
+policy version of the weights that produced it: 0 for the model directory the worker was
+built from, then whatever :meth:`RolloutWorkerCore.update_weights` last loaded.
+
+Each ``generate_groups`` call samples with its own seed, derived from the run seed, the
+worker id and a call counter, so a run is reproducible and two workers never share noise.
+"""
+
+import hashlib
+import time
+from pathlib import Path
+
+from system.config import RunConfig
+from system.rewards.registry import build_reward
+from system.rollout.samples import PromptSamples
+from system.rollout.vllm_engine import VLLMEngine
+from system.types import Completion, Prompt, RolloutGroup
+from system.weight_payload import WeightPayload
+
+
+def call_seed(run_seed: int, worker_id: str, call_index: int) -> int:
+    """A 31-bit sampling seed for one generate call of one worker."""
+    digest = hashlib.sha256(f"{run_seed}/{worker_id}/{call_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") >> 1
+
+
+class RolloutWorkerCore:
+    """One vLLM engine plus the reward: ``generate_groups`` and ``update_weights``."""
+
+    def __init__(self, run_cfg: RunConfig, model_dir: str | Path, worker_id: str) -> None:
+        self.cfg = run_cfg
+        self.worker_id = worker_id
+        self.engine = VLLMEngine(
+            model_dir,
+            run_cfg.rollout.quantization,
+            run_cfg.rollout.engine,
+            seed=run_cfg.seed,
+            trust_remote_code=getattr(run_cfg.model, "trust_remote_code", False),
+        )
+        self.reward = build_reward(run_cfg.data.reward)
+        self._policy_version = 0
+        self._num_calls = 0
+        self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
+                       "reward_seconds": 0.0, "num_weight_updates": 0, "weight_update_seconds": 0.0}
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights the engine holds now."""
+        return self._policy_version
+
+    @property
+    def quantization_scheme(self) -> str:
+        """The vLLM scheme that ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
+        return self.engine.quantization_scheme
+
+    def generate_groups(self, prompts: list[Prompt], policy_version: int | None = None) -> list[RolloutGroup]:
+        """``rollout.group_size`` scored completions per prompt, stamped with the current version.
+
+        ``policy_version``, when given, is the version the caller believes the worker holds;
+        a different one is a wiring error and raises :class:`ValueError`.
+        """
+        if policy_version is not None and policy_version != self._policy_version:
+            raise ValueError(f"worker {self.worker_id} holds policy version {self._policy_version}, "
+                             f"asked to generate with {policy_version}")
+        r = self.cfg.rollout
+        started = time.perf_counter()
+        samples = self.engine.generate(
+            [p.text for p in prompts], n=r.group_size, temperature=r.temperature, top_p=r.top_p,
+            max_new_tokens=r.max_new_tokens, seed=call_seed(self.cfg.seed, self.worker_id, self._num_calls),
+        )
+        self._num_calls += 1
+        generated = time.perf_counter()
+        groups = [self._group(p, s) for p, s in zip(prompts, samples, strict=True)]
+        self._stats["generate_seconds"] += generated - started
+        self._stats["reward_seconds"] += time.perf_counter() - generated
+        return groups
+
+    def _group(self, prompt: Prompt, samples: PromptSamples) -> RolloutGroup:
+        completions = tuple(
+            Completion(
+                prompt_id=prompt.prompt_id,
+                sample_index=j,
+                prompt_token_ids=samples.prompt_token_ids,
+                response_token_ids=s.response_token_ids,
+                behaviour_logprobs=s.behaviour_logprobs,
+                response_text=s.text,
+                reward=float(self.reward(s.text, prompt.reference)),
+                policy_version=self._policy_version,
+                finish_reason=s.finish_reason,
+                worker_id=self.worker_id,
+            )
+            for j, s in enumerate(samples.responses)
+        )
+        num_tokens = sum(len(c.response_token_ids) for c in completions)
+        self._stats["num_sequences"] += len(completions)
+        self._stats["num_response_tokens"] += num_tokens
+        return RolloutGroup(prompt=prompt, completions=completions, policy_version=self._policy_version,
+                            worker_id=self.worker_id, stats={"num_response_tokens": num_tokens})
+
+    def update_weights(self, payload: WeightPayload) -> None:
+        """Load ``payload`` into the engine and adopt its ``policy_version``."""
+        seconds = self.engine.load_weights(payload)
+        self._policy_version = payload.policy_version
+        self._stats["num_weight_updates"] += 1
+        self._stats["weight_update_seconds"] += seconds
+
+    def stats(self) -> dict:
+        """Cumulative counters: sequences, response tokens, generate / reward / weight-swap seconds."""
+        return {**self._stats, "worker_id": self.worker_id, "policy_version": self._policy_version,
+                "quantization": self.quantization_scheme, "engine_build_seconds": self.engine.build_seconds}

@@ -1,0 +1,181 @@
+"""Correction weights and their statistics (spec section 2), derived by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from system.config.correction import (
+    METHOD_TYPES,
+    GeoRS,
+    IcePop,
+    NoCorrection,
+    SeqMIS,
+    SeqTIS,
+    TokenTIS,
+)
+from system.correction import (
+    METHOD_REGISTRY,
+    compute_log_ratios,
+    compute_weights,
+    default_method_configs,
+    method_statistics,
+)
+
+E = math.e
+NAN = float("nan")
+# The hand batch of test_correction_diagnostics: valid d = [-0.5, 1, 0 | 0, -, -],
+# rho = [e^-.5, e, 1 | 1], T = [3, 1], L = [0.5, 0], rho_seq = [e^.5, 1].
+MU = [[-1.0, -2.0, -0.5], [-0.5, NAN, -3.0]]
+OLD = [[-1.5, -1.0, -0.5], [-0.5, -1.0, 7.0]]
+MASK = [[1, 1, 1], [1, 1, 0]]
+
+
+def hand_ratios(dtype=torch.float64):
+    return compute_log_ratios(
+        torch.tensor(MU, dtype=dtype), torch.tensor(OLD, dtype=dtype), torch.tensor(MASK)
+    )
+
+
+def weights(method, dtype=torch.float64):
+    return compute_weights(hand_ratios(dtype), method).tolist()
+
+
+S = math.exp(0.5)  # rho_seq of row 0
+M = (math.exp(-0.5) + 2 + 1 + 1) / 4  # token-tis mean over the 4 valid tokens
+
+
+@pytest.mark.parametrize(
+    "method, want",
+    [
+        (NoCorrection(), [[1, 1, 1], [1, 0, 0]]),
+        (TokenTIS(), [[math.exp(-0.5), 2.0, 1], [1, 0, 0]]),  # min(e, 2) = 2
+        (IcePop(), [[math.exp(-0.5), E, 1], [1, 0, 0]]),  # every rho in [0.5, 5]
+        (IcePop(lo=0.7, hi=2.0), [[0, 0, 1], [1, 0, 0]]),  # e^-.5 = .61 < .7, e > 2
+        (SeqTIS(), [[S, S, S], [1, 0, 0]]),  # e^.5 = 1.65 < 2
+        (SeqTIS(c=1.5), [[1.5] * 3, [1, 0, 0]]),
+        (SeqMIS(), [[S, S, S], [1, 0, 0]]),  # L = .5 <= log 3
+        (SeqMIS(hi=1.5), [[0, 0, 0], [1, 0, 0]]),  # .5 > log 1.5 = .405
+        (SeqMIS(lo=1.2, hi=3.0), [[S, S, S], [0, 0, 0]]),  # L = 0 < log 1.2
+        (GeoRS(), [[0, 0, 0], [1, 0, 0]]),  # L/T = 1/6 > log 1.001; row 1: 0
+        (GeoRS(lo=0.9, hi=1.2), [[1, 1, 1], [1, 0, 0]]),  # 1/6 <= log 1.2 = .182
+        # veto 0.7: log .7 = -.357 > d = -.5 in row 0, so row 0 is dropped whole
+        (TokenTIS(veto=0.7), [[0, 0, 0], [1, 0, 0]]),
+        (SeqMIS(veto=0.7), [[0, 0, 0], [1, 0, 0]]),
+        (SeqMIS(veto=0.5), [[S, S, S], [1, 0, 0]]),  # log .5 = -.69 < -.5: no veto
+        # token methods normalise by the mean over the 4 valid tokens
+        (TokenTIS(self_normalize=True), [[math.exp(-0.5) / M, 2 / M, 1 / M], [1 / M, 0, 0]]),
+        # sequence methods by the mean over the 2 sequences: (e^.5 + 1) / 2
+        (SeqTIS(self_normalize=True), [[2 * S / (S + 1)] * 3, [2 / (S + 1), 0, 0]]),
+        # the veto comes first: mean over sequences of [0, 1] is 0.5
+        (SeqMIS(veto=0.7, self_normalize=True), [[0, 0, 0], [2.0, 0, 0]]),
+        (TokenTIS(veto=0.7, self_normalize=True), [[0, 0, 0], [4.0, 0, 0]]),  # token mean 1/4
+        (
+            IcePop(lo=4.0, hi=5.0, self_normalize=True),
+            [[0, 0, 0], [0, 0, 0]],
+        ),  # all rejected: stays 0
+    ],
+    ids=lambda x: repr(x) if not isinstance(x, list) else "",
+)
+def test_weights_by_hand(method, want):
+    np.testing.assert_allclose(weights(method), want, rtol=1e-12, atol=0)
+
+
+def test_registry_covers_every_config_type_and_defaults_are_the_spec_defaults():
+    assert tuple(METHOD_REGISTRY) == METHOD_TYPES
+    defaults = default_method_configs()
+    assert list(defaults) == list(METHOD_TYPES)
+    assert defaults["token-tis"].c == 2.0 and defaults["seq-tis"].c == 2.0
+    assert (defaults["icepop"].lo, defaults["icepop"].hi) == (0.5, 5.0)
+    assert (defaults["seq-mis"].lo, defaults["seq-mis"].hi) == (None, 3.0)
+    assert (defaults["geo-rs"].lo, defaults["geo-rs"].hi) == (0.999, 1.001)
+    assert all(c.veto is None and not c.self_normalize for c in defaults.values())
+
+
+def test_thresholds_use_the_unclamped_log_ratio():
+    # row 0: three tokens with d = 10: L = 30 (rho_seq clamps to e^20);
+    # row 1: d = 22, 0, 0: L = 20 after the per-token clamp (dc = 20);
+    # row 2: one token d = 30: icepop must see 30, not the clamped 20.
+    old = (
+        torch.tensor([[10.0, 10.0, 10.0], [22.0, 0.0, 0.0], [30.0, 0.0, 0.0]], dtype=torch.float64)
+        - 30.0
+    )
+    mu = torch.full((3, 3), -30.0, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 0, 0]])
+    r = compute_log_ratios(mu, old, mask)
+    assert r.seq_logratio_B.tolist() == [30.0, 20.0, 20.0]
+    e20 = math.exp(20.0)
+    # hi = e^25: 30 > 25 rejects row 0 although its clamped ratio e^20 < e^25
+    w = compute_weights(r, SeqMIS(hi=math.exp(25.0))).tolist()
+    assert w[0] == [0, 0, 0] and w[1] == pytest.approx([e20] * 3, rel=1e-12)
+    # icepop: d = 30 > 25 rejected though rho = e^20; d = 22 < 25 kept at e^20
+    w = compute_weights(r, IcePop(lo=0.5, hi=math.exp(25.0))).tolist()
+    assert w[2][0] == 0 and w[1][0] == pytest.approx(e20, rel=1e-12) and w[1][1] == 1
+    assert compute_weights(r, SeqTIS(c=5.0)).tolist()[0] == [5.0] * 3
+
+
+def test_weight_dtype_follows_the_inputs_and_weights_are_detached():
+    assert compute_weights(hand_ratios(torch.float32), SeqMIS()).dtype == torch.float32
+    assert compute_weights(hand_ratios(torch.bfloat16), SeqMIS()).dtype == torch.float32
+    assert compute_weights(hand_ratios(torch.float64), SeqMIS()).dtype == torch.float64
+    mu = torch.tensor(MU, requires_grad=True)
+    w = compute_weights(compute_log_ratios(mu, torch.tensor(OLD), torch.tensor(MASK)), TokenTIS())
+    assert not w.requires_grad
+
+
+def test_method_statistics_by_hand():
+    r = hand_ratios()
+    stats = method_statistics(r, compute_weights(r, IcePop(lo=0.7, hi=2.0)))
+    # w = [0, 0, 1 | 1]: 2 of 4 tokens kept, both sequences keep a token
+    assert stats == {
+        "keep_token_frac": 0.5,
+        "keep_seq_frac": 1.0,
+        "weight_mean": 0.5,
+        "weight_max": 1.0,
+        "ess": 2.0**2 / (4 * 2.0),  # (sum w)^2 / (n sum w^2)
+        "keep_seq_frac_by_len": {"<=128": 1.0, "<=512": None, "<=2048": None, ">2048": None},
+    }
+    stats = method_statistics(r, compute_weights(r, TokenTIS()))
+    w = [math.exp(-0.5), 2.0, 1.0, 1.0]
+    assert stats["weight_mean"] == pytest.approx(sum(w) / 4) and stats["weight_max"] == 2.0
+    assert stats["ess"] == pytest.approx(sum(w) ** 2 / (4 * sum(x * x for x in w)))
+    stats = method_statistics(r, compute_weights(r, SeqMIS(hi=1.5)))  # w = [0, 0, 0 | 1]
+    assert stats["keep_seq_frac"] == 0.5 and stats["keep_token_frac"] == 0.25
+
+
+def test_method_statistics_ignore_weights_at_invalid_tokens_and_all_zero_ess():
+    r = hand_ratios()
+    w = torch.tensor([[0.0, 0.0, 0.0], [0.0, NAN, 99.0]], dtype=torch.float64)
+    stats = method_statistics(r, w)
+    assert stats["ess"] == 0.0 and stats["weight_max"] == 0.0 and stats["keep_seq_frac"] == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        method_statistics(r, torch.zeros(2, 4))
+
+
+def test_keep_seq_frac_by_length_bucket():
+    # lengths 128, 129, 512, 513, 2049, 0: buckets <=128: 1 seq, <=512: 2, <=2048: 1, >2048: 1
+    lengths = torch.tensor([128, 129, 512, 513, 2049, 0])
+    mask = torch.arange(2100)[None, :] < lengths[:, None]
+    mu = torch.zeros(6, 2100, dtype=torch.float64)
+    old = mu.clone()
+    old[1, 0] = -5.0  # rejected by seq-mis lo = 0.5: L = -5 < log .5
+    old[4, 0] = 5.0  # rejected by hi = 3: L = 5 > log 3
+    r = compute_log_ratios(mu, old, mask)
+    stats = method_statistics(r, compute_weights(r, SeqMIS(lo=0.5, hi=3.0)))
+    assert stats["keep_seq_frac_by_len"] == {
+        "<=128": 1.0,
+        "<=512": 0.5,
+        "<=2048": 1.0,
+        ">2048": 0.0,
+    }
+    assert stats["keep_seq_frac"] == 3 / 5
+
+
+def test_empty_batch_statistics_and_weights():
+    r = compute_log_ratios(torch.full((2, 3), NAN), torch.zeros(2, 3), torch.ones(2, 3))
+    for method in default_method_configs().values():
+        w = compute_weights(r, method.model_copy(update={"self_normalize": True}))
+        assert w.tolist() == [[0.0] * 3] * 2
+        stats = method_statistics(r, w)
+        assert stats["ess"] is None and stats["keep_seq_frac_by_len"]["<=128"] is None

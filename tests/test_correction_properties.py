@@ -1,0 +1,150 @@
+"""Properties of the correction core over generated batches (spec sections 0-3).
+
+- no mismatch (mu == old): every method's weight is exactly 1, AIS alpha_raw is 0;
+- padding (masked columns / rows full of garbage, NaN included) and the order of the
+  responses change no statistic;
+- log-probs down to -1e4, differences far beyond the clamp and NaN / +-inf inputs keep
+  every output finite (or None), and non-finite inputs are counted;
+- omega never exceeds max(1, max w).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from system.config.correction import AISConfig
+from system.correction import (
+    AdaptiveIS,
+    ais_diagnostics,
+    compute_diagnostics,
+    compute_log_ratios,
+    compute_weights,
+    default_method_configs,
+    method_statistics,
+)
+
+SETTINGS = settings(max_examples=60, deadline=None)
+METHODS = default_method_configs()
+SPECIALS = [float("nan"), float("inf"), -float("inf")]
+
+
+@st.composite
+def batches(draw, max_b=5, max_t=7, specials=False):
+    """(mu, old, mask) float32 numpy arrays: log-probs in [-1e4, 0], differences up to +-60."""
+    B = draw(st.integers(1, max_b))
+    T = draw(st.integers(1, max_t))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    scale = draw(st.sampled_from([0.01, 1.0, 30.0, 1e4]))
+    mu = -np.minimum(rng.exponential(scale, size=(B, T)), 1e4)
+    spread = draw(st.sampled_from([0.0, 1e-3, 0.5, 5.0, 60.0]))
+    old = np.clip(mu + rng.normal(0, spread, size=(B, T)), -1e4, 0.0)
+    mask = rng.random((B, T)) < draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+    if specials:
+        holes = rng.random((B, T)) < 0.2
+        mu[holes] = rng.choice(SPECIALS, size=holes.sum())
+        holes = rng.random((B, T)) < 0.1
+        old[holes] = rng.choice(SPECIALS, size=holes.sum())
+    return mu.astype(np.float32), old.astype(np.float32), mask
+
+
+def all_outputs(mu, old, mask):
+    """Every statistic the core reports for a batch (diagnostics, AIS, per-method)."""
+    r = compute_log_ratios(mu, old, mask)
+    out = {"diag": compute_diagnostics(r), "ais": ais_diagnostics(r)}
+    for name, method in METHODS.items():
+        out[name] = method_statistics(r, compute_weights(r, method))
+    return out
+
+
+def flatten(stats, prefix=""):
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            yield from flatten(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def assert_same(a, b):
+    fa, fb = dict(flatten(a)), dict(flatten(b))
+    assert fa.keys() == fb.keys()
+    for key in fa:
+        if fa[key] is None or fb[key] is None:
+            assert fa[key] is fb[key], key
+        else:
+            assert fa[key] == pytest.approx(fb[key], rel=1e-9, abs=1e-12), key
+
+
+@SETTINGS
+@given(batches())
+def test_no_mismatch_gives_weight_one_for_every_method_and_zero_alpha_raw(batch):
+    mu, _, mask = batch
+    r = compute_log_ratios(mu, mu.copy(), mask)
+    for name, method in METHODS.items():
+        for variant in (method, method.model_copy(update={"self_normalize": True, "veto": 1e-4})):
+            w = compute_weights(r, variant)
+            assert torch.equal(w, r.valid_BT.to(w.dtype)), (
+                name
+            )  # exactly 1 where valid, 0 elsewhere
+    ais = AdaptiveIS(AISConfig(warmup_batches=2))
+    for _ in range(4):
+        assert ais.update(ais_diagnostics(r))["alpha_raw"] == 0.0
+    assert ais.alpha == 0.0
+
+
+@SETTINGS
+@given(batches(specials=True), st.integers(0, 3), st.integers(0, 3), st.data())
+def test_padding_and_row_order_change_no_statistic(batch, extra_cols, extra_rows, data):
+    mu, old, mask = batch
+    B, T = mu.shape
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    garbage = [np.nan, np.inf, -np.inf, 1e30, -3.0, 0.0]
+    pad_mu = rng.choice(garbage, size=(B + extra_rows, T + extra_cols)).astype(np.float32)
+    pad_old = rng.choice(garbage, size=(B + extra_rows, T + extra_cols)).astype(np.float32)
+    pad_mask = np.zeros((B + extra_rows, T + extra_cols), dtype=bool)
+    pad_mu[:B, :T], pad_old[:B, :T], pad_mask[:B, :T] = mu, old, mask
+    order = rng.permutation(B + extra_rows)
+    want = all_outputs(mu, old, mask)
+    assert_same(all_outputs(pad_mu, pad_old, pad_mask), want)
+    assert_same(all_outputs(pad_mu[order], pad_old[order], pad_mask[order]), want)
+
+
+@SETTINGS
+@given(batches(max_b=6, max_t=9, specials=True))
+def test_extreme_and_non_finite_inputs_keep_every_output_finite(batch):
+    mu, old, mask = batch
+    r = compute_log_ratios(mu, old, mask)
+    nonfinite = mask & ~(np.isfinite(mu) & np.isfinite(old))
+    assert r.nonfinite_tokens == int(nonfinite.sum())
+    assert r.num_tokens == int((mask & ~nonfinite).sum())
+    for key, value in flatten(all_outputs(mu, old, mask)):
+        assert value is None or math.isfinite(value), key
+    for tensor in (
+        r.d_BT,
+        r.dc_BT,
+        r.rho_BT,
+        r.seq_logratio_B,
+        r.rho_seq_B,
+        r.behaviour_BT,
+        r.proximal_BT,
+    ):
+        assert torch.isfinite(tensor).all()
+    for method in METHODS.values():
+        w = compute_weights(r, method.model_copy(update={"self_normalize": True}))
+        assert torch.isfinite(w).all() and (w >= 0).all() and (w[~r.valid_BT] == 0).all()
+
+
+@SETTINGS
+@given(batches(specials=True), st.floats(0.0, 1.0))
+def test_omega_is_bounded_by_max_of_one_and_w(batch, alpha):
+    mu, old, mask = batch
+    r = compute_log_ratios(mu, old, mask)
+    for method in METHODS.values():
+        w = compute_weights(r, method)
+        omega = AdaptiveIS.omega(w, r.valid_BT, alpha)
+        bound = max(1.0, w.max().item()) if w.numel() else 1.0
+        assert (omega <= bound).all() and (omega >= 0).all() and (omega[~r.valid_BT] == 0).all()

@@ -1,0 +1,105 @@
+"""The tiny model directory: loads in transformers, caches by config hash, is written atomically."""
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from system.config.data import ArithmeticTaskConfig
+from system.config.model import TinyModelConfig
+from system.data.arithmetic import ArithmeticPrompts
+from system.models.tiny import build_key, build_tiny_model, read_build_info
+from system.models.tokenizer import train_char_tokenizer
+from system.models.warm_start import IGNORE, answer_batch
+from system.types import Prompt
+
+MODEL = TinyModelConfig(warm_start_steps=60, warm_start_label_smoothing=0.0)
+TASK = ArithmeticTaskConfig(num_prompts=1000)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("models")
+    return cache, build_tiny_model(MODEL, TASK, seed=0, cache_dir=cache)
+
+
+def test_directory_loads_in_transformers_with_untied_head(built):
+    _, model_dir = built
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert model.config.model_type == "qwen2" and model.config.tie_word_embeddings is False
+    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
+    assert head.data_ptr() != embed.data_ptr() and not torch.equal(head, embed)
+    # 3 specials + the 12 characters of the task ("0".."9", "+", "=")
+    assert model.config.vocab_size == len(tok) == 15
+    assert tok.eos_token == "<eos>" and model.config.eos_token_id == tok.eos_token_id == 1
+    ids = tok.encode("37+45=82")
+    assert len(ids) == 8 and tok.decode(ids) == "37+45=82"
+    n = sum(p.numel() for p in model.parameters())
+    assert read_build_info(model_dir)["num_parameters"] == n
+
+
+def test_warm_start_learns_the_answers(built):
+    _, model_dir = built
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    fresh = [ArithmeticPrompts(TASK, seed=99)[i] for i in range(64)]  # prompts of another seed
+    input_ids, labels = answer_batch(tok, fresh)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
+                                            ignore_index=IGNORE)
+    # a uniform guess over 15 tokens costs ln 15 = 2.71 nats; 60 steps must beat it clearly
+    assert nll.item() < math.log(15) - 0.5
+    losses = read_build_info(model_dir)["warm_start_losses"]
+    assert len(losses) == 60 and losses[-1] < losses[0]
+
+
+def test_second_call_is_a_cache_hit(built):
+    cache, model_dir = built
+    stamp = (model_dir / "model.safetensors").stat().st_mtime_ns
+    started = time.perf_counter()
+    again = build_tiny_model(MODEL, TASK, seed=0, cache_dir=cache)
+    assert again == model_dir and time.perf_counter() - started < 0.5
+    assert (model_dir / "model.safetensors").stat().st_mtime_ns == stamp
+    assert model_dir.name == f"tiny-{build_key(MODEL, TASK, 0)}"
+
+
+def test_key_covers_model_task_and_seed():
+    keys = {
+        build_key(MODEL, TASK, 0),
+        build_key(MODEL, TASK, 1),
+        build_key(MODEL.model_copy(update={"warm_start_steps": 61}), TASK, 0),
+        build_key(MODEL, TASK.model_copy(update={"num_digits": 3}), 0),
+    }
+    assert len(keys) == 4
+
+
+def test_concurrent_builders_agree_and_leave_no_temp_dirs(tmp_path):
+    cfg = TinyModelConfig(warm_start_steps=2)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(build_tiny_model(cfg, TASK, 0, tmp_path)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and results[0] == results[1]
+    assert [p.name for p in tmp_path.iterdir()] == [results[0].name]
+
+
+def test_answer_batch_masks_the_prompt():
+    tok = train_char_tokenizer(["1+2=3", "10+20=30"], model_max_length=32)
+    input_ids, labels = answer_batch(tok, [Prompt("a", "1+2=", "3"), Prompt("b", "10+20=", "30")])
+    enc = tok.convert_tokens_to_ids
+    assert input_ids[0].tolist() == [enc(c) for c in "1+2=3"] + [tok.eos_token_id] + [tok.pad_token_id] * 3
+    assert labels[0].tolist() == [IGNORE] * 4 + [enc("3"), tok.eos_token_id] + [IGNORE] * 3
+    assert labels[1].tolist() == [IGNORE] * 6 + [enc("3"), enc("0"), tok.eos_token_id]
+
+
+def test_tokenizer_needs_text():
+    with pytest.raises(ValueError, match="training text is empty"):
+        train_char_tokenizer([], model_max_length=32)

@@ -1,0 +1,55 @@
+"""Math-answer reward: the number after the last ``####`` (else the last number), by value."""
+
+import pytest
+
+from system.config.data import MathAnswerReward
+from system.rewards.math_answer import math_answer
+from system.rewards.numbers import last_number, normalise_number, number_after_marker
+from system.rewards.registry import build_reward
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        ("so 3 + 4 = 7\n#### 7", "7", 1.0),
+        ("#### 1,550", "1550", 1.0),  # thousands comma
+        ("#### 120.0", "120", 1.0),  # trailing .0
+        ("#### 4.50", "4.5", 1.0),
+        ("#### -6", "-6", 1.0),
+        ("#### 6", "-6", 0.0),
+        ("#### 5 oops #### 7", "7", 1.0),  # the last marker counts
+        ("#### 7 then #### 5", "7", 0.0),
+        ("the answer is 12 apples, not 13", "13", 1.0),  # no marker: the last number
+        ("the answer is 13, I think 12", "13", 0.0),
+        ("no number at all", "3", 0.0),
+        ("", "3", 0.0),
+        ("#### ", "3", 0.0),  # a marker with no number is no answer
+    ],
+)
+def test_hand_values(completion, reference, expected):
+    assert math_answer(completion, reference) == expected
+
+
+def test_format_bonus_only_for_a_wrong_marked_answer():
+    reward = build_reward(MathAnswerReward(format_bonus=0.1))
+    assert reward("#### 8", "7") == 0.1  # well formed, wrong
+    assert reward("#### 7", "7") == 1.0
+    assert reward("it is 8", "7") == 0.0  # unmarked and wrong: no bonus
+    assert reward("####", "7") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [("1,000", "1000"), ("1000.00", "1000"), ("-0", "0"), ("0.50", "0.5"), ("12", "12"),
+     ("abc", None), ("", None), ("nan", None)],
+)
+def test_normalise_number(text, canonical):
+    assert normalise_number(text) == canonical
+
+
+def test_number_finders():
+    assert number_after_marker("a #### b") is None
+    assert number_after_marker("no marker 5") is None
+    assert number_after_marker("x #### 1,234 and 5") == "1,234"
+    assert last_number("1 then 2.5 then -3") == "-3"
+    assert last_number("none") is None
