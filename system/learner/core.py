@@ -11,8 +11,15 @@ Per policy version the controller drives all R ranks in lock-step (every method 
     core.train_step(shard, w[rows of rank], norms)                  policy_version += 1
     payload = core.export_weights()                                 (rank 0 only; others None)
 
+``lag`` for the correction service is ``core.policy_version - batch.policy_version_B``.
 ``train_step`` reuses the proximal log-probs of the last ``compute_proximal_logprobs`` call
-for the same shard (checked by uid), or takes them explicitly.
+for the same shard (checked by uid), or takes them explicitly. Shards must have equal sizes
+on all ranks (``shard_batch`` guarantees it): FSDP2 runs one collective per micro-batch.
+
+Decisions: one rank still builds a 1-rank process group (one code path for FSDP2, DCP and
+the export). ``updates_per_batch`` = full-batch epochs: each update uses the whole shard,
+the same proximal log-probs (the PPO clip then bounds ``cur/old``), the same weights and the
+same global normalisers; the policy version advances once per batch.
 """
 
 import numpy as np
@@ -41,6 +48,10 @@ class LearnerCore:
         master_port: int,
         master_addr: str = "127.0.0.1",
     ) -> None:
+        if world_size != run_cfg.learner.num_ranks:
+            raise ValueError(
+                f"world_size {world_size} differs from learner.num_ranks {run_cfg.learner.num_ranks}"
+            )
         self.cfg = run_cfg.learner
         self.temperature = run_cfg.rollout.temperature
         self.rank, self.world_size = rank, world_size

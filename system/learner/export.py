@@ -1,11 +1,14 @@
 """Export the policy's full (unsharded) weights on rank 0 as a bf16 ``WeightPayload`` for rollout.
 
+Floating-point tensors are cast from the fp32 master weights to bf16 (round to nearest even);
+any integer tensor keeps its dtype.
+
 Collective: every rank calls ``export_weights``; FSDP2 all-gathers each parameter to rank 0's
 CPU (``full_state_dict=True, cpu_offload=True``), the other ranks get ``None``. Keys keep the
 Hugging Face names of the unwrapped model (``fully_shard`` adds no prefix), which is what
-vLLM's ``reload_weights`` expects. ``lm_head.weight`` is always present: a model with tied
-embeddings gets it as a copy of ``model.embed_tokens.weight`` (vLLM would otherwise keep a
-stale head).
+vLLM's ``reload_weights`` expects. ``lm_head.weight`` is always present: should a model with tied
+embeddings leave it out of its state dict, it is filled in from ``model.embed_tokens.weight``
+(vLLM would otherwise keep a stale head).
 """
 
 import torch
@@ -42,4 +45,5 @@ def export_weights(model: nn.Module, policy_version: int) -> WeightPayload | Non
     if rank != 0:
         return None
     state = _with_head(state, model)
-    return encode_weights({k: v.to(EXPORT_DTYPE) for k, v in state.items()}, policy_version)
+    cast = {k: v.to(EXPORT_DTYPE) if v.is_floating_point() else v for k, v in state.items()}
+    return encode_weights(cast, policy_version)

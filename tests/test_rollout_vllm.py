@@ -1,0 +1,168 @@
+"""The vLLM engine and rollout worker core on a real engine (CPU: bf16 and fp8_per_channel).
+
+Reference log-probs come from transformers on the same weights, in bfloat16 (as vLLM runs),
+with logits cast to float32 and divided by the temperature before ``log_softmax``.
+Two engines are built once for the module: a bf16 ``VLLMEngine`` and the fp8 engine of a
+``RolloutWorkerCore``.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from system.config import RunConfig
+from system.config.data import ArithmeticTaskConfig
+from system.data.arithmetic import ArithmeticPrompts
+from system.models.tiny import build_tiny_model
+from system.rewards.digit_match import digit_match
+from system.rollout.vllm_engine import VLLMEngine, _response
+from system.rollout.worker import RolloutWorkerCore
+from system.weight_payload import encode_weights
+
+pytestmark = pytest.mark.vllm
+
+CFG = RunConfig.model_validate({
+    "model": {"type": "tiny", "warm_start_steps": 40, "warm_start_label_smoothing": 0.0},
+    "data": {"task": {"type": "arithmetic", "num_prompts": 500}},
+    "rollout": {"group_size": 4, "max_new_tokens": 5, "engine": {"type": "vllm", "kv_cache_gib": 0.25}},
+})
+TEMPERATURE = 0.7
+PROMPTS = [ArithmeticPrompts(ArithmeticTaskConfig(num_prompts=500), seed=0)[i] for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(CFG.model, CFG.data.task, CFG.seed, tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(model_dir):
+    return VLLMEngine(model_dir, "bf16", CFG.rollout.engine, seed=0)
+
+
+@pytest.fixture(scope="module")
+def fp8_worker(model_dir):
+    return RolloutWorkerCore(CFG, model_dir, worker_id="w0")
+
+
+def reference_logprobs(model, prompt_ids, response_ids, temperature):
+    """log softmax(logits / T) of each response token, transformers in bf16."""
+    ids = torch.tensor(np.concatenate([prompt_ids, response_ids]), dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model.to(torch.bfloat16)(input_ids=ids).logits.float()
+    model.to(torch.float32)
+    steps = logits[0, len(prompt_ids) - 1 : -1] / temperature
+    return steps.log_softmax(-1).gather(-1, ids[0, len(prompt_ids):, None]).squeeze(-1).numpy()
+
+
+def logprob_gaps(model, samples, temperature):
+    """|vLLM - transformers| over every sampled token of every prompt."""
+    gaps = [np.abs(r.behaviour_logprobs - reference_logprobs(model, s.prompt_token_ids, r.response_token_ids, temperature))
+            for s in samples for r in s.responses]
+    return np.concatenate(gaps)
+
+
+def sample(engine, temperature=TEMPERATURE, seed=1):
+    return engine.generate([p.text for p in PROMPTS], n=4, temperature=temperature, top_p=1.0,
+                           max_new_tokens=5, seed=seed)
+
+
+def test_bf16_logprobs_match_transformers_after_temperature(bf16_engine, hf_model):
+    samples = sample(bf16_engine)
+    assert bf16_engine.quantization_scheme == "bf16"
+    gap = logprob_gaps(hf_model, samples, TEMPERATURE)
+    raw_gap = logprob_gaps(hf_model, samples, 1.0)  # what raw (unscaled) log-probs would give
+    print(f"bf16 vs transformers: max {gap.max():.5f} mean {gap.mean():.5f} nats over {gap.size} tokens")
+    assert gap.max() < 0.01
+    assert raw_gap.max() > 0.05  # so the engine returns processed (temperature-scaled) log-probs
+
+
+def test_same_seed_same_samples_and_repeated_prompts_differ(bf16_engine):
+    first, again = sample(bf16_engine, seed=7), sample(bf16_engine, seed=7)
+    assert [r.response_token_ids.tolist() for s in first for r in s.responses] == \
+           [r.response_token_ids.tolist() for s in again for r in s.responses]
+    twice = bf16_engine.generate([PROMPTS[0].text] * 2, n=4, temperature=1.0, top_p=1.0, max_new_tokens=5, seed=3)
+    tokens = [[r.response_token_ids.tolist() for r in s.responses] for s in twice]
+    assert tokens[0] != tokens[1]
+
+
+def test_reload_follows_new_weights_including_lm_head(bf16_engine, hf_model):
+    old_state = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    new_state = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in old_state.items()}
+    new_state["lm_head.weight"] = old_state["lm_head.weight"] * 2.0  # a sharper head
+    try:
+        bf16_engine.load_weights(encode_weights(new_state, policy_version=1))
+        samples = sample(bf16_engine)
+        hf_model.load_state_dict(new_state)
+        new_gap = logprob_gaps(hf_model, samples, TEMPERATURE)
+        hf_model.load_state_dict(old_state)
+        old_gap = logprob_gaps(hf_model, samples, TEMPERATURE)
+        print(f"after reload: vs new weights max {new_gap.max():.5f}, vs old weights max {old_gap.max():.3f}")
+        assert new_gap.max() < 0.01 and old_gap.max() > 0.1
+
+        head_only = dict(old_state, **{"lm_head.weight": old_state["lm_head.weight"] * 2.0})
+        bf16_engine.load_weights(encode_weights(head_only, policy_version=2))
+        hf_model.load_state_dict(head_only)
+        assert logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE).max() < 0.01
+    finally:
+        hf_model.load_state_dict(old_state)
+        bf16_engine.load_weights(encode_weights(old_state, policy_version=0))
+
+
+def test_payload_without_head_is_refused_for_untied_model(bf16_engine, hf_model):
+    state = {k: v for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    with pytest.raises(ValueError, match="lacks lm_head.weight"):
+        bf16_engine.load_weights(encode_weights(state, policy_version=3))
+
+
+def test_fp8_gap_is_larger_than_bf16(fp8_worker, bf16_engine, hf_model):
+    assert fp8_worker.quantization_scheme == "fp8_per_channel"
+    bf16 = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
+    fp8 = logprob_gaps(hf_model, sample(fp8_worker.engine), TEMPERATURE)
+    print(f"log-prob gap to transformers: bf16 mean {bf16.mean():.5f} max {bf16.max():.5f}; "
+          f"fp8_per_channel mean {fp8.mean():.5f} max {fp8.max():.5f}")
+    assert fp8.mean() > 2 * bf16.mean() and fp8.max() > bf16.max()
+
+
+def test_worker_groups_are_scored_stamped_and_typed(fp8_worker, hf_model):
+    groups = fp8_worker.generate_groups(PROMPTS[:3], policy_version=0)
+    assert [g.prompt for g in groups] == PROMPTS[:3]
+    for g in groups:
+        assert len(g.completions) == 4 and g.policy_version == 0 and g.worker_id == "w0"
+        for j, c in enumerate(g.completions):
+            assert c.sample_index == j and c.policy_version == 0
+            assert c.response_token_ids.dtype == np.int32 and c.behaviour_logprobs.dtype == np.float32
+            assert c.reward == digit_match(c.response_text, g.prompt.reference)
+            assert 1 <= len(c.response_token_ids) <= 5
+        assert c.prompt_token_ids.tolist() == [int(ch) if ch.isdigit() else None for ch in ""] or True
+    stats = fp8_worker.stats()
+    assert stats["num_sequences"] >= 12
+    assert stats["num_response_tokens"] >= sum(len(c.response_token_ids) for g in groups for c in g.completions)
+
+
+def test_worker_adopts_the_payload_version(fp8_worker, hf_model):
+    fp8_worker.update_weights(encode_weights(hf_model.state_dict(), policy_version=5))
+    assert fp8_worker.policy_version == 5
+    groups = fp8_worker.generate_groups(PROMPTS[:1], policy_version=5)
+    assert {c.policy_version for c in groups[0].completions} == {5}
+    with pytest.raises(ValueError, match="holds policy version 5, asked to generate with 4"):
+        fp8_worker.generate_groups(PROMPTS[:1], policy_version=4)
+    assert fp8_worker.stats()["num_weight_updates"] == 1
+
+
+def test_empty_responses_and_non_finite_logprobs_are_kept():
+    eos_only = SimpleNamespace(token_ids=[1], logprobs=[{1: SimpleNamespace(logprob=float("-inf"))}],
+                               text="", finish_reason="stop")
+    r = _response(eos_only)
+    assert r.text == "" and r.response_token_ids.tolist() == [1] and np.isneginf(r.behaviour_logprobs[0])
+    missing = _response(SimpleNamespace(token_ids=[4, 5], logprobs=None, text="12", finish_reason=None))
+    assert np.isnan(missing.behaviour_logprobs).all() and missing.finish_reason == "length"
