@@ -44,6 +44,7 @@ def test_collate_pads_and_aligns_behaviour_logprobs_with_their_tokens():
     np.testing.assert_array_equal(batch.response_len_B, [2, 1, 3, 0])
     np.testing.assert_array_equal(batch.group_index_B, [0, 0, 1, 1])
     np.testing.assert_array_equal(batch.policy_version_B, [3, 3, 4, 4])
+    np.testing.assert_array_equal(batch.lag_B(5), [2, 2, 1, 1])
     np.testing.assert_allclose(batch.rewards_B, [1.0, 0.0, 0.5, 0.5])
     # GRPO: group 0 has mean 0.5 and population std 0.5 -> +-0.5 / (0.5 + 1e-6); group 1 is constant.
     a = 0.5 / (0.5 + 1e-6)

@@ -51,8 +51,8 @@ class CorrectionCore:
     def process(self, behaviour_BT: np.ndarray, proximal_BT: np.ndarray, mask_BT: np.ndarray,
                 lag_B: np.ndarray) -> CorrectionResult:
         """Weights and metrics of one global batch (advances the AIS state once)."""
-        ratios = compute_log_ratios(torch.as_tensor(behaviour_BT), torch.as_tensor(proximal_BT),
-                                    torch.as_tensor(mask_BT))
+        ratios = compute_log_ratios(torch.tensor(behaviour_BT), torch.tensor(proximal_BT),
+                                    torch.tensor(mask_BT))
         w_BT = compute_weights(ratios, self.cfg.method)
         metrics = flatten("mismatch", compute_diagnostics(ratios))
         metrics.update(flatten("correction", method_statistics(ratios, w_BT)))
@@ -61,7 +61,7 @@ class CorrectionCore:
         metrics["ais/enabled"] = int(self.cfg.ais.enabled)
         if self.cfg.ais.enabled:
             w_BT = self.ais.omega(w_BT, ratios.valid_BT, ais_state["alpha"])
-        by_lag = diagnostics_by_lag_of(ratios, torch.as_tensor(lag_B))
+        by_lag = diagnostics_by_lag_of(ratios, torch.tensor(lag_B))
         for lag, diag in by_lag.items():
             metrics.update({f"mismatch_by_lag/{lag}/{k}": diag[k] for k in BY_LAG_KEYS})
         metrics["correction/applied_weight_mean"] = (
@@ -71,8 +71,8 @@ class CorrectionCore:
 
     def token_ratios(self, behaviour_BT: np.ndarray, proximal_BT: np.ndarray, mask_BT: np.ndarray) -> np.ndarray:
         """The valid tokens' ratios ``exp(dc)`` (for the W&B histogram)."""
-        ratios = compute_log_ratios(torch.as_tensor(behaviour_BT), torch.as_tensor(proximal_BT),
-                                    torch.as_tensor(mask_BT))
+        ratios = compute_log_ratios(torch.tensor(behaviour_BT), torch.tensor(proximal_BT),
+                                    torch.tensor(mask_BT))
         return ratios.rho_BT[ratios.valid_BT].numpy()
 
     def state_dict(self) -> dict:

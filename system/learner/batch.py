@@ -55,8 +55,14 @@ class LearnerBatch:
 
     def response_view(self, x_BS: np.ndarray) -> np.ndarray:
         """``x_BT[b, t] = x_BS[b, P_b + t]`` for ``t < T_b``, 0 elsewhere."""
-        return gather_response(torch.from_numpy(np.asarray(x_BS)), self._start_t(), self._len_t(),
-                               self.num_response_tokens).numpy()
+        # torch.tensor copies: arrays that came through Ray's object store are read-only.
+        start_B, len_B = torch.tensor(self.response_start_B), torch.tensor(self.response_len_B)
+        x_BS = torch.tensor(x_BS)
+        return gather_response(x_BS, start_B, len_B, self.num_response_tokens).numpy()
+
+    def lag_B(self, learner_policy_version: int) -> np.ndarray:
+        """int32 staleness ``lag = learner version - behaviour version`` of each sequence (spec section 0)."""
+        return (learner_policy_version - self.policy_version_B).astype(np.int32)
 
     def response_arrays(self) -> dict[str, np.ndarray]:
         """Response-only ``[B, T]`` arrays for the correction service and batch dumps."""
@@ -65,12 +71,6 @@ class LearnerBatch:
             "response_mask": self.response_view(self.response_mask_BS).astype(bool),
             "response_ids": self.response_view(self.input_ids_BS).astype(np.int32),
         }
-
-    def _start_t(self) -> torch.Tensor:
-        return torch.from_numpy(self.response_start_B)
-
-    def _len_t(self) -> torch.Tensor:
-        return torch.from_numpy(self.response_len_B)
 
 
 def gather_response(

@@ -39,7 +39,7 @@ def shard_tensors(batch: LearnerBatch, device: torch.device) -> ShardTensors:
     arrays = batch.response_arrays()
 
     def to(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+        return torch.tensor(x, device=device)  # a copy: Ray hands out read-only arrays
 
     return ShardTensors(
         input_ids_BS=to(batch.input_ids_BS).long(),
