@@ -10,7 +10,6 @@ Two engines are built once for the module: a bf16 ``VLLMEngine`` and the fp8 eng
 """
 
 import copy
-
 from types import SimpleNamespace
 
 import numpy as np

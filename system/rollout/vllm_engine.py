@@ -12,6 +12,10 @@ caches its environment once an engine exists. The CPU KV cache is sized with
 Log-probs are vLLM's ``processed_logprobs``: of the distribution actually sampled (after
 temperature and top-p), which is what the learner recomputes with logits / temperature.
 On CPU vLLM sets torch to one intra-op thread in the process that builds an engine.
+
+``vllm.LLM`` is imported when the first engine is built, not with this module: its import
+chain loads ``ray`` (``vllm.v1.executor.ray_utils`` tries ``import ray``), and importing
+``system`` must not (``tests/test_import_boundaries.py``).
 """
 
 import os
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from vllm import LLM, SamplingParams
+from vllm import SamplingParams
 from vllm.platforms import current_platform
 
 from system.config.rollout import VLLMEngineConfig
@@ -66,6 +70,8 @@ class VLLMEngine:
         self.dtype = torch.bfloat16
         memory = ({"kv_cache_memory_bytes": int(engine_cfg.kv_cache_gib * _GIB)}
                   if self.device == "cpu" else {})
+        from vllm import LLM  # deferred: importing it loads ray (see the module docstring)
+
         started = time.perf_counter()
         self.llm = LLM(
             model=str(model_dir),
