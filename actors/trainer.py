@@ -6,7 +6,10 @@ take a batch -> learners recompute ``old`` -> correction service (weights, metri
 """
 
 import json
+import logging
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +33,8 @@ from system.learner.step import loss_normalisers
 from system.models.model_dir import resolve_model_dir
 from system.report.console_sink import ConsoleSink
 from system.types import RolloutGroup
+
+log = logging.getLogger(__name__)
 
 
 def batch_arrays(groups: list[RolloutGroup], batch, proximal_NT: np.ndarray, version: int) -> dict:
@@ -74,7 +79,11 @@ class Trainer:
             published = (self.step, self.learners.export_weights())
         self.state = SharedState(self.step, published)
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"])
-        self.pool.start(cfg.rollout.num_workers)
+        started = self.pool.start(cfg.rollout.num_workers)
+        schemes = {s.worker_id: s.quantization for s in started}
+        log.warning("rollout workers up: requested %s, running %s", cfg.rollout.quantization, schemes)
+        (self.run_dir / "rollout_workers.json").write_text(
+            json.dumps({"requested": cfg.rollout.quantization, "running": schemes}, indent=1))
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state)
 
     def _restore(self, saved: dict) -> None:
@@ -89,12 +98,23 @@ class Trainer:
         np.random.set_state(saved["rng"]["numpy"])
         torch.set_rng_state(saved["rng"]["torch"])
 
+    def _stop_on_sigterm(self) -> None:
+        """SIGTERM (``ray job stop``, a scheduler's preemption) ends the run after the current step,
+        with a final checkpoint, the report and a finished W&B run."""
+        self.stop_requested = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum, frame):
+                log.warning("SIGTERM: stopping after the current step (checkpoint, report, W&B finish)")
+                self.stop_requested.set()
+            signal.signal(signal.SIGTERM, handler)
+
     def run(self) -> dict:
         console = ConsoleSink(self.cfg.max_steps, self.step) if self.cfg.report.console else None
+        self._stop_on_sigterm()
         self.rollout.thread.start()
         record: dict = {}
         try:
-            while self.step < self.cfg.max_steps:
+            while self.step < self.cfg.max_steps and not self.stop_requested.is_set():
                 record = self.train_one_step()
                 if console:
                     console.log(self.step, record)
