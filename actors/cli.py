@@ -104,3 +104,100 @@ def demo_dump(
     """Write a synthetic batch dump with a controlled mismatch (for trying the report)."""
     save_dump(path, **make_demo_dump(sequences, max_len, sigma=sigma, seed=seed))
     console.print(f"wrote {path}")
+
+
+# -- Cluster jobs (Ray Jobs API): ``aisrl submit`` and ``aisrl job status|stop|logs`` --------------
+
+job_app = typer.Typer(no_args_is_help=True, help="Status, stop and logs of a submitted job.")
+app.add_typer(job_app, name="job")
+ADDRESS_HELP = "The cluster's dashboard URL (Ray Jobs API), e.g. http://127.0.0.1:8265."
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def submit(
+    args: list[str] = typer.Argument(None, help="Presets and dotted.key=value overrides, as for `train`."),
+    address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
+    follow: bool = typer.Option(False, "--follow", help="Stream the job's logs until it ends; exit 1 unless it SUCCEEDED."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Run `aisrl train --dry-run` on the cluster (checks the image and the shipped config)."),
+    stop_wait_s: int = typer.Option(120, "--stop-wait-s", min=0, help="On `job stop`, seconds between SIGTERM (finish the step, checkpoint) and SIGKILL."),
+) -> None:
+    """Validate the config here, then run `aisrl train` on a running Ray cluster as a Ray job."""
+    import tempfile
+
+    from actors import jobs
+
+    try:
+        jobs.check_address(address)
+        cfg = jobs.resolve_for_cluster(*split_args(args or []))
+        with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
+            sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s)
+    except (ConfigError, jobs.JobError) as exc:
+        _fail(str(exc))
+    if cfg.report.wandb.mode == "online":
+        console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
+    console.print(f"submitted [bold]{sub.job_id}[/]: {sub.entrypoint}")
+    print(sub.job_id)
+    if follow:
+        _follow(address, sub.job_id)
+
+
+def _follow(address: str, job_id: str) -> None:
+    from actors import jobs
+
+    try:
+        final = jobs.follow(address, job_id)
+    except KeyboardInterrupt:
+        console.print(f"stopped following; the job keeps running (aisrl job stop {job_id} --address {address})")
+        raise typer.Exit(code=130) from None
+    except jobs.JobError as exc:
+        _fail(str(exc))
+    console.print(f"job {job_id}: {final}")
+    if final != "SUCCEEDED":
+        raise typer.Exit(code=1)
+
+
+@job_app.command("status")
+def job_status(job_id: str = typer.Argument(...), address: str = typer.Option(..., "--address", help=ADDRESS_HELP)) -> None:
+    """Print the job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) and its message."""
+    from actors import jobs
+
+    try:
+        state, message = jobs.status(address, job_id)
+    except jobs.JobError as exc:
+        _fail(str(exc))
+    print(f"{job_id} {state}" + (f": {message}" if message else ""))
+
+
+@job_app.command("stop")
+def job_stop(
+    job_id: str = typer.Argument(...),
+    address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
+    timeout_s: float = typer.Option(300.0, "--timeout-s", help="How long to wait for the job to end."),
+) -> None:
+    """Stop the job: SIGTERM (training finishes its step and checkpoints), SIGKILL after the job's stop wait."""
+    from actors import jobs
+
+    try:
+        final = jobs.stop(address, job_id, timeout_s)
+    except jobs.JobError as exc:
+        _fail(str(exc))
+    print(f"{job_id} {final}")
+
+
+@job_app.command("logs")
+def job_logs(
+    job_id: str = typer.Argument(...),
+    address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
+    follow: bool = typer.Option(False, "--follow", help="Stream until the job ends."),
+) -> None:
+    """Print the job's logs (the entry point's stdout and stderr)."""
+    from actors import jobs
+
+    if follow:
+        _follow(address, job_id)
+        return
+    try:
+        text = jobs.logs(address, job_id)
+    except jobs.JobError as exc:
+        _fail(str(exc))
+    print(text, end="")

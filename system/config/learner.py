@@ -43,7 +43,7 @@ class LearnerConfig(StrictModel):
     """Linear learning-rate warm-up steps."""
     grad_clip: float = Field(default=1.0, gt=0.0)
     """Global gradient-norm clip."""
-    micro_batch_size: int = Field(default=32, ge=1)
+    micro_batch_size: int = Field(default=128, ge=1)
     """Sequences per forward/backward on each rank."""
     updates_per_batch: int = Field(default=1, ge=1)
     """Optimiser steps taken on each batch (PPO epochs x minibatches); the policy version still advances by one."""

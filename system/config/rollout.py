@@ -36,7 +36,7 @@ class RolloutConfig(StrictModel):
     """Nucleus sampling mass."""
     max_new_tokens: int = Field(default=6, ge=1)
     """Longest response, in tokens (the tiny task's answers take at most ``num_digits + 2``)."""
-    prompts_per_call: int = Field(default=8, ge=1)
+    prompts_per_call: int = Field(default=32, ge=1)
     """Prompts a worker generates for in one call."""
     engine: EngineConfig = Field(default_factory=VLLMEngineConfig)
     """The inference engine."""

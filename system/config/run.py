@@ -15,13 +15,13 @@ from system.config.rollout import RolloutConfig
 class RunConfig(StrictModel):
     seed: int = 0
     """Seed of every random generator of the run."""
-    max_steps: int = Field(default=60, ge=1)
+    max_steps: int = Field(default=150, ge=1)
     """Learner steps (policy versions) to train."""
     output_dir: str = "runs/default"
     """Run directory: config, metrics, dumps, report, checkpoints."""
-    prompts_per_step: int = Field(default=16, ge=1)
+    prompts_per_step: int = Field(default=64, ge=1)
     """Prompts per training batch; the batch holds ``prompts_per_step * rollout.group_size`` sequences."""
-    checkpoint_every: int = Field(default=20, ge=0)
+    checkpoint_every: int = Field(default=50, ge=0)
     """Save a checkpoint every this many steps (and at the end); 0 = only at the end."""
     model: ModelConfig = Field(default_factory=TinyModelConfig)
     """The policy model."""

@@ -1,1 +1,1 @@
-"""Prompt sources: the synthetic arithmetic task and GSM8K-style files, behind one protocol."""
+"""Prompts and their flow: prompt sources (synthetic arithmetic, GSM8K files), the sampler, the buffer."""

@@ -90,7 +90,7 @@ class LearnerCore:
         """
         shard = shard_tensors(batch_shard, self.device)
         old_BT = self._proximal_for(batch_shard, proximal_logp)
-        w_BT = torch.as_tensor(np.asarray(weights, dtype=np.float32), device=self.device)
+        w_BT = torch.tensor(np.asarray(weights, dtype=np.float32), device=self.device)
         metrics: dict[str, float] = {}
         for _ in range(self.cfg.updates_per_batch):
             metrics = train_step(

@@ -1,0 +1,215 @@
+"""Ray Jobs for ``aisrl``: submit ``aisrl train`` to a running cluster, then watch, stop or read the job.
+
+``submit`` resolves and validates the config here first (nothing is sent when it is invalid),
+copies the project (without ``.venv``, ``runs``, ``wandb``, ``.git``, caches) into a staging
+directory together with the resolved config as ``aisrl_job_config.json``, and submits
+``aisrl train aisrl_job_config.json`` with that directory as the job's working directory, so
+the cluster runs exactly the config that was validated.
+
+Secrets never travel with the job: the runtime environment's ``env_vars`` (visible in the Jobs
+API and its logs) and the shipped config must not carry ``WANDB_API_KEY`` or any other key,
+token or password; the cluster provides them (a Kubernetes secret, the nodes' environment).
+
+Token authentication (Ray >= 2.52, on by default for new clusters in 2.60): the client sends
+``Authorization: Bearer <token>`` with the token Ray itself would use, in Ray's precedence:
+``$RAY_AUTH_TOKEN``, then the file ``$RAY_AUTH_TOKEN_PATH``, then ``~/.ray/auth_token``.
+``RAY_AUTH_MODE=disabled`` in the client's environment sends none.
+"""
+
+import asyncio
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import TextIO
+from urllib.parse import urlparse
+
+from ray.exceptions import AuthenticationError
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+from system.config import RunConfig, dump_config, resolve_config
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_CONFIG = "aisrl_job_config.json"
+"""The resolved config's file name in the job's working directory (the entry point's preset)."""
+ROOT_EXCLUDES = frozenset({".venv", "venv", ".git", "runs", "wandb", "build", "dist", ".cache", ".whl", ".gl"})
+"""Top-level entries of the project that are never shipped."""
+ANYWHERE_EXCLUDES = ("__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache", ".mypy_cache",
+                     ".hypothesis", "*.egg-info", ".env", ".env.*", ".netrc", ".DS_Store")
+"""Names never shipped at any depth (caches, and files that usually hold credentials)."""
+SECRET_ENV_VARS = frozenset({"WANDB_API_KEY", "RAY_AUTH_TOKEN", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+SECRET_MARKERS = ("API_KEY", "TOKEN", "SECRET", "PASSWORD")
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
+
+
+class JobError(RuntimeError):
+    """A submission or Jobs API failure, worded for the user (names the address or the field)."""
+
+
+# -- authentication and the client ---------------------------------------------------------------
+
+def find_auth_token() -> str | None:
+    """The cluster token as Ray looks it up, or None (none found, or ``RAY_AUTH_MODE=disabled``)."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise JobError(f"RAY_AUTH_TOKEN_PATH={path}: cannot read the token file: {exc}") from None
+        if not token:
+            raise JobError(f"RAY_AUTH_TOKEN_PATH={path}: the token file is empty")
+        return token
+    default = Path.home() / ".ray" / "auth_token"
+    if not default.is_file():
+        return None
+    return default.read_text().strip() or None
+
+
+def check_address(address: str) -> str:
+    """The dashboard URL of the cluster (``http(s)://host:port``), without a trailing slash."""
+    parsed = urlparse(address)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise JobError(f"--address {address!r}: expected the cluster's dashboard URL, e.g. http://127.0.0.1:8265")
+    return address.rstrip("/")
+
+
+@contextmanager
+def job_api(address: str) -> Iterator[JobSubmissionClient]:
+    """A Jobs API client that sends the token; errors come out as :class:`JobError`."""
+    token = find_auth_token()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        yield JobSubmissionClient(check_address(address), headers=headers)
+    except AuthenticationError as exc:
+        hint = "" if token else " (no token found: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)"
+        raise JobError(f"{address}: authentication failed{hint}: {exc.message.splitlines()[0]}") from None
+    except ConnectionError as exc:
+        raise JobError(f"{address}: cannot reach the Ray Jobs API: {exc}") from None
+    except RuntimeError as exc:  # the SDK's wording for HTTP errors (unknown job id, ...)
+        if isinstance(exc, JobError):
+            raise
+        raise JobError(f"{address}: {exc}") from None
+
+
+# -- what is shipped -----------------------------------------------------------------------------
+
+def resolve_for_cluster(presets: list[str], overrides: list[str]) -> RunConfig:
+    """Validate presets + overrides; a config with no ``ray.address`` joins the job's cluster (``auto``)."""
+    cfg = resolve_config(presets, overrides)
+    if cfg.ray.address is None:
+        cfg = resolve_config(presets, [*overrides, "ray.address=auto"])
+    return cfg
+
+
+def _ignore(root: Path):
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skip = {n for n in names if any(fnmatch(n, pattern) for pattern in ANYWHERE_EXCLUDES)}
+        if Path(directory) == root:
+            skip |= ROOT_EXCLUDES.intersection(names)
+        return skip
+    return ignore
+
+
+def stage_working_dir(cfg: RunConfig, staging: Path, project: Path = PROJECT_ROOT) -> Path:
+    """Copy the project into ``staging`` (minus the excludes) and write the resolved config there."""
+    if not (project / "pyproject.toml").is_file():
+        raise JobError(f"{project}: not an aisrl source checkout (no pyproject.toml); submit from a checkout")
+    shutil.copytree(project, staging, ignore=_ignore(project), symlinks=True, dirs_exist_ok=True)
+    (staging / SHIPPED_CONFIG).write_text(dump_config(cfg))
+    return staging
+
+
+def check_no_secrets(runtime_env: dict, config_text: str) -> None:
+    """Refuse a runtime env or config that would publish a credential through the Jobs API."""
+    for name in runtime_env.get("env_vars") or {}:
+        if name in SECRET_ENV_VARS or any(m in name.upper() for m in SECRET_MARKERS):
+            raise JobError(f"runtime_env.env_vars.{name}: secrets must not be sent with the job; "
+                           "the cluster must provide them (Kubernetes secret or node environment)")
+    for name in SECRET_ENV_VARS:
+        value = os.environ.get(name, "")
+        if len(value) >= 8 and value in config_text:
+            raise JobError(f"the resolved config contains the value of ${name}; remove it from the presets/overrides")
+
+
+def build_runtime_env(working_dir: Path, stop_wait_s: int) -> dict:
+    """The job's runtime env: the staged working dir, and how long ``job stop`` waits after SIGTERM."""
+    env = {"working_dir": str(working_dir), "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_s)}}
+    check_no_secrets(env, (working_dir / SHIPPED_CONFIG).read_text())
+    return env
+
+
+def entrypoint(dry_run: bool = False) -> str:
+    """The command the cluster runs in the job's working directory."""
+    return f"aisrl train{' --dry-run' if dry_run else ''} {SHIPPED_CONFIG}"
+
+
+# -- the Jobs API --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    entrypoint: str
+    runtime_env: dict
+
+
+def submit(address: str, cfg: RunConfig, staging: Path, *, dry_run: bool = False, stop_wait_s: int = 120) -> Submitted:
+    """Stage the working dir in ``staging`` (an empty directory), submit, return the job id."""
+    address = check_address(address)
+    runtime_env = build_runtime_env(stage_working_dir(cfg, staging), stop_wait_s)
+    command = entrypoint(dry_run)
+    metadata = {"aisrl.output_dir": cfg.output_dir, "aisrl.max_steps": str(cfg.max_steps)}
+    with job_api(address) as client:
+        job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata=metadata)
+    return Submitted(job_id, command, runtime_env)
+
+
+def status(address: str, job_id: str) -> tuple[JobStatus, str]:
+    """The job's status and the Jobs API's message about it."""
+    with job_api(address) as client:
+        info = client.get_job_info(job_id)
+    return info.status, info.message or ""
+
+
+def logs(address: str, job_id: str) -> str:
+    with job_api(address) as client:
+        return client.get_job_logs(job_id)
+
+
+def stop(address: str, job_id: str, timeout_s: float = 60.0) -> JobStatus:
+    """Ask the job to stop (SIGTERM, SIGKILL after its ``RAY_JOB_STOP_WAIT_TIME_S``); wait for the end."""
+    with job_api(address) as client:
+        client.stop_job(job_id)
+    return wait(address, job_id, timeout_s)
+
+
+def wait(address: str, job_id: str, timeout_s: float, poll_s: float = 0.5) -> JobStatus:
+    """Poll until the job is SUCCEEDED, FAILED or STOPPED; raise JobError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    with job_api(address) as client:
+        while (current := client.get_job_status(job_id)) not in TERMINAL:
+            if time.monotonic() > deadline:
+                raise JobError(f"job {job_id} still {current} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+    return current
+
+
+def follow(address: str, job_id: str, out: TextIO = sys.stdout) -> JobStatus:
+    """Stream the job's logs to ``out`` until it ends; return its final status."""
+    with job_api(address) as client:
+        asyncio.run(_tail(client, job_id, out))
+    return wait(address, job_id, timeout_s=60.0)
+
+
+async def _tail(client: JobSubmissionClient, job_id: str, out: TextIO) -> None:
+    async for chunk in client.tail_job_logs(job_id):
+        out.write(chunk)
+        out.flush()
