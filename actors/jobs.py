@@ -53,12 +53,12 @@ class JobError(RuntimeError):
 
 # -- authentication and the client ---------------------------------------------------------------
 
-def find_auth_token() -> str | None:
-    """The cluster token as Ray looks it up, or None (none found, or ``RAY_AUTH_MODE=disabled``)."""
+def find_auth_token() -> tuple[str | None, str]:
+    """The cluster token as Ray looks it up, and where it came from (for error messages)."""
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
-        return None
+        return None, "no token sent: RAY_AUTH_MODE=disabled"
     if os.environ.get("RAY_AUTH_TOKEN", "").strip():
-        return os.environ["RAY_AUTH_TOKEN"].strip()
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "token from $RAY_AUTH_TOKEN"
     path = os.environ.get("RAY_AUTH_TOKEN_PATH")
     if path:
         try:
@@ -67,11 +67,11 @@ def find_auth_token() -> str | None:
             raise JobError(f"RAY_AUTH_TOKEN_PATH={path}: cannot read the token file: {exc}") from None
         if not token:
             raise JobError(f"RAY_AUTH_TOKEN_PATH={path}: the token file is empty")
-        return token
+        return token, f"token from {path}"
     default = Path.home() / ".ray" / "auth_token"
-    if not default.is_file():
-        return None
-    return default.read_text().strip() or None
+    if default.is_file() and default.read_text().strip():
+        return default.read_text().strip(), f"token from {default}"
+    return None, "no token found: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
 
 
 def check_address(address: str) -> str:
@@ -85,13 +85,13 @@ def check_address(address: str) -> str:
 @contextmanager
 def job_api(address: str) -> Iterator[JobSubmissionClient]:
     """A Jobs API client that sends the token; errors come out as :class:`JobError`."""
-    token = find_auth_token()
+    token, source = find_auth_token()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         yield JobSubmissionClient(check_address(address), headers=headers)
     except AuthenticationError as exc:
-        hint = "" if token else " (no token found: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)"
-        raise JobError(f"{address}: authentication failed{hint}: {exc.message.splitlines()[0]}") from None
+        server_says = " ".join(exc.message.split("\n\n")[0].split())  # e.g. "Authentication failed: Forbidden: ..."
+        raise JobError(f"{address}: authentication failed ({source}). {server_says}") from None
     except ConnectionError as exc:
         raise JobError(f"{address}: cannot reach the Ray Jobs API: {exc}") from None
     except RuntimeError as exc:  # the SDK's wording for HTTP errors (unknown job id, ...)
