@@ -21,6 +21,7 @@ import numpy as np
 import ray
 
 from actors.rollout_pool import RolloutPool, WorkerSlot
+from actors.weight_sync import WeightTransport
 from system.config import RunConfig
 from system.data.buffer import TrajectoryBuffer
 from system.data.sampler import PromptSampler
@@ -31,8 +32,9 @@ class RolloutLoop:
     """Keeps every admitted worker generating; owns every call made to the workers."""
 
     def __init__(self, cfg: RunConfig, pool: RolloutPool, sampler: PromptSampler,
-                 buffer: TrajectoryBuffer, state: "SharedState") -> None:
+                 buffer: TrajectoryBuffer, state: "SharedState", transport: WeightTransport) -> None:
         self.cfg, self.pool, self.sampler, self.buffer, self.state = cfg, pool, sampler, buffer, state
+        self.transport = transport
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="rollout-loop", daemon=True)
@@ -52,7 +54,7 @@ class RolloutLoop:
         version, ref = self.state.published
         for slot in self.pool.slots.values():
             if slot.policy_version < version:
-                slot.handle.update_weights.remote(ref)
+                self.transport.push(slot.handle, ref)
                 slot.policy_version = version
 
     def _inflight_prompts(self) -> int:

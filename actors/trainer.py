@@ -23,6 +23,7 @@ from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup
 from actors.placement import plan_placement
 from actors.rollout_pool import RolloutPool
+from actors.weight_sync import ObjectStoreTransport
 from system import run_state
 from system.config import RunConfig, dump_config
 from system.data.buffer import TrajectoryBuffer
@@ -73,10 +74,11 @@ class Trainer:
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"])
         self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
+        self.transport = ObjectStoreTransport()
         published = (0, None)
         if self.ckpt is not None:
             self._restore(saved)
-            published = (self.step, self.learners.export_weights())
+            published = (self.step, self.transport.publish(self.learners, self.step))
         self.state = SharedState(self.step, published)
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"])
         started = self.pool.start(cfg.rollout.num_workers)
@@ -84,7 +86,7 @@ class Trainer:
         log.warning("rollout workers up: requested %s, running %s", cfg.rollout.quantization, schemes)
         (self.run_dir / "rollout_workers.json").write_text(
             json.dumps({"requested": cfg.rollout.quantization, "running": schemes}, indent=1))
-        self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state)
+        self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
 
     def _restore(self, saved: dict) -> None:
         version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
@@ -141,7 +143,7 @@ class Trainer:
         norms = loss_normalisers(arrays["response_mask"], arrays["rollout_logp"], arrays["train_logp"])
         learner_metrics = self.learners.train_step(batch_ref, ray.put(weights), norms)
         t4 = time.perf_counter()
-        self.state.publish(version + 1, self.learners.export_weights())
+        self.state.publish(version + 1, self.transport.publish(self.learners, version + 1))
         t5 = time.perf_counter()
         with self.state.cond:
             self.sampler.mark_trained([g.prompt.prompt_id for g in groups])

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -181,10 +182,10 @@ def test_job_stop_ends_a_long_job_with_sigterm_first(head, tmp_path):
     script = ("import signal, sys, time\n"
               "def bye(*_):\n    print('SIGTERM: clean exit', flush=True); sys.exit(0)\n"
               "signal.signal(signal.SIGTERM, bye); print('long job started', flush=True); time.sleep(600)\n")
-    job_id = client.submit_job(entrypoint=f"python -c {json.dumps(script)}",
+    job_id = client.submit_job(entrypoint=f"python -c {shlex.quote(script)}",
                                runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "30"}})
     deadline = time.monotonic() + 60
-    while "long job started" not in client.get_job_logs(job_id):
+    while not re.search(r"^long job started$", client.get_job_logs(job_id), flags=re.M):
         assert time.monotonic() < deadline and client.get_job_status(job_id) in ("PENDING", "RUNNING")
         time.sleep(0.5)
 
@@ -192,7 +193,7 @@ def test_job_stop_ends_a_long_job_with_sigterm_first(head, tmp_path):
     out = aisrl("job", "stop", job_id, "--address", head.url, token=head.token, home=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == f"{job_id} STOPPED", out.stdout + out.stderr
     assert time.monotonic() - t0 < 25  # ended on SIGTERM, not after the 30 s SIGKILL wait
-    assert "SIGTERM: clean exit" in client.get_job_logs(job_id)
+    assert re.search(r"^SIGTERM: clean exit$", client.get_job_logs(job_id), flags=re.M)
 
 
 @pytest.mark.ray

@@ -10,8 +10,8 @@ token loops of ``row_sums_kernel``. Here, with k = round(x / ln 2) and r the red
 
 2**k is built from its bits. Both results are within 2 ulp of the correctly rounded value
 (measured: 2.6e-16 relative on [-20, 20] and on tiny arguments, see
-``tests/test_correction_kernels.py``). These helpers are compiled without fast-math flags,
-so the callers' reassociation of their sums never reorders the arithmetic here.
+``tests/test_correction_kernels.py``). They are inlined into their callers, which must not
+use fast-math flags: reassociation would undo the Cody-Waite split and ``expm1``.
 """
 
 import math
@@ -51,7 +51,7 @@ def bits_of_float(typingctx, value):
     return sig, codegen
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _reduced(x):
     """(k, expm1(r)) with x = k ln 2 + r and k an integer (as int64), for |x| <= 1100."""
     k = math.floor(x * _INV_LN2 + 0.5)
@@ -62,13 +62,13 @@ def _reduced(x):
     return np.int64(k), r + r * r * q
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _power_of_two(k):
     """2.0**k for an integer -1022 <= k <= 1023, from its bits."""
     return float_from_bits((k + 1023) << 52)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def exp_and_expm1(x):
     """(exp(x), expm1(x)) for a finite |x| <= 700 (callers clamp the log-ratio to +-20)."""
     k, p = _reduced(x)
@@ -76,7 +76,7 @@ def exp_and_expm1(x):
     return scale * p + scale, scale * p + (scale - 1.0)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def exp_any(x):
     """exp(x) for any non-NaN x, +-inf included: underflows to 0 and overflows to +inf like libm.
 

@@ -1,0 +1,133 @@
+"""The columns of ``row_sums`` and the valid mask in one fused pass over (mu, old, mask), on CPU (numba).
+
+One parallel task per response. Its tokens go by chunks of ``CHUNK``: a vectorised loop
+reads mu, old and the mask once, writes ``valid`` and stores every token's summands in a
+small scratch block that stays in L1; a second loop adds each row of the block to its
+column sum. No [B, T] temporary is written.
+
+Numerics: every summand is computed in float64 by ``_token_terms`` in a function without
+fast-math flags (``vector_exp`` gives ``exp`` and ``expm1`` within 2 ulp). Only
+``_add_block`` may reassociate (``reassoc``): LLVM needs that to vectorise a floating-point
+sum, and reordering a plain sum of stored values is harmless, whereas letting it reorder
+``e - dc`` or the Cody-Waite reduction would not be. max and min are taken on the IEEE bits
+as integers, which vectorises without assuming the absence of NaN.
+
+Inputs: float32 or float64 mu and old, bool mask, all C-contiguous [B, T] numpy arrays.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from system.correction.row_sums import COLUMNS, LOG_2, LOG_5, LOG_RATIO_CLAMP
+from system.correction.vector_exp import bits_of_float, exp_and_expm1, exp_any, float_from_bits
+
+CHUNK = 128
+"""Tokens per scratch block: 20 summands x 128 x 8 bytes = 20 KiB, inside L1."""
+
+_NOT_SIGN = np.int64(0x7FFFFFFFFFFFFFFF)
+_INF_KEY = np.int64(0x7FF0000000000000)  # ordered_bits(+inf)
+_SUMMED = 20  # COLUMNS except max_abs_d, min_d, ref_mu, ref_old
+assert len(COLUMNS) == _SUMMED + 4
+
+
+@njit(cache=True, inline="always")
+def ordered_bits(x):
+    """An int64 that orders like the float64 x (either sign); the map is its own inverse on bits."""
+    bits = bits_of_float(x)
+    return bits ^ ((bits >> 63) & _NOT_SIGN)
+
+
+@njit(cache=True, inline="always")
+def _from_ordered(key):
+    """The float64 of an ``ordered_bits`` key."""
+    return float_from_bits(key ^ ((key >> 63) & _NOT_SIGN))
+
+
+@njit(cache=True)
+def _first_valid(mu_T, old_T, mask_T):
+    """(mu, old) of the first valid token, (0, 0) without one."""
+    for t in range(mu_T.shape[0]):
+        m, o = np.float64(mu_T[t]), np.float64(old_T[t])
+        if mask_T[t] and abs(o - m) < math.inf:
+            return m, o
+    return 0.0, 0.0
+
+
+@njit(cache=True, inline="always")
+def _token_terms(m0, o0, in_mask, ref_m, ref_o, block, c):
+    """Store one token's summands in column c of ``block``; return (valid, |d|, d or +inf)."""
+    finite = abs(o0 - m0) < math.inf  # False for NaN and +-inf
+    valid = in_mask and finite
+    m = m0 if valid else 0.0
+    o = o0 if valid else 0.0
+    d = o - m
+    dc = min(max(d, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
+    rho, e = exp_and_expm1(dc)
+    a = abs(d)
+    y_m = m - ref_m if valid else 0.0
+    y_o = o - ref_o if valid else 0.0
+    block[0, c] = 1.0 if valid else 0.0
+    block[1, c] = 1.0 if (in_mask and not finite) else 0.0
+    block[2, c] = dc
+    block[3, c] = d
+    block[4, c] = dc * dc
+    block[5, c] = e - dc
+    block[6, c] = e * (e + 2.0)
+    block[7, c] = rho if valid else 0.0
+    block[8, c] = rho * rho if valid else 0.0
+    block[9, c] = a
+    block[10, c] = 1.0 if a > LOG_2 else 0.0
+    block[11, c] = 1.0 if a > LOG_5 else 0.0
+    block[12, c] = exp_any(max(m, o)) * abs(e) / max(1.0, rho)
+    block[13, c] = y_m
+    block[14, c] = y_m * y_m
+    block[15, c] = y_o
+    block[16, c] = y_o * y_o
+    block[17, c] = y_m * y_o
+    block[18, c] = 1.0 if y_m != 0.0 else 0.0
+    block[19, c] = 1.0 if y_o != 0.0 else 0.0
+    return valid, a, d if valid else math.inf
+
+
+@njit(cache=True, fastmath={"reassoc", "nsz"})
+def _add_block(block, num, sums):
+    """sums[k] += sum of block[k, :num], vectorised (the only reassociated arithmetic)."""
+    for k in range(block.shape[0]):
+        total = 0.0
+        for c in range(num):
+            total += block[k, c]
+        sums[k] += total
+
+
+@njit(cache=True)
+def _one_row(mu_T, old_T, mask_T, valid_T, out_K):
+    ref_m, ref_o = _first_valid(mu_T, old_T, mask_T)
+    block = np.empty((_SUMMED, CHUNK))
+    sums = np.zeros(_SUMMED)
+    max_bits, min_key = np.int64(0), _INF_KEY
+    for start in range(0, mu_T.shape[0], CHUNK):
+        num = min(CHUNK, mu_T.shape[0] - start)
+        for c in range(num):
+            t = start + c
+            valid, a, d = _token_terms(
+                np.float64(mu_T[t]), np.float64(old_T[t]), mask_T[t], ref_m, ref_o, block, c
+            )
+            valid_T[t] = valid
+            max_bits = max(max_bits, bits_of_float(a))  # a >= 0: bits order like values
+            min_key = min(min_key, ordered_bits(d))
+        _add_block(block, num, sums)
+    out_K[:10] = sums[:10]
+    out_K[10] = float_from_bits(max_bits)
+    out_K[11] = _from_ordered(min_key)
+    out_K[12:15] = sums[10:13]
+    out_K[15], out_K[16] = ref_m, ref_o
+    out_K[17:] = sums[13:]
+
+
+@njit(cache=True, parallel=True)
+def row_sums_kernel(mu_BT, old_BT, mask_BT, valid_BT, out_BK):
+    """Fill ``valid_BT`` (bool [B, T]) and ``out_BK`` (float64 [B, K]) from mu, old and mask."""
+    for i in prange(mu_BT.shape[0]):
+        _one_row(mu_BT[i], old_BT[i], mask_BT[i], valid_BT[i], out_BK[i])

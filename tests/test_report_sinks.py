@@ -1,0 +1,72 @@
+"""Metric sinks: JSONL records, the run logger's one-record-per-step merge, and W&B that never
+stops training (offline files written; an unreachable server is said once and skipped)."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from system.config.report import ReportConfig, WandbConfig
+from system.report.run_logger import RunLogger, worst_sequences_table
+from system.report.sinks import JsonlSink
+from system.report.wandb_sink import WandbSink
+
+
+def test_jsonl_sink_writes_null_for_non_finite(tmp_path):
+    sink = JsonlSink(tmp_path / "m.jsonl")
+    sink.log(3, {"a": 1.5, "b": float("nan"), "c": np.float32(2.0), "d": None})
+    sink.close()
+    assert json.loads((tmp_path / "m.jsonl").read_text()) == {"step": 3, "a": 1.5, "b": None, "c": 2.0, "d": None}
+
+
+def test_run_logger_merges_streamed_and_final_metrics_into_one_record(tmp_path):
+    cfg = ReportConfig(dump_every=2, wandb=WandbConfig(mode="disabled"))
+    logger = RunLogger(tmp_path, cfg, {"seed": 0})
+    logger.stream(1, {"mismatch/kl_k1": 0.01})
+    record = logger.finish_step(1, {"reward/mean": 0.5})
+    logger.finish_step(2, {"reward/mean": 0.6})
+    logger.close()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert record == {"mismatch/kl_k1": 0.01, "reward/mean": 0.5}
+    assert lines == [{"step": 1, "mismatch/kl_k1": 0.01, "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.6}]
+    assert [logger.should_dump(s) for s in (1, 2, 3, 4)] == [False, True, False, True]
+
+
+def test_worst_sequences_table_orders_by_mean_abs_diff():
+    arrays = {
+        "rollout_logp": np.array([[-1.0, -1.0], [-1.0, -1.0], [-1.0, 0.0]], np.float32),
+        "train_logp": np.array([[-1.1, -1.1], [-3.0, -1.0], [-1.0, 0.0]], np.float32),
+        "response_mask": np.array([[1, 1], [1, 1], [1, 0]], bool),
+        "uid": np.array(["a", "b", "c"]),
+    }
+    cols, rows = worst_sequences_table(arrays)
+    # mean |d|: a = 0.1, b = (2 + 0) / 2 = 1.0, c = 0.
+    assert [r[0] for r in rows] == ["b", "a", "c"]
+    assert rows[0][cols.index("mean_abs_diff")] == pytest.approx(1.0)
+
+
+def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sink = WandbSink("offline", "aisrl-test", tmp_path, {"seed": 0})
+    assert sink.run is not None and not sink.failed
+    sink.log(1, {"reward/mean": 0.5, "missing": None})
+    sink.log_histogram(1, "ratio", np.exp(np.random.default_rng(0).normal(0, 0.1, 500)))
+    sink.log_table(1, "worst", ["uid", "x"], [["a", 1.0]])
+    sink.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_wandb_unreachable_is_said_once_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # closed loopback port
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    with caplog.at_level(logging.WARNING):
+        sink = WandbSink("online", "aisrl-test", tmp_path, {"seed": 0})
+        sink.log(1, {"reward/mean": 0.5})
+        sink.log_histogram(1, "ratio", np.ones(3))
+        sink.close()
+    assert sink.failed and sink.run is None
+    assert sum("W&B failed" in r.message for r in caplog.records) == 1
