@@ -62,9 +62,8 @@ def test_wandb_unreachable_is_said_once_and_training_goes_on(tmp_path, monkeypat
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # closed loopback port
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
     with caplog.at_level(logging.WARNING):
-        sink = WandbSink("online", "aisrl-test", tmp_path, {"seed": 0})
+        sink = WandbSink("online", "aisrl-test", tmp_path, {"seed": 0}, init_timeout_s=5)
         sink.log(1, {"reward/mean": 0.5})
         sink.log_histogram(1, "ratio", np.ones(3))
         sink.close()

@@ -16,6 +16,8 @@ class WandbConfig(StrictModel):
     """W&B entity (team or user); unset = the key's default."""
     run_name: str | None = None
     """Run name; unset = the run directory's name."""
+    init_timeout_s: float = Field(default=30.0, gt=0.0)
+    """Give up starting W&B after this long (training goes on without it)."""
 
 
 class ReportConfig(StrictModel):

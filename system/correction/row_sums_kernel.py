@@ -28,6 +28,7 @@ CHUNK = 128
 
 _NOT_SIGN = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF_KEY = np.int64(0x7FF0000000000000)  # ordered_bits(+inf)
+_GAP_BEYOND = -math.expm1(-LOG_RATIO_CLAMP)  # 1 - exp(-20)
 _SUMMED = 20  # COLUMNS except max_abs_d, min_d, ref_mu, ref_old
 assert len(COLUMNS) == _SUMMED + 4
 
@@ -80,7 +81,8 @@ def _token_terms(m0, o0, in_mask, ref_m, ref_o, block, c):
     block[9, c] = a
     block[10, c] = 1.0 if a > LOG_2 else 0.0
     block[11, c] = 1.0 if a > LOG_5 else 0.0
-    block[12, c] = exp_any(max(m, o)) * abs(e) / max(1.0, rho)
+    beyond = d > LOG_RATIO_CLAMP  # exp(mu) * expm1(dc) would miss the gap: use exp(old) instead
+    block[12, c] = exp_any(o if beyond else m) * (_GAP_BEYOND if beyond else abs(e))
     block[13, c] = y_m
     block[14, c] = y_m * y_m
     block[15, c] = y_o
@@ -101,7 +103,7 @@ def _add_block(block, num, sums):
         sums[k] += total
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath={"contract"})
 def _one_row(mu_T, old_T, mask_T, valid_T, out_K):
     ref_m, ref_o = _first_valid(mu_T, old_T, mask_T)
     block = np.empty((_SUMMED, CHUNK))

@@ -25,7 +25,7 @@ class RunLogger:
         self.jsonl = JsonlSink(self.run_dir / "metrics.jsonl")
         w = cfg.wandb
         self.wandb = WandbSink(w.mode, w.project, self.run_dir, run_config, entity=w.entity,
-                               name=w.run_name, resume_id=wandb_run_id)
+                               name=w.run_name, resume_id=wandb_run_id, init_timeout_s=w.init_timeout_s)
         self.live = FanOutSink([self.wandb, *extra_sinks])
         self._pending: dict[int, dict] = {}
         self.last_dump: Path | None = None

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 class WandbSink(NullSink):
     def __init__(self, mode: str, project: str, run_dir: str | Path, config: dict,
-                 entity: str | None = None, name: str | None = None, resume_id: str | None = None) -> None:
+                 entity: str | None = None, name: str | None = None, resume_id: str | None = None,
+                 init_timeout_s: float = 30.0) -> None:
         self.run = None
         self.failed = False
         if mode == "disabled":
@@ -28,7 +29,7 @@ class WandbSink(NullSink):
             self.run = wandb.init(
                 mode=mode, project=project, entity=entity, name=name or Path(run_dir).name,
                 dir=str(run_dir), config=config, id=resume_id, resume="allow" if resume_id else None,
-                settings=wandb.Settings(console="off", x_disable_stats=True),
+                settings=wandb.Settings(console="off", x_disable_stats=True, init_timeout=init_timeout_s),
             )
         except Exception as exc:  # noqa: BLE001 - any W&B failure must leave training running
             self._fail("start", exc)
