@@ -46,11 +46,12 @@ class LearnerRank:
 class LearnerGroup:
     """R ranks, every method called on all of them (the cores' collectives need every rank)."""
 
-    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions) -> None:
+    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=LearnerRank) -> None:
+        """``actor_cls``: the Ray actor class of a rank (a simulated learner in orchestration benchmarks)."""
         port = find_free_port()
         world = cfg.learner.num_ranks
         self.ranks = [
-            LearnerRank.options(**options.actor_options()).remote(cfg, model_dir, r, world, port)
+            actor_cls.options(**options.actor_options()).remote(cfg, model_dir, r, world, port)
             for r in range(world)
         ]
         ray.get([r.policy_version.remote() for r in self.ranks])

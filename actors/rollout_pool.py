@@ -25,8 +25,10 @@ class WorkerSlot:
 
 
 class RolloutPool:
-    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions) -> None:
+    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=RolloutWorker) -> None:
+        """``actor_cls``: the Ray actor class of a worker (a simulated engine in orchestration benchmarks)."""
         self.cfg = cfg
+        self.actor_cls = actor_cls
         self.model_dir = model_dir
         self.options = options
         self.slots: dict[str, WorkerSlot] = {}
@@ -38,7 +40,7 @@ class RolloutPool:
         for _ in range(count):
             wid = f"rollout-{self._next_id}"
             self._next_id += 1
-            handle = RolloutWorker.options(name=None, **self.options.actor_options()).remote(
+            handle = self.actor_cls.options(**self.options.actor_options()).remote(
                 self.cfg, self.model_dir, wid)
             new.append(WorkerSlot(wid, handle))
         infos = ray.get([s.handle.ready.remote() for s in new])

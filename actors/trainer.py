@@ -20,9 +20,10 @@ import torch
 from actors import cluster
 from actors.controller import RolloutLoop, SharedState, lag_stats, take_batch
 from actors.correction_service import CorrectionService
-from actors.learner_worker import LearnerGroup
+from actors.learner_worker import LearnerGroup, LearnerRank
 from actors.placement import plan_placement
 from actors.rollout_pool import RolloutPool
+from actors.rollout_worker import RolloutWorker
 from actors.weight_sync import ObjectStoreTransport
 from system import run_state
 from system.config import RunConfig, dump_config
@@ -52,8 +53,11 @@ def batch_arrays(groups: list[RolloutGroup], batch, proximal_NT: np.ndarray, ver
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
+    def __init__(self, cfg: RunConfig, resume: bool = False, rollout_cls=RolloutWorker, learner_cls=LearnerRank) -> None:
+        """``rollout_cls`` / ``learner_cls``: the actor classes of the two roles (real by default;
+        benchmarks that isolate orchestration overhead pass simulated ones)."""
         self.cfg = cfg
+        self.actor_classes = (rollout_cls, learner_cls)
         self.run_dir = Path(cfg.output_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(dump_config(cfg))
@@ -71,7 +75,7 @@ class Trainer:
         cluster.connect(cfg.ray, num_actors=sum(r.count for r in plan))
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
         self.service = CorrectionService.remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
-        self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"])
+        self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
         self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
         self.transport = ObjectStoreTransport()
@@ -80,7 +84,7 @@ class Trainer:
             self._restore(saved)
             published = (self.step, self.transport.publish(self.learners, self.step))
         self.state = SharedState(self.step, published)
-        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"])
+        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0])
         started = self.pool.start(cfg.rollout.num_workers)
         schemes = {s.worker_id: s.quantization for s in started}
         log.warning("rollout workers up: requested %s, running %s", cfg.rollout.quantization, schemes)
