@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import ray
 import typer
 from rich.console import Console
 
@@ -68,10 +69,33 @@ def train(
         last = trainer.run()
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
+    except (RuntimeError, ray.exceptions.RayError) as exc:
+        console.print(f"[bold red]training failed:[/] {exc}")
+        console.print(f"resume from the last complete checkpoint: aisrl train --resume {cfg.output_dir}")
+        raise typer.Exit(code=1) from None
     finally:
         if trainer is not None:
             trainer.shutdown()
     console.print(f"[green]done[/]: {cfg.max_steps} steps in {cfg.output_dir}; final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {trainer.report_path}")
+
+
+@app.command()
+def scale(
+    run_dir: Path = typer.Argument(..., help="The running job's output_dir (holds control.json)."),
+    workers: int = typer.Option(..., "--workers", min=0, help="Rollout workers to run from now on."),
+    address: str = typer.Option(None, "--address", help="Cluster address (default: the one in control.json)."),
+) -> None:
+    """Change the number of rollout workers of a running job; training continues."""
+    from actors.control import find_control
+
+    try:
+        control = find_control(run_dir, address)
+        ray.get(control.set_workers.remote(workers))
+        status = ray.get(control.status.remote())
+    except ValueError as exc:
+        _fail(str(exc))
+    console.print(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
+                  f"{status.get('workers_ready', '?')} ready now")
 
 
 @app.command()

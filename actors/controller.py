@@ -14,6 +14,7 @@ satisfies ``k - v <= max_lag``. ``max_lag = 0`` is the synchronous on-policy mod
 buffer re-checks the bound at batch time, so no trained sample ever exceeds it.
 """
 
+import logging
 import threading
 import time
 
@@ -27,21 +28,35 @@ from system.data.buffer import TrajectoryBuffer
 from system.data.sampler import PromptSampler
 from system.types import RolloutGroup
 
+log = logging.getLogger(__name__)
+
 
 class RolloutLoop:
-    """Keeps every admitted worker generating; owns every call made to the workers."""
+    """Keeps every admitted worker generating; owns every call made to the workers.
+
+    A worker that dies (its process or node lost) has its in-flight prompts handed back to
+    the sampler, which serves them again under the same ids (a late duplicate result is
+    discarded by the ledger), and a replacement is launched; it receives the current weights
+    before its first generate. ``desired_workers`` can change while the job runs.
+    """
 
     def __init__(self, cfg: RunConfig, pool: RolloutPool, sampler: PromptSampler,
                  buffer: TrajectoryBuffer, state: "SharedState", transport: WeightTransport) -> None:
         self.cfg, self.pool, self.sampler, self.buffer, self.state = cfg, pool, sampler, buffer, state
         self.transport = transport
+        self.desired_workers = cfg.rollout.num_workers
+        self.control = None  # an actors.control.RunControl handle, polled for ``aisrl scale``
+        self._control_ref: ray.ObjectRef | None = None
         self.stop = threading.Event()
         self.error: BaseException | None = None
+        self._last_alive = time.monotonic()
         self.thread = threading.Thread(target=self._run, name="rollout-loop", daemon=True)
 
     def _run(self) -> None:
         try:
             while not self.stop.is_set():
+                self._poll_control()
+                self._reconcile()
                 self._push_weights()
                 self._dispatch()
                 self._collect(timeout=0.05)
@@ -49,6 +64,37 @@ class RolloutLoop:
             self.error = exc
             with self.state.cond:
                 self.state.cond.notify_all()
+
+    def _poll_control(self) -> None:
+        """Adopt the worker count last set with ``aisrl scale`` (one outstanding query at a time)."""
+        if self.control is None:
+            return
+        if self._control_ref is None:
+            self._control_ref = self.control.desired.remote()
+            return
+        done, _ = ray.wait([self._control_ref], timeout=0)
+        if done:
+            desired = ray.get(done[0])
+            if desired != self.desired_workers:
+                log.warning("scaling rollout workers %d -> %d", self.desired_workers, desired)
+            self.desired_workers, self._control_ref = desired, None
+
+    def _reconcile(self) -> None:
+        """Launch or retire workers toward ``desired_workers``; fail if none has been alive too long."""
+        live = len(self.pool.live())
+        if live < self.desired_workers:
+            self.pool.launch(self.desired_workers - live)
+        elif live > self.desired_workers:
+            self.pool.retire(live - self.desired_workers)
+        for slot in [s for s in self.pool.slots.values() if s.retiring and s.inflight is None]:
+            self.pool.remove(slot)
+        if self.pool.ready() or self.desired_workers == 0:
+            self._last_alive = time.monotonic()
+        elif time.monotonic() - self._last_alive > self.cfg.rollout.worker_timeout_s:
+            raise RuntimeError(
+                f"no rollout worker has been alive for {self.cfg.rollout.worker_timeout_s:.0f} s "
+                f"({self.pool.failures} lost); resume later with `aisrl train --resume {self.cfg.output_dir}`"
+            )
 
     def _push_weights(self) -> None:
         version, ref = self.state.published
@@ -78,21 +124,41 @@ class RolloutLoop:
             slot.inflight = slot.handle.generate.remote(prompts, slot.policy_version)
 
     def _collect(self, timeout: float) -> None:
-        refs = [s.inflight for s in self.pool.busy()]
+        refs = self.pool.pending_refs()
         if not refs:
             time.sleep(timeout)
             return
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         for ref in ready:
             slot = self.pool.by_ref(ref)
-            groups: list[RolloutGroup] = ray.get(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self._worker_lost(slot, exc)
+                continue
+            if ref == slot.starting:
+                self.pool.mark_ready(slot, result)
+                if self.pool.failures:
+                    self.pool.replacement_seconds.append(time.monotonic() - slot.launched_at)
+                continue
             slot.inflight, slot.inflight_prompts = None, []
-            with self.state.cond:
-                for g in groups:
-                    if self.sampler.mark_generated(g.prompt.prompt_id):
-                        self.buffer.add(g)
-                        self.state.generated_tokens += sum(len(c.response_token_ids) for c in g.completions)
-                self.state.cond.notify_all()
+            self._accept(result)
+
+    def _accept(self, groups: list[RolloutGroup]) -> None:
+        with self.state.cond:
+            for g in groups:
+                if self.sampler.mark_generated(g.prompt.prompt_id):
+                    self.buffer.add(g)
+                    self.state.generated_tokens += sum(len(c.response_token_ids) for c in g.completions)
+            self.state.cond.notify_all()
+
+    def _worker_lost(self, slot: WorkerSlot, exc: BaseException) -> None:
+        log.warning("rollout worker %s lost (%s); re-issuing its %d prompts and replacing it",
+                    slot.worker_id, type(exc).__name__, len(slot.inflight_prompts))
+        with self.state.cond:
+            self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts])
+        self.pool.failures += 1
+        self.pool.slots.pop(slot.worker_id, None)
 
     def drain(self, timeout: float) -> None:
         """Stop dispatching; collect (and account for) what is still in flight."""

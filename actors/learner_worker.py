@@ -43,6 +43,16 @@ class LearnerRank:
         self.core.close()
 
 
+def gather(refs: list[ray.ObjectRef]) -> list:
+    """``ray.get`` of every rank's result that fails as soon as ONE rank fails: the surviving ranks
+    would otherwise wait in a collective for the dead one until the process-group timeout."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)  # raises RayActorError / RayTaskError at once
+    return ray.get(refs)
+
+
 class LearnerGroup:
     """R ranks, every method called on all of them (the cores' collectives need every rank)."""
 
@@ -54,32 +64,38 @@ class LearnerGroup:
             actor_cls.options(**options.actor_options()).remote(cfg, model_dir, r, world, port)
             for r in range(world)
         ]
-        ray.get([r.policy_version.remote() for r in self.ranks])
+        gather([r.policy_version.remote() for r in self.ranks])
 
     def proximal_logprobs(self, batch_ref: ray.ObjectRef) -> np.ndarray:
         """Global ``old[N, T]``: the ranks' shards concatenated in rank order."""
-        return np.concatenate(ray.get([r.compute_proximal_logprobs.remote(batch_ref) for r in self.ranks]))
+        return np.concatenate(gather([r.compute_proximal_logprobs.remote(batch_ref) for r in self.ranks]))
 
     def train_step(self, batch_ref, weights_ref, normalisers: LossNormalisers) -> dict:
-        metrics = ray.get([r.train_step.remote(batch_ref, weights_ref, normalisers) for r in self.ranks])
+        metrics = gather([r.train_step.remote(batch_ref, weights_ref, normalisers) for r in self.ranks])
         return metrics[0]
 
     def export_weights(self) -> ray.ObjectRef:
         """A reference to the full weights (rank 0's payload); the driver never copies them."""
         refs = [r.export_weights.remote() for r in self.ranks]
-        ray.wait(refs, num_returns=len(refs), fetch_local=False)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, fetch_local=False)
+            if done[0] != refs[0]:
+                ray.get(done)  # None on ranks > 0; raises if that rank died
         return refs[0]
 
     def save_checkpoint(self, path: str) -> None:
-        ray.get([r.save_checkpoint.remote(path) for r in self.ranks])
+        gather([r.save_checkpoint.remote(path) for r in self.ranks])
 
     def load_checkpoint(self, path: str) -> int:
-        ray.get([r.load_checkpoint.remote(path) for r in self.ranks])
+        gather([r.load_checkpoint.remote(path) for r in self.ranks])
         return ray.get(self.ranks[0].policy_version.remote())
 
     def shutdown(self) -> None:
         try:
             ray.get([r.close.remote() for r in self.ranks], timeout=30)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # a rank already died (the run is failing): killing them all below is enough
         finally:
             for r in self.ranks:
                 ray.kill(r, no_restart=True)

@@ -1,9 +1,12 @@
-"""The rollout workers of a job: start, replace and resize them; track each one's weights and in-flight call.
+"""The rollout workers of a job: launch, replace, resize; track each one's weights and in-flight call.
 
 Worker calls are all made from the controller's rollout loop, so a weight push queued on a
-worker always runs before the generate call submitted after it (Ray keeps per-caller order).
+worker always runs before the generate call submitted after it (Ray keeps per-caller order,
+and queues calls on an actor that is still starting). A worker is *starting* until its
+``ready`` call returns; a *retiring* worker gets no new prompts and leaves once idle.
 """
 
+import time
 from dataclasses import dataclass, field
 
 import ray
@@ -18,7 +21,10 @@ from system.types import Prompt
 class WorkerSlot:
     worker_id: str
     handle: ray.actor.ActorHandle
+    starting: ray.ObjectRef | None
+    launched_at: float
     policy_version: int = 0
+    quantization: str = ""
     inflight: ray.ObjectRef | None = None
     inflight_prompts: list[Prompt] = field(default_factory=list)
     retiring: bool = False
@@ -33,31 +39,56 @@ class RolloutPool:
         self.options = options
         self.slots: dict[str, WorkerSlot] = {}
         self._next_id = 0
+        self.failures = 0
+        self.replacement_seconds: list[float] = []
 
-    def start(self, count: int) -> list[WorkerSlot]:
-        """Start ``count`` workers (holding the initial weights, version 0) and wait until they are up."""
+    def launch(self, count: int) -> list[WorkerSlot]:
+        """Create ``count`` workers without waiting; each is *starting* until its ``ready`` returns."""
         new = []
         for _ in range(count):
             wid = f"rollout-{self._next_id}"
             self._next_id += 1
-            handle = self.actor_cls.options(**self.options.actor_options()).remote(
-                self.cfg, self.model_dir, wid)
-            new.append(WorkerSlot(wid, handle))
-        infos = ray.get([s.handle.ready.remote() for s in new])
-        for slot, info in zip(new, infos, strict=True):
-            slot.policy_version = info["policy_version"]
-            slot.quantization = info["quantization"]
-            self.slots[slot.worker_id] = slot
+            handle = self.actor_cls.options(**self.options.actor_options()).remote(self.cfg, self.model_dir, wid)
+            slot = WorkerSlot(wid, handle, handle.ready.remote(), time.monotonic())
+            self.slots[wid] = slot
+            new.append(slot)
         return new
 
+    def start(self, count: int) -> list[WorkerSlot]:
+        """Launch ``count`` workers and wait until every one is up (the run's first workers)."""
+        new = self.launch(count)
+        for slot, info in zip(new, ray.get([s.starting for s in new]), strict=True):
+            self.mark_ready(slot, info)
+        return new
+
+    def mark_ready(self, slot: WorkerSlot, info: dict) -> None:
+        slot.starting = None
+        slot.quantization = info["quantization"]
+        slot.policy_version = max(slot.policy_version, info["policy_version"])
+
+    def live(self) -> list[WorkerSlot]:
+        return [s for s in self.slots.values() if not s.retiring]
+
+    def ready(self) -> list[WorkerSlot]:
+        return [s for s in self.slots.values() if s.starting is None]
+
     def idle(self) -> list[WorkerSlot]:
-        return [s for s in self.slots.values() if s.inflight is None and not s.retiring]
+        return [s for s in self.slots.values() if s.starting is None and s.inflight is None and not s.retiring]
 
     def busy(self) -> list[WorkerSlot]:
         return [s for s in self.slots.values() if s.inflight is not None]
 
+    def pending_refs(self) -> list[ray.ObjectRef]:
+        return [r for s in self.slots.values() for r in (s.starting, s.inflight) if r is not None]
+
     def by_ref(self, ref: ray.ObjectRef) -> WorkerSlot:
-        return next(s for s in self.slots.values() if s.inflight == ref)
+        return next(s for s in self.slots.values() if ref in (s.starting, s.inflight))
+
+    def retire(self, count: int) -> None:
+        """Mark ``count`` workers retiring, idle and starting ones first."""
+        order = sorted(self.live(), key=lambda s: (s.inflight is not None, s.starting is None))
+        for slot in order[:count]:
+            slot.retiring = True
 
     def remove(self, slot: WorkerSlot) -> None:
         self.slots.pop(slot.worker_id, None)

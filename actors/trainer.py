@@ -18,6 +18,7 @@ import ray
 import torch
 
 from actors import cluster
+from actors.control import create_control
 from actors.controller import RolloutLoop, SharedState, lag_stats, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
@@ -91,6 +92,8 @@ class Trainer:
         (self.run_dir / "rollout_workers.json").write_text(
             json.dumps({"requested": cfg.rollout.quantization, "running": schemes}, indent=1))
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
+        self.control = create_control(self.run_dir, cfg.rollout.num_workers)
+        self.rollout.control = self.control
 
     def _restore(self, saved: dict) -> None:
         version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
@@ -164,7 +167,11 @@ class Trainer:
             "throughput/learner_tokens_per_s": tokens / max(t5 - t0, 1e-9),
             "throughput/rollout_tokens_per_s": self._rollout_rate(),
             "tokens/trained": tokens,
+            "rollout/workers_ready": len(self.pool.ready()), "rollout/worker_failures": self.pool.failures,
         }
+        self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,
+                                    "workers_ready": metrics["rollout/workers_ready"],
+                                    "reward/mean": metrics["reward/mean"]})
         return ray.get(self.service.finish_step.remote(self.step, metrics))
 
     def _rollout_rate(self) -> float:
@@ -202,6 +209,12 @@ class Trainer:
         self.report_path = report
 
     def shutdown(self) -> None:
+        rollout = getattr(self, "rollout", None)
+        if rollout is not None and rollout.thread.is_alive():
+            rollout.stop.set()
+            rollout.thread.join(timeout=30)
+        if getattr(self, "control", None) is not None:
+            ray.kill(self.control, no_restart=True)
         for part in ("pool", "learners"):
             obj = getattr(self, part, None)
             if obj is not None:

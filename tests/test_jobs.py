@@ -2,8 +2,8 @@
 
 The head is this module's own: ``ray start --head --block`` in a new process group, every port
 on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), its own ``--temp-dir`` and a random
-token (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``; ``~/.ray/auth_token`` is never read or
-written). Teardown signals only that process group (then any process still running in the temp
+token (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``, which takes precedence over
+``~/.ray/auth_token``: that file is neither read nor written). Teardown signals only that process group (then any process still running in the temp
 dir, by pid) and removes the temp dir; never ``ray stop``.
 
 The CLI runs as a subprocess, so its token lookup sees exactly the environment a test gives it.
@@ -62,7 +62,7 @@ def head_env(token: str, tmp: Path) -> dict:
     return {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "AISRL_CACHE_DIR": str(tmp / "models"),
-            "WANDB_MODE": "offline", "HOME": str(tmp / "home")}
+            "WANDB_MODE": "offline"}
 
 
 def start_head(tmp: Path, token: str) -> tuple[subprocess.Popen, str]:
@@ -71,7 +71,6 @@ def start_head(tmp: Path, token: str) -> tuple[subprocess.Popen, str]:
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
            f"--dashboard-agent-listen-port={agent}", "--num-cpus=2", "--disable-usage-stats",
            f"--temp-dir={tmp / 'ray'}"]
-    (tmp / "home").mkdir()
     log = open(tmp / "head.log", "w")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(cmd, env=head_env(token, tmp), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -38,5 +38,7 @@ class RolloutConfig(StrictModel):
     """Longest response, in tokens (the tiny task's answers take at most ``num_digits + 2``)."""
     prompts_per_call: int = Field(default=32, ge=1)
     """Prompts a worker generates for in one call."""
+    worker_timeout_s: float = Field(default=120.0, gt=0.0)
+    """Fail the run when no rollout worker has been alive for this long (lost workers are replaced meanwhile)."""
     engine: EngineConfig = Field(default_factory=VLLMEngineConfig)
     """The inference engine."""

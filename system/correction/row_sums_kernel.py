@@ -69,27 +69,27 @@ def _token_terms(m0, o0, in_mask, ref_m, ref_o, block, c):
     a = abs(d)
     y_m = m - ref_m if valid else 0.0
     y_o = o - ref_o if valid else 0.0
-    block[0, c] = 1.0 if valid else 0.0
-    block[1, c] = 1.0 if (in_mask and not finite) else 0.0
-    block[2, c] = dc
-    block[3, c] = d
-    block[4, c] = dc * dc
-    block[5, c] = e - dc
-    block[6, c] = e * (e + 2.0)
-    block[7, c] = rho if valid else 0.0
-    block[8, c] = rho * rho if valid else 0.0
-    block[9, c] = a
-    block[10, c] = 1.0 if a > LOG_2 else 0.0
-    block[11, c] = 1.0 if a > LOG_5 else 0.0
+    block[0, c] += 1.0 if valid else 0.0
+    block[1, c] += 1.0 if (in_mask and not finite) else 0.0
+    block[2, c] += dc
+    block[3, c] += d
+    block[4, c] += dc * dc
+    block[5, c] += e - dc
+    block[6, c] += e * (e + 2.0)
+    block[7, c] += rho if valid else 0.0
+    block[8, c] += rho * rho if valid else 0.0
+    block[9, c] += a
+    block[10, c] += 1.0 if a > LOG_2 else 0.0
+    block[11, c] += 1.0 if a > LOG_5 else 0.0
     beyond = d > LOG_RATIO_CLAMP  # exp(mu) * expm1(dc) would miss the gap: use exp(old) instead
-    block[12, c] = exp_any(o if beyond else m) * (_GAP_BEYOND if beyond else abs(e))
-    block[13, c] = y_m
-    block[14, c] = y_m * y_m
-    block[15, c] = y_o
-    block[16, c] = y_o * y_o
-    block[17, c] = y_m * y_o
-    block[18, c] = 1.0 if y_m != 0.0 else 0.0
-    block[19, c] = 1.0 if y_o != 0.0 else 0.0
+    block[12, c] += exp_any(o if beyond else m) * (_GAP_BEYOND if beyond else abs(e))
+    block[13, c] += y_m
+    block[14, c] += y_m * y_m
+    block[15, c] += y_o
+    block[16, c] += y_o * y_o
+    block[17, c] += y_m * y_o
+    block[18, c] += 1.0 if y_m != 0.0 else 0.0
+    block[19, c] += 1.0 if y_o != 0.0 else 0.0
     return valid, a, d if valid else math.inf
 
 
@@ -106,20 +106,21 @@ def _add_block(block, num, sums):
 @njit(cache=True, fastmath={"contract"})
 def _one_row(mu_T, old_T, mask_T, valid_T, out_K):
     ref_m, ref_o = _first_valid(mu_T, old_T, mask_T)
-    block = np.empty((_SUMMED, CHUNK))
+    block = np.zeros((_SUMMED, CHUNK))
     sums = np.zeros(_SUMMED)
     max_bits, min_key = np.int64(0), _INF_KEY
     for start in range(0, mu_T.shape[0], CHUNK):
-        num = min(CHUNK, mu_T.shape[0] - start)
-        for c in range(num):
-            t = start + c
+        stop = min(start + CHUNK, mu_T.shape[0])
+        # Chunk views indexed from 0: LLVM vectorises these loops, not ``x[start + c]`` ones.
+        mu_C, old_C, mask_C, valid_C = mu_T[start:stop], old_T[start:stop], mask_T[start:stop], valid_T[start:stop]
+        for c in range(stop - start):
             valid, a, d = _token_terms(
-                np.float64(mu_T[t]), np.float64(old_T[t]), mask_T[t], ref_m, ref_o, block, c
+                np.float64(mu_C[c]), np.float64(old_C[c]), mask_C[c], ref_m, ref_o, block, c
             )
-            valid_T[t] = valid
+            valid_C[c] = valid
             max_bits = max(max_bits, bits_of_float(a))  # a >= 0: bits order like values
             min_key = min(min_key, ordered_bits(d))
-        _add_block(block, num, sums)
+    _add_block(block, CHUNK, sums)
     out_K[:10] = sums[:10]
     out_K[10] = float_from_bits(max_bits)
     out_K[11] = _from_ordered(min_key)

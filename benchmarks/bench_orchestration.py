@@ -1,0 +1,304 @@
+"""Orchestration efficiency with simulated compute: async vs sync, rollout scaling, weight sync.
+
+The real ``Trainer`` (controller loops, trajectory buffer, sampler, correction service with
+real math and real JSONL sink, object-store weight path) runs on a private loopback Ray
+cluster with the simulated actors of ``sim_actors.py`` in the two compute roles, so every
+second beyond the simulated compute is orchestration overhead.
+
+1. Async vs sync. One simulated worker, one generate call per step
+   (``rollout.prompts_per_call = prompts_per_step``) taking R seconds; ``train_step`` takes L.
+   Ideal seconds per step: ``max(R, L)`` with ``async.max_lag=1``, ``R + L`` with
+   ``async.max_lag=0``. Achieved = wall time from the end of the warm-up steps to the end
+   of the last step, per step (the driver stamps the end of every ``train_one_step``).
+   Efficiency = ideal / achieved.
+2. Scaling. N simulated workers, each call ``prompts_per_call`` prompts in R seconds, the step
+   batch one call per worker (``prompts_per_step = N * prompts_per_call``), L small so the
+   rollout side is the bottleneck. Trained samples per second against N times the 1-worker rate.
+3. Weight sync. The object-store path of ``ObjectStoreTransport`` with a simulated rank 0
+   exporting a bf16 payload of P parameters and a simulated worker copying every array into
+   its own buffers (as an engine's load does), against ``np.copyto`` of the same bytes.
+
+Each part prints one JSON line and keeps it under ``benchmarks/results/`` (``harness.emit``);
+a summary line comes last. ``--quick`` runs a reduced grid (results named ``*_quick``).
+
+    .venv/bin/python benchmarks/bench_orchestration.py            # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_orchestration.py --quick    # about 4 minutes
+"""
+
+import argparse
+import gc
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import emit  # noqa: E402
+from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+import ray  # noqa: E402
+
+from actors.learner_worker import LearnerGroup  # noqa: E402
+from actors.placement import RoleOptions  # noqa: E402
+from actors.trainer import Trainer  # noqa: E402
+from actors.weight_sync import ObjectStoreTransport  # noqa: E402
+from system.config.loading import resolve_config  # noqa: E402
+from system.models.model_dir import resolve_model_dir  # noqa: E402
+
+GB = 1e9
+SPLIT = ("time/wait_rollout", "time/proximal", "time/correction", "time/update", "time/sync", "time/step")
+BASE = ["model.warm_start_steps=0", "report.wandb.mode=disabled", "report.console=false",
+        "report.dump_every=0", "checkpoint_every=0"]
+PROCESS_GB = 0.45
+"""Memory budgeted per simulated actor process (Ray worker + torch import)."""
+
+
+class TimedTrainer(Trainer):
+    """The real trainer; the driver stamps the end of every step (record written included)."""
+
+    def train_one_step(self) -> dict:
+        record = super().train_one_step()
+        self.stamps.append(time.perf_counter())
+        return record
+
+
+def run_trainer(overrides: list[str], rollout: dict, learner: dict, steps: int, warmup: int) -> dict:
+    """Run ``steps`` steps of the real trainer with simulated actors; per-step wall and time split."""
+    out = Path(tempfile.mkdtemp(prefix="aisrl-orch-"))
+    cfg = resolve_config(overrides=[*BASE, f"output_dir={out}", f"max_steps={steps}", *overrides])
+    started = time.perf_counter()
+    trainer = TimedTrainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(**rollout),
+                           learner_cls=SimulatedLearnerRank.actor_class(**learner))
+    startup = time.perf_counter() - started
+    load_before = os.getloadavg()[0]
+    try:
+        trainer.stamps = [time.perf_counter()]
+        trainer.run()
+        stamps = trainer.stamps
+        worker_stats = ray.get([s.handle.stats.remote() for s in trainer.pool.slots.values()])
+    finally:
+        trainer.shutdown()
+        ray.kill(trainer.service, no_restart=True)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    ledger = json.loads((out / "ledger.json").read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    walls = np.diff(stamps)
+    measured = records[warmup:]
+    per_step = (stamps[-1] - stamps[warmup]) / (steps - warmup)
+    split = {k.split("/")[1]: float(np.mean([r[k] for r in measured])) for k in SPLIT}
+    split["outside_step"] = float(np.mean(walls[warmup:])) - split["step"]
+    return {
+        "startup_s": round(startup, 2), "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "achieved_s_per_step": per_step, "median_s_per_step": float(np.median(walls[warmup:])),
+        "step_walls_s": [round(float(w), 4) for w in walls], "time_split_s": split,
+        "lag_max": [r["staleness/lag_max"] for r in records], "ledger": ledger,
+        "samples_per_step": cfg.sequences_per_step,
+        "weight_updates_per_worker": [s["num_weight_updates"] for s in worker_stats],
+    }
+
+
+def bench_async_vs_sync(ratios: list[float], train_s: float, steps: int, warmup: int, payload_params: int) -> dict:
+    rows = []
+    for ratio in ratios:
+        rollout_s = ratio * train_s
+        for lag in (1, 0):
+            res = run_trainer(["prompts_per_step=64", "rollout.prompts_per_call=64", "rollout.num_workers=1",
+                               f"async.max_lag={lag}"],
+                              {"seconds_per_call": rollout_s, "weight_load": "copy"},
+                              {"train_seconds": train_s, "payload_params": payload_params}, steps, warmup)
+            ideal = max(rollout_s, train_s) if lag else rollout_s + train_s
+            row = {"mode": "async" if lag else "sync", "max_lag": lag, "R_over_L": ratio, "R_s": rollout_s,
+                   "L_s": train_s, "ideal_s_per_step": ideal, "efficiency": ideal / res["achieved_s_per_step"],
+                   "efficiency_median_step": ideal / res["median_s_per_step"],
+                   "overhead_s_per_step": res["achieved_s_per_step"] - ideal, **res}
+            rows.append(row)
+            log(f"{row['mode']:5s} R/L={ratio:<5} ideal {ideal:.3f}s achieved {res['achieved_s_per_step']:.3f}s "
+                f"(median {res['median_s_per_step']:.3f}) eff {row['efficiency']:.3f} lag_max {max(res['lag_max'])} "
+                f"split {fmt(res['time_split_s'])} load {res['loadavg_1m']}")
+    return {"train_seconds_L": train_s, "steps": steps, "warmup_steps_excluded": warmup,
+            "samples_per_step": 64 * 8, "payload_params": payload_params,
+            "goal": ">= 0.95 of ideal", "rows": rows,
+            "min_efficiency": {m: min(r["efficiency"] for r in rows if r["mode"] == m) for m in ("async", "sync")}}
+
+
+def bench_scaling(workers: list[int], rollout_s: float, train_s: float, prompts_per_call: int, steps: int,
+                  warmup: int, payload_params: int) -> dict:
+    rows, skipped = [], []
+    for n in workers:
+        need = (n + 3) * PROCESS_GB + 2.0
+        if psutil.virtual_memory().available / 2**30 < need:
+            skipped.append({"workers": n, "reason": f"needs ~{need:.1f} GiB available"})
+            log(f"scaling: skip {n} workers (needs ~{need:.1f} GiB)")
+            continue
+        res = run_trainer([f"prompts_per_step={n * prompts_per_call}", f"rollout.prompts_per_call={prompts_per_call}",
+                           f"rollout.num_workers={n}", "async.max_lag=1"],
+                          {"seconds_per_call": rollout_s, "weight_load": "copy"},
+                          {"train_seconds": train_s, "payload_params": payload_params}, steps, warmup)
+        sps = res["samples_per_step"] / res["achieved_s_per_step"]
+        ideal = n * prompts_per_call * 8 / rollout_s
+        rows.append({"workers": n, "samples_per_s": sps, "ideal_samples_per_s": ideal, "efficiency_vs_ideal": sps / ideal,
+                     **res})
+        log(f"scaling: {n:2d} workers {sps:7.1f} samples/s (ideal {ideal:.1f}) achieved "
+            f"{res['achieved_s_per_step']:.3f}s/step split {fmt(res['time_split_s'])} startup {res['startup_s']}s "
+            f"load {res['loadavg_1m']}")
+    base = next((r["samples_per_s"] for r in rows if r["workers"] == 1), None)
+    for r in rows:
+        r["efficiency_vs_linear"] = r["samples_per_s"] / (r["workers"] * base) if base else None
+    return {"rollout_seconds_per_call_R": rollout_s, "train_seconds_L": train_s, "prompts_per_call": prompts_per_call,
+            "group_size": 8, "steps": steps, "warmup_steps_excluded": warmup, "payload_params": payload_params,
+            "goal": ">= 0.90 of linear at 8 workers", "rows": rows, "skipped": skipped}
+
+
+def memcpy_seconds(nbytes: int, repeats: int) -> tuple[float, float]:
+    """(np.copyto into a pre-faulted buffer, arr.copy() into a fresh one): median seconds."""
+    src = np.full(nbytes // 2, 7, dtype=np.int16)
+    dst = np.zeros_like(src)
+    copyto, fresh = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        copyto.append(time.perf_counter() - t0)
+    del dst
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        c = src.copy()
+        fresh.append(time.perf_counter() - t0)
+        del c
+    del src
+    gc.collect()
+    return statistics.median(copyto), statistics.median(fresh)
+
+
+def bench_weight_sync(params: list[float], repeats: int, warmup: int, object_store_bytes: int) -> dict:
+    cfg = resolve_config(overrides=[*BASE, "learner.num_ranks=1"])
+    model_dir = str(resolve_model_dir(cfg))
+    transport = ObjectStoreTransport()
+    rows, skipped = [], []
+    for p in params:
+        nbytes = int(p) * 2
+        avail = psutil.virtual_memory().available
+        # Learner arrays + up to two versions in the object store + the worker's buffers
+        # (the in-process baseline, 2x, runs alone before them).
+        need = 4 * nbytes + 1.5 * 2**30
+        if avail < need or object_store_bytes < 2.1 * nbytes:
+            skipped.append({"params": p, "bytes": nbytes, "reason": f"needs {need / GB:.1f} GB RAM and "
+                            f"{2.1 * nbytes / GB:.1f} GB object store (two versions live); {avail / GB:.1f} GB available, "
+                            f"store {object_store_bytes / GB:.1f} GB"})
+            log(f"weight sync: skip {p / 1e9:g}B ({skipped[-1]['reason']})")
+            continue
+        copyto_s, fresh_s = memcpy_seconds(nbytes, repeats)
+        learners = LearnerGroup(cfg, model_dir, RoleOptions("learner_rank", 1, 1.0, 0.0, {}),
+                                SimulatedLearnerRank.actor_class(payload_params=int(p)))
+        worker = SimulatedRolloutWorker.actor_class(weight_load="copy").options(num_cpus=1).remote(
+            cfg, model_dir, "rollout-weight-sync")
+        ray.get(worker.ready.remote())
+        export, load, total = [], [], []
+        try:
+            # The first rounds fault in fresh object-store pages and the worker's buffers (cold);
+            # a training run re-exports every step, so the warm rounds are the steady state.
+            for i in range(warmup + repeats):
+                t0 = time.perf_counter()
+                ref = transport.publish(learners, i)
+                t1 = time.perf_counter()
+                ray.get(transport.push(worker, ref))
+                t2 = time.perf_counter()
+                del ref
+                export.append(t1 - t0), load.append(t2 - t1), total.append(t2 - t0)
+            stats = ray.get(worker.stats.remote())
+        finally:
+            learners.shutdown()
+            ray.kill(worker, no_restart=True)
+        exact = stats["weight_bytes"]
+        t_export, t_load, t_total = (statistics.median(x[warmup:]) for x in (export, load, total))
+        rows.append({
+            "params": p, "bytes": exact, "export_to_store_s": t_export, "worker_load_s": t_load,
+            "total_s": t_total, "total_GB_per_s": exact / t_total / GB,
+            "memcpy_copyto_s": copyto_s, "memcpy_copyto_GB_per_s": exact / copyto_s / GB,
+            "memcpy_fresh_copy_s": fresh_s, "total_over_copyto": t_total / copyto_s,
+            "export_over_copyto": t_export / copyto_s, "load_over_copyto": t_load / copyto_s,
+            "total_over_fresh_copy": t_total / fresh_s, "repeats": repeats, "warmup_rounds": warmup,
+            "cold_first_round_s": {"export": export[0], "load": load[0], "total": total[0]},
+            "all_rounds_total_s": [round(t, 4) for t in total],
+        })
+        log(f"weight sync {p / 1e9:g}B ({exact / GB:.2f} GB): export {t_export:.3f}s + load {t_load:.3f}s = "
+            f"{t_total:.3f}s ({exact / t_total / GB:.2f} GB/s); np.copyto {copyto_s:.3f}s "
+            f"({exact / copyto_s / GB:.2f} GB/s) -> {t_total / copyto_s:.2f}x; cold round {total[0]:.3f}s")
+        gc.collect()
+    return {"transport": transport.name, "worker_load": "copy into worker-owned buffers",
+            "rows": rows, "skipped": skipped}
+
+
+def fmt(split: dict) -> str:
+    return " ".join(f"{k}={v * 1000:.0f}ms" for k, v in split.items())
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (about 4 minutes)")
+    parser.add_argument("--parts", default="async,scaling,weights", help="comma-separated subset")
+    parser.add_argument("--train-seconds", type=float, default=0.5, help="L of part 1")
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    logging.getLogger("actors.trainer").setLevel(logging.ERROR)
+    suffix = "_quick" if args.quick else ""
+    payload = 1_000_000
+    shm_free = shutil.disk_usage("/dev/shm").free
+    # Weight sync needs two live versions of the largest payload (3 GB at 1.5 B parameters).
+    store = int(min(7.0 * 2**30, 0.8 * shm_free)) if "weights" in parts else int(1 * 2**30)
+    t_start = time.perf_counter()
+    # Build (or find cached) the tiny model directory once: the correction service loads its tokenizer.
+    resolve_model_dir(resolve_config(overrides=BASE))
+    ray.init(address="local", num_cpus=24, include_dashboard=False, object_store_memory=store,
+             _node_ip_address="127.0.0.1", log_to_driver=False)
+    results = {}
+    try:
+        if "async" in parts:
+            ratios = [0.5, 1.0, 2.0] if args.quick else [0.25, 0.5, 1.0, 2.0, 4.0]
+            steps = 7 if args.quick else 12
+            res = bench_async_vs_sync(ratios, args.train_seconds, steps, 2, payload)
+            emit(f"orchestration_async_vs_sync_cpu{suffix}", res, save=not args.no_save)
+            results["async"] = res
+        if "scaling" in parts:
+            workers = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16]
+            res = bench_scaling(workers, rollout_s=1.0, train_s=0.1, prompts_per_call=8,
+                                steps=7 if args.quick else 10, warmup=2, payload_params=payload)
+            emit(f"orchestration_scaling_cpu{suffix}", res, save=not args.no_save)
+            results["scaling"] = res
+        if "weights" in parts:
+            params = [0.1e9, 0.5e9] if args.quick else [0.1e9, 0.5e9, 1.5e9]
+            res = bench_weight_sync(params, repeats=5, warmup=2, object_store_bytes=store)
+            res["object_store_bytes"], res["dev_shm_free_bytes"] = store, shm_free
+            emit(f"orchestration_weight_sync_cpu{suffix}", res, save=not args.no_save)
+            results["weights"] = res
+    finally:
+        ray.shutdown()
+    summary = {"wall_seconds": time.perf_counter() - t_start, "quick": args.quick}
+    if "async" in results:
+        summary["async_vs_sync_efficiency"] = {f"{r['mode']}@R/L={r['R_over_L']}": round(r["efficiency"], 4)
+                                               for r in results["async"]["rows"]}
+    if "scaling" in results:
+        summary["scaling_efficiency_vs_linear"] = {r["workers"]: round(r["efficiency_vs_linear"], 4)
+                                                   for r in results["scaling"]["rows"]}
+    if "weights" in results:
+        summary["weight_sync"] = {f"{r['params'] / 1e9:g}B": {"s": round(r["total_s"], 3),
+                                  "GB_per_s": round(r["total_GB_per_s"], 2), "over_memcpy": round(r["total_over_copyto"], 2)}
+                                  for r in results["weights"]["rows"]}
+    emit(f"orchestration_cpu{suffix}", summary, save=not args.no_save)
+
+
+if __name__ == "__main__":
+    main()

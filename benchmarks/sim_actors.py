@@ -1,0 +1,284 @@
+"""Simulated Ray actors for the two compute roles, so benchmarks and tests isolate the orchestration.
+
+``SimulatedRolloutWorker`` and ``SimulatedLearnerRank`` have the methods and signatures of
+``actors.rollout_worker.RolloutWorker`` and ``actors.learner_worker.LearnerRank``; they run
+no model. Everything around them is real: ``Trainer``, the controller's two loops, the
+trajectory buffer, the exactly-once sampler, the correction service (real math, real sinks)
+and the object-store weight path.
+
+- The simulated worker's ``generate`` returns real ``RolloutGroup`` records (random token ids
+  in the model's vocabulary, negative behaviour log-probs, digit strings scored by the task's
+  real reward), stamped with the policy version it holds, and takes a configured time.
+- The simulated rank's ``compute_proximal_logprobs`` returns its shard's behaviour log-probs
+  plus small noise; ``train_step`` takes a configured time and returns the keys of the real
+  metrics; ``export_weights`` returns a bf16 ``WeightPayload`` of a configured size on rank 0.
+
+Simulated time is a deadline from the call's start (sleep ``max(0, start + seconds - now)``),
+so building the records does not add to it: a call takes ``seconds`` plus only what the
+orchestration around it costs.
+
+Settings are baked into a class (``Trainer`` builds actors as ``cls.options(...).remote(cfg,
+model_dir, ...)``, so nothing else reaches the constructor)::
+
+    rollout_cls = SimulatedRolloutWorker.actor_class(seconds_per_call=0.5)
+    learner_cls = SimulatedLearnerRank.actor_class(train_seconds=0.5, payload_params=1_000_000)
+    Trainer(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls)
+
+This module is pickled by value (``cloudpickle.register_pickle_by_value``), so Ray's worker
+processes need not find ``benchmarks/`` on their path.
+"""
+
+import json
+import sys
+import time
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import ray
+from ray import cloudpickle
+
+from system.config import RunConfig
+from system.learner.batch import LearnerBatch, shard_batch
+from system.learner.step import LossNormalisers
+from system.rewards.registry import build_reward
+from system.types import Completion, Prompt, RolloutGroup
+from system.weight_payload import WeightPayload
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+WeightLoad = Literal["adopt", "touch", "copy"]
+PAGE = 4096
+
+
+def _deadline_sleep(started: float, seconds: float) -> None:
+    left = started + seconds - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+
+
+def _vocab_size(model_dir: str, default: int = 32_000) -> int:
+    try:
+        return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+    except (OSError, KeyError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class SimulatedRolloutSettings:
+    seconds_per_call: float = 0.0
+    """Fixed simulated time of one ``generate`` call."""
+    seconds_per_prompt: float = 0.0
+    """Added per prompt of the call."""
+    seconds_per_token: float = 0.0
+    """Added per generated response token (all G samples of all prompts)."""
+    weight_load: WeightLoad = "adopt"
+    """``update_weights``: ``adopt`` the version only (arrays stay mapped, unread), ``touch`` one
+    byte of every page, or ``copy`` every array into worker-owned buffers (what an engine's load does)."""
+
+
+class SimulatedRolloutWorker:
+    """A simulated rollout worker: ``RolloutWorker``'s methods, a sleep instead of vLLM."""
+
+    settings = SimulatedRolloutSettings()
+
+    @classmethod
+    def actor_class(cls, **settings) -> ray.actor.ActorClass:
+        """A Ray actor class of this simulated worker with ``settings`` (see ``SimulatedRolloutSettings``)."""
+        baked = type(cls.__name__, (cls,), {"settings": replace(cls.settings, **settings)})
+        return ray.remote(baked)
+
+    def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
+        self.cfg, self.worker_id = cfg, worker_id
+        self.vocab_size = _vocab_size(model_dir)
+        self.reward = build_reward(cfg.data.reward)
+        self.policy_version = 0
+        self._num_calls = 0
+        self._loaded: dict[str, np.ndarray] = {}
+        self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
+                       "reward_seconds": 0.0, "num_weight_updates": 0, "weight_update_seconds": 0.0,
+                       "weight_bytes": 0}
+
+    def ready(self) -> dict:
+        return {"worker_id": self.worker_id, "policy_version": self.policy_version, "quantization": "simulated"}
+
+    def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
+        """G simulated samples per prompt stamped with the held version; refuses weights older than allowed."""
+        started = time.perf_counter()
+        if self.policy_version < min_policy_version:
+            raise RuntimeError(f"simulated worker {self.worker_id} holds policy version {self.policy_version}, "
+                               f"the controller requires >= {min_policy_version}")
+        seed = [self.cfg.seed, zlib.crc32(self.worker_id.encode()), self._num_calls]
+        rng = np.random.default_rng(seed)
+        self._num_calls += 1
+        groups = [self._group(p, rng) for p in prompts]
+        tokens = sum(g.stats["num_response_tokens"] for g in groups)
+        s = self.settings
+        _deadline_sleep(started, s.seconds_per_call + s.seconds_per_prompt * len(prompts) + s.seconds_per_token * tokens)
+        self._stats["generate_seconds"] += time.perf_counter() - started
+        return groups
+
+    def _group(self, prompt: Prompt, rng: np.random.Generator) -> RolloutGroup:
+        r = self.cfg.rollout
+        prompt_ids = np.frombuffer(prompt.text.encode(), dtype=np.uint8).astype(np.int32) % self.vocab_size
+        if len(prompt_ids) == 0:
+            prompt_ids = np.zeros(1, dtype=np.int32)
+        prompt_ids.setflags(write=False)
+        completions = []
+        for j in range(r.group_size):
+            n = int(rng.integers(1, r.max_new_tokens + 1))
+            ids = rng.integers(0, self.vocab_size, n).astype(np.int32)
+            logp = (-rng.exponential(0.7, n)).astype(np.float32)
+            text = "".join("0123456789"[t % 10] for t in ids)
+            ids.setflags(write=False)
+            logp.setflags(write=False)
+            completions.append(Completion(
+                prompt_id=prompt.prompt_id, sample_index=j, prompt_token_ids=prompt_ids,
+                response_token_ids=ids, behaviour_logprobs=logp, response_text=text,
+                reward=float(self.reward(text, prompt.reference)), policy_version=self.policy_version,
+                finish_reason="length" if n == r.max_new_tokens else "stop", worker_id=self.worker_id))
+        tokens = sum(len(c.response_token_ids) for c in completions)
+        self._stats["num_sequences"] += len(completions)
+        self._stats["num_response_tokens"] += tokens
+        return RolloutGroup(prompt=prompt, completions=tuple(completions), policy_version=self.policy_version,
+                            worker_id=self.worker_id, stats={"num_response_tokens": tokens})
+
+    def update_weights(self, payload: WeightPayload) -> int:
+        """Adopt ``payload.policy_version``; read or copy the arrays as ``settings.weight_load`` says."""
+        started = time.perf_counter()
+        mode = self.settings.weight_load
+        for name, arr in payload.arrays.items():
+            if mode == "touch":
+                flat = arr.reshape(-1).view(np.uint8)
+                int(flat[::PAGE].sum())
+            elif mode == "copy":
+                dst = self._loaded.get(name)
+                if dst is None or dst.shape != arr.shape or dst.dtype != arr.dtype:
+                    dst = self._loaded[name] = np.empty_like(arr)
+                np.copyto(dst, arr)
+        self.policy_version = payload.policy_version
+        self._stats["num_weight_updates"] += 1
+        self._stats["weight_update_seconds"] += time.perf_counter() - started
+        self._stats["weight_bytes"] = payload.num_bytes
+        return self.policy_version
+
+    def stats(self) -> dict:
+        return {**self._stats, "worker_id": self.worker_id, "policy_version": self.policy_version,
+                "quantization": "simulated", "engine_build_seconds": 0.0}
+
+
+@dataclass(frozen=True)
+class SimulatedLearnerSettings:
+    train_seconds: float = 0.0
+    """Simulated time of one ``train_step``."""
+    proximal_seconds: float = 0.0
+    """Simulated time of one ``compute_proximal_logprobs``."""
+    export_seconds: float = 0.0
+    """Simulated time of one ``export_weights`` (the all-gather and cast), on every rank."""
+    payload_params: int = 1_000_000
+    """Parameters in the exported bf16 payload (2 bytes each)."""
+    proximal_noise: float = 0.01
+    """Std of the Gaussian noise added to the behaviour log-probs to make ``old``."""
+
+
+def synthetic_weight_shapes(num_params: int, width: int = 1536, max_rows: int = 8960) -> dict[str, tuple[int, int]]:
+    """Tensor names and shapes of about ``num_params`` parameters: matrices of ``width`` columns."""
+    rows_total = max(1, num_params // width)
+    shapes, i = {}, 0
+    while rows_total > 0:
+        rows = min(max_rows, rows_total)
+        shapes[f"model.layers.{i}.weight"] = (rows, width)
+        rows_total -= rows
+        i += 1
+    return shapes
+
+
+class SimulatedLearnerRank:
+    """A simulated learner rank: ``LearnerRank``'s methods, a sleep instead of FSDP2."""
+
+    settings = SimulatedLearnerSettings()
+
+    @classmethod
+    def actor_class(cls, **settings) -> ray.actor.ActorClass:
+        """A Ray actor class of this simulated rank with ``settings`` (see ``SimulatedLearnerSettings``)."""
+        baked = type(cls.__name__, (cls,), {"settings": replace(cls.settings, **settings)})
+        return ray.remote(baked)
+
+    def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int, master_port: int) -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self._policy_version = 0
+        self.optimizer_step = 0
+        self._proximal: tuple[tuple[str, ...], np.ndarray] | None = None
+        self._rng = np.random.default_rng([cfg.seed, rank])
+        self._arrays: dict[str, np.ndarray] = {}
+        if rank == 0 and self.settings.payload_params > 0:
+            shapes = synthetic_weight_shapes(self.settings.payload_params)
+            # Filled (so resident), not random: a 1.5 B payload must build in seconds.
+            self._arrays = {name: np.full(shape, i, dtype=np.int16) for i, (name, shape) in enumerate(shapes.items())}
+
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    def compute_proximal_logprobs(self, batch: LearnerBatch) -> np.ndarray:
+        """``old[B/R, T]``: this shard's behaviour log-probs plus small noise (0 past each response)."""
+        started = time.perf_counter()
+        shard = shard_batch(batch, self.rank, self.world_size)
+        resp = shard.response_arrays()
+        noise = self._rng.normal(0.0, self.settings.proximal_noise, resp["behaviour_logp"].shape)
+        old = np.where(resp["response_mask"], np.minimum(resp["behaviour_logp"] + noise, 0.0), 0.0).astype(np.float32)
+        self._proximal = (shard.uids, old)
+        _deadline_sleep(started, self.settings.proximal_seconds)
+        return old
+
+    def train_step(self, batch: LearnerBatch, weights_NT: np.ndarray, normalisers: LossNormalisers) -> dict:
+        """Simulated time, then global metrics with the real keys; the policy version advances by one."""
+        started = time.perf_counter()
+        shard = shard_batch(batch, self.rank, self.world_size)
+        if self._proximal is None or self._proximal[0] != shard.uids:
+            raise ValueError("train_step needs the proximal log-probs of this shard: call compute_proximal_logprobs first")
+        mask = batch.response_arrays()["response_mask"]
+        weights = np.asarray(weights_NT, dtype=np.float32)
+        if weights.shape != mask.shape:
+            raise ValueError(f"weights {weights.shape} do not match the batch's response view {mask.shape}")
+        n_tok = max(1.0, float(mask.sum()))
+        adv_NT = np.broadcast_to(batch.advantages_B[:, None], mask.shape)
+        lr = self.cfg.learner.lr
+        metrics = {
+            "loss": float(-(weights * adv_NT)[mask].sum() / n_tok),
+            "entropy": 1.0, "weight_mean": float(weights[mask].sum() / n_tok),
+            "keep_token_frac": float((mask & (weights > 0)).sum() / n_tok),
+            "num_valid_tokens": float(mask.sum()), "num_sequences": float((mask.sum(axis=1) >= 1).sum()),
+            "loss/clip_frac": 0.0, "grad_norm": float(abs(self._rng.normal(1.0, 0.1))), "lr": lr,
+            "skipped_step": 0.0,
+        }
+        _deadline_sleep(started, self.settings.train_seconds)
+        self.optimizer_step += self.cfg.learner.updates_per_batch
+        self._policy_version += 1
+        self._proximal = None
+        metrics["policy_version"] = float(self._policy_version)
+        return metrics
+
+    def export_weights(self) -> WeightPayload | None:
+        """The configured bf16 payload (int16 view) of the current version on rank 0; None on the others."""
+        _deadline_sleep(time.perf_counter(), self.settings.export_seconds)
+        if self.rank != 0:
+            return None
+        return WeightPayload(policy_version=self._policy_version, arrays=self._arrays,
+                             dtypes=dict.fromkeys(self._arrays, "bfloat16"))
+
+    def save_checkpoint(self, path: str) -> None:
+        """A tiny JSON file per rank holding the counters."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        counters = {"policy_version": self._policy_version, "optimizer_step": self.optimizer_step, "simulated": True}
+        (Path(path) / f"simulated_rank{self.rank}.json").write_text(json.dumps(counters))
+
+    def load_checkpoint(self, path: str) -> None:
+        counters = json.loads((Path(path) / f"simulated_rank{self.rank}.json").read_text())
+        self._policy_version, self.optimizer_step = counters["policy_version"], counters["optimizer_step"]
+        self._proximal = None
+
+    def close(self) -> None:
+        pass
+
