@@ -157,6 +157,8 @@ def submit(
             sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s)
     except (ConfigError, jobs.JobError) as exc:
         _fail(str(exc))
+    for warning in jobs.placement_warnings(cfg):
+        console.print(f"[yellow]warning:[/] {warning}")
     if cfg.report.wandb.mode == "online":
         console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
     console.print(f"submitted [bold]{sub.job_id}[/]: {sub.entrypoint}")

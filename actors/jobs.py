@@ -110,6 +110,14 @@ def resolve_for_cluster(presets: list[str], overrides: list[str]) -> RunConfig:
     return cfg
 
 
+def placement_warnings(cfg: RunConfig) -> list[str]:
+    """What will not be where the user expects on the cluster (relative paths live in the job's temp dir)."""
+    if Path(cfg.output_dir).is_absolute():
+        return []
+    return [f"output_dir {cfg.output_dir!r} is relative: on the cluster it lands in the job's temporary "
+            "working directory on the head node; use an absolute path on shared storage, e.g. output_dir=/app/runs/NAME"]
+
+
 def _ignore(root: Path):
     def ignore(directory: str, names: list[str]) -> set[str]:
         skip = {n for n in names if any(fnmatch(n, pattern) for pattern in ANYWHERE_EXCLUDES)}

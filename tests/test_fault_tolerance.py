@@ -55,15 +55,19 @@ def kill_when(trainer: Trainer, step: int, pick) -> dict:
 
 
 def test_killed_rollout_worker_is_replaced_and_nothing_is_lost(trainer_factory):
-    trainer = trainer_factory("max_steps=8", "rollout.num_workers=2")
+    # One worker: training cannot go on until the replacement serves.
+    trainer = trainer_factory("max_steps=6", "rollout.num_workers=1")
     kill_when(trainer, 2, lambda t: next(iter(t.pool.slots.values())).handle)
     trainer.run()
     counts = trainer.sampler.counts()
-    assert trainer.step == 8
+    assert trainer.step == 6
     assert trainer.pool.failures == 1
-    assert counts["trained"] == 8 * 4 and counts["duplicates"] == 0
+    assert counts["trained"] == 6 * 4 and counts["duplicates"] == 0
     assert counts["issued"] == counts["trained"] + counts["dropped"] + counts["in_flight"] + counts["buffered"]
+    # The replacement (the second worker launched) came up and served the rest of the run.
+    assert sorted(trainer.pool.slots) == ["rollout-1"]
     assert len(trainer.pool.replacement_seconds) == 1 and trainer.pool.replacement_seconds[0] < 30
+    print(f"\nreplacement ready after {trainer.pool.replacement_seconds[0]:.1f} s")
 
 
 def test_lost_learner_rank_fails_fast_with_a_clear_message(trainer_factory):

@@ -1,16 +1,16 @@
 """The columns of ``row_sums`` and the valid mask in one fused pass over (mu, old, mask), on CPU (numba).
 
-One parallel task per response. Its tokens go by chunks of ``CHUNK``: a vectorised loop
-reads mu, old and the mask once, writes ``valid`` and stores every token's summands in a
-small scratch block that stays in L1; a second loop adds each row of the block to its
-column sum. No [B, T] temporary is written.
+One parallel task per response. A vectorised loop reads mu, old and the mask once, writes
+``valid``, and adds each token's summands into lane ``t % CHUNK`` of a small per-response
+block (20 x CHUNK float64, in L1); one reduction per response then sums the lanes. No
+[B, T] temporary is written.
 
-Numerics: every summand is computed in float64 by ``_token_terms`` in a function without
-fast-math flags (``vector_exp`` gives ``exp`` and ``expm1`` within 2 ulp). Only
-``_add_block`` may reassociate (``reassoc``): LLVM needs that to vectorise a floating-point
-sum, and reordering a plain sum of stored values is harmless, whereas letting it reorder
-``e - dc`` or the Cody-Waite reduction would not be. max and min are taken on the IEEE bits
-as integers, which vectorises without assuming the absence of NaN.
+Numerics: every summand is computed in float64 by ``_add_token`` in a function without
+fast-math flags (``vector_exp`` gives ``exp`` and ``expm1`` within 2 ulp), and each lane
+adds its tokens in order. Only ``_sum_lanes`` may reassociate (``reassoc``, which LLVM
+needs to vectorise a floating-point sum): reordering a plain sum of stored values is
+harmless, whereas reordering ``e - dc`` or the Cody-Waite reduction would not be. max and
+min are taken on the IEEE bits as integers, which vectorises without assuming no NaN.
 
 Inputs: float32 or float64 mu and old, bool mask, all C-contiguous [B, T] numpy arrays.
 """
@@ -20,17 +20,17 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from system.correction.row_sums import COLUMNS, LOG_2, LOG_5, LOG_RATIO_CLAMP
+from system.correction.row_sums import COLUMNS, LOG_2, LOG_5, LOG_RATIO_CLAMP, SUMMED_COLUMNS
 from system.correction.vector_exp import bits_of_float, exp_and_expm1, exp_any, float_from_bits
 
 CHUNK = 128
-"""Tokens per scratch block: 20 summands x 128 x 8 bytes = 20 KiB, inside L1."""
+"""Lanes of the per-response block: 20 sums x 128 x 8 bytes = 20 KiB."""
 
+_NUM_SUMS = len(SUMMED_COLUMNS)
+assert _NUM_SUMS == 20 and COLUMNS[_NUM_SUMS:] == ("max_abs_d", "min_d", "ref_mu", "ref_old")
 _NOT_SIGN = np.int64(0x7FFFFFFFFFFFFFFF)
 _INF_KEY = np.int64(0x7FF0000000000000)  # ordered_bits(+inf)
 _GAP_BEYOND = -math.expm1(-LOG_RATIO_CLAMP)  # 1 - exp(-20)
-_SUMMED = 20  # COLUMNS except max_abs_d, min_d, ref_mu, ref_old
-assert len(COLUMNS) == _SUMMED + 4
 
 
 @njit(cache=True, inline="always")
@@ -57,8 +57,8 @@ def _first_valid(mu_T, old_T, mask_T):
 
 
 @njit(cache=True, inline="always")
-def _token_terms(m0, o0, in_mask, ref_m, ref_o, block, c):
-    """Store one token's summands in column c of ``block``; return (valid, |d|, d or +inf)."""
+def _add_token(m0, o0, in_mask, ref_m, ref_o, block, c):
+    """Add one token's summands (``SUMMED_COLUMNS`` order) to lane c; return (valid, |d|, d or +inf)."""
     finite = abs(o0 - m0) < math.inf  # False for NaN and +-inf
     valid = in_mask and finite
     m = m0 if valid else 0.0
@@ -66,7 +66,9 @@ def _token_terms(m0, o0, in_mask, ref_m, ref_o, block, c):
     d = o - m
     dc = min(max(d, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
     rho, e = exp_and_expm1(dc)
+    rho = rho if valid else 0.0
     a = abs(d)
+    beyond = d > LOG_RATIO_CLAMP  # exp(mu) * |e| misses the gap there: use exp(old) instead
     y_m = m - ref_m if valid else 0.0
     y_o = o - ref_o if valid else 0.0
     block[0, c] += 1.0 if valid else 0.0
@@ -76,12 +78,11 @@ def _token_terms(m0, o0, in_mask, ref_m, ref_o, block, c):
     block[4, c] += dc * dc
     block[5, c] += e - dc
     block[6, c] += e * (e + 2.0)
-    block[7, c] += rho if valid else 0.0
-    block[8, c] += rho * rho if valid else 0.0
+    block[7, c] += rho
+    block[8, c] += rho * rho
     block[9, c] += a
     block[10, c] += 1.0 if a > LOG_2 else 0.0
     block[11, c] += 1.0 if a > LOG_5 else 0.0
-    beyond = d > LOG_RATIO_CLAMP  # exp(mu) * expm1(dc) would miss the gap: use exp(old) instead
     block[12, c] += exp_any(o if beyond else m) * (_GAP_BEYOND if beyond else abs(e))
     block[13, c] += y_m
     block[14, c] += y_m * y_m
@@ -94,39 +95,37 @@ def _token_terms(m0, o0, in_mask, ref_m, ref_o, block, c):
 
 
 @njit(cache=True, fastmath={"reassoc", "nsz"})
-def _add_block(block, num, sums):
-    """sums[k] += sum of block[k, :num], vectorised (the only reassociated arithmetic)."""
+def _sum_lanes(block, out_K):
+    """out_K[k] = sum of block[k, :] (the only reassociated arithmetic)."""
     for k in range(block.shape[0]):
         total = 0.0
-        for c in range(num):
+        for c in range(block.shape[1]):
             total += block[k, c]
-        sums[k] += total
+        out_K[k] = total
 
 
 @njit(cache=True, fastmath={"contract"})
 def _one_row(mu_T, old_T, mask_T, valid_T, out_K):
     ref_m, ref_o = _first_valid(mu_T, old_T, mask_T)
-    block = np.zeros((_SUMMED, CHUNK))
-    sums = np.zeros(_SUMMED)
+    block = np.zeros((_NUM_SUMS, CHUNK))
     max_bits, min_key = np.int64(0), _INF_KEY
     for start in range(0, mu_T.shape[0], CHUNK):
         stop = min(start + CHUNK, mu_T.shape[0])
-        # Chunk views indexed from 0: LLVM vectorises these loops, not ``x[start + c]`` ones.
-        mu_C, old_C, mask_C, valid_C = mu_T[start:stop], old_T[start:stop], mask_T[start:stop], valid_T[start:stop]
+        # Views indexed from 0: LLVM vectorises this loop, not one over ``x[start + c]``.
+        mu_C, old_C, mask_C = mu_T[start:stop], old_T[start:stop], mask_T[start:stop]
+        valid_C = valid_T[start:stop]
         for c in range(stop - start):
-            valid, a, d = _token_terms(
+            valid, a, d = _add_token(
                 np.float64(mu_C[c]), np.float64(old_C[c]), mask_C[c], ref_m, ref_o, block, c
             )
             valid_C[c] = valid
-            max_bits = max(max_bits, bits_of_float(a))  # a >= 0: bits order like values
+            max_bits = max(max_bits, bits_of_float(a))  # a >= 0: its bits order like it
             min_key = min(min_key, ordered_bits(d))
-    _add_block(block, CHUNK, sums)
-    out_K[:10] = sums[:10]
-    out_K[10] = float_from_bits(max_bits)
-    out_K[11] = _from_ordered(min_key)
-    out_K[12:15] = sums[10:13]
-    out_K[15], out_K[16] = ref_m, ref_o
-    out_K[17:] = sums[13:]
+    _sum_lanes(block, out_K)
+    out_K[_NUM_SUMS] = float_from_bits(max_bits)
+    out_K[_NUM_SUMS + 1] = _from_ordered(min_key)
+    out_K[_NUM_SUMS + 2] = ref_m
+    out_K[_NUM_SUMS + 3] = ref_o
 
 
 @njit(cache=True, parallel=True)
