@@ -3,6 +3,7 @@
 import os
 
 import ray
+from ray._private import ray_constants
 
 from system.config.cluster import RayConfig
 
@@ -17,10 +18,10 @@ def connect(cfg: RayConfig, num_actors: int, runtime_env: dict | None = None) ->
     if ray.is_initialized():
         return
     if cfg.address is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = True
         ray.init(address=cfg.address, runtime_env=runtime_env, log_to_driver=True)
         return
-    # Ray binds to the machine's interface unless told otherwise; keep local runs on loopback.
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    use_loopback_only()
     ray.init(
         address="local",
         num_cpus=local_cluster_cpus(cfg, num_actors),
@@ -31,6 +32,18 @@ def connect(cfg: RayConfig, num_actors: int, runtime_env: dict | None = None) ->
         runtime_env=runtime_env,
         log_to_driver=True,
     )
+
+
+def use_loopback_only() -> None:
+    """Make a private cluster bind every server to 127.0.0.1.
+
+    Ray picks the node address from the network interface unless its "local only" mode is on
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``). The variable is read once, when ``ray`` is first
+    imported, so the already-read constant is set too; the variable itself is inherited by the
+    cluster's processes.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def disconnect() -> None:

@@ -6,7 +6,7 @@ by bracketing (the idea of Floyd-Rivest), exact for any input:
 1. a strided sample of m ~ (2.5 n)**(2/3) valid |d| is partitioned; the sample ranks
    r * m / n -+ (2.5 sqrt(m) + 8) (over 5 binomial standard deviations) give a bracket [lo, hi];
    (up to 1024 valid tokens, the bracket is [0, inf]);
-2. one parallel pass over the tokens counts the |d| < lo and keeps those in [lo, hi]
+2. one pass over the tokens counts the |d| < lo and keeps those in [lo, hi]
    (a few percent of n), each response in its own row of a scratch buffer;
 3. ``np.partition`` selects the ranks within the kept values. If the bracket missed (an
    adversarial layout), the pass is repeated with [0, inf]: every value is kept.
@@ -17,7 +17,7 @@ by bracketing (the idea of Floyd-Rivest), exact for any input:
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 _MIN_SAMPLE = 1024
 _MAX_SAMPLE = 65536
@@ -36,10 +36,10 @@ def _sample_abs_d(mu_BT, old_BT, valid_BT, stride):
     return out[:num]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def _band_rows(mu_BT, old_BT, valid_BT, lo, hi, band_BT, counts_B2):
     """Per response: the number of valid |d| < lo, and the valid |d| in [lo, hi] (into its row)."""
-    for i in prange(mu_BT.shape[0]):
+    for i in range(mu_BT.shape[0]):
         below = kept = 0
         for t in range(mu_BT.shape[1]):
             if valid_BT[i, t]:

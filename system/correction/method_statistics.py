@@ -17,7 +17,8 @@ Shapes: B = responses in the batch, T = padded response length.
 import torch
 
 from system.correction.ratios import LogRatios
-from system.correction.reductions import LENGTH_BUCKETS, as_float, ess_fraction, fraction_by_bucket
+from system.correction.reductions import LENGTH_BUCKETS, fraction_by_bucket
+from system.correction.weight_row_sums import weight_row_sums
 
 
 def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
@@ -38,16 +39,16 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
             "ess": None,
             "keep_seq_frac_by_len": {key: None for key, _ in LENGTH_BUCKETS},
         }
-    valid_BT = ratios.valid_BT
-    w_BT = torch.where(valid_BT, w_BT.to(torch.float64), 0.0)
-    kept_BT = valid_BT & (w_BT > 0)
-    kept_seq_B = kept_BT.any(dim=1)
+    rows_B4 = weight_row_sums(w_BT, ratios.valid_BT, ratios.cpu_arrays is not None)
+    kept_seq_B = rows_B4[:, 0] > 0
+    totals = torch.cat([rows_B4[:, :3].sum(0), rows_B4[:, 3].max()[None], kept_seq_B.sum()[None]])
+    num_kept, sum_w, sum_w_sq, max_w, num_kept_seq = totals.tolist()
     return {
-        "keep_token_frac": int(kept_BT.sum().item()) / n,
-        "keep_seq_frac": int(kept_seq_B.sum().item()) / n_seq,
-        "weight_mean": as_float(w_BT.sum() / n),
-        "weight_max": as_float(torch.where(valid_BT, w_BT, float("-inf")).max()),
-        "ess": ess_fraction(w_BT, n),
+        "keep_token_frac": num_kept / n,
+        "keep_seq_frac": num_kept_seq / n_seq,
+        "weight_mean": sum_w / n,
+        "weight_max": max_w,
+        "ess": 0.0 if sum_w_sq == 0.0 else min(sum_w**2 / (n * sum_w_sq), 1.0),
         "keep_seq_frac_by_len": fraction_by_bucket(
             kept_seq_B, ratios.num_valid_B, ratios.seq_valid_B
         ),

@@ -18,7 +18,7 @@ Inputs: float32 or float64 mu and old, bool mask, all C-contiguous [B, T] numpy 
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from system.correction.row_sums import COLUMNS, LOG_2, LOG_5, LOG_RATIO_CLAMP, SUMMED_COLUMNS
 from system.correction.vector_exp import bits_of_float, exp_and_expm1, exp_any, float_from_bits
@@ -41,7 +41,7 @@ def ordered_bits(x):
 
 
 @njit(cache=True, inline="always")
-def _from_ordered(key):
+def from_ordered_bits(key):
     """The float64 of an ``ordered_bits`` key."""
     return float_from_bits(key ^ ((key >> 63) & _NOT_SIGN))
 
@@ -123,13 +123,13 @@ def _one_row(mu_T, old_T, mask_T, valid_T, out_K):
             min_key = min(min_key, ordered_bits(d))
     _sum_lanes(block, out_K)
     out_K[_NUM_SUMS] = float_from_bits(max_bits)
-    out_K[_NUM_SUMS + 1] = _from_ordered(min_key)
+    out_K[_NUM_SUMS + 1] = from_ordered_bits(min_key)
     out_K[_NUM_SUMS + 2] = ref_m
     out_K[_NUM_SUMS + 3] = ref_o
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def row_sums_kernel(mu_BT, old_BT, mask_BT, valid_BT, out_BK):
     """Fill ``valid_BT`` (bool [B, T]) and ``out_BK`` (float64 [B, K]) from mu, old and mask."""
-    for i in prange(mu_BT.shape[0]):
+    for i in range(mu_BT.shape[0]):
         _one_row(mu_BT[i], old_BT[i], mask_BT[i], valid_BT[i], out_BK[i])

@@ -1,0 +1,45 @@
+"""A private cluster started by aisrl listens on loopback only, even when ``ray`` was imported first."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+PROBE = """
+import ray  # imported before aisrl on purpose: the local-only switch must still take effect
+import psutil
+from actors.cluster import connect
+from system.config.cluster import RayConfig
+
+connect(RayConfig(object_store_gib=0.2), num_actors=1)
+
+@ray.remote
+def node_ip():
+    return ray.util.get_node_ip_address()
+
+print("GCS", ray.get_runtime_context().gcs_address)
+print("WORKER", ray.get(node_ip.remote()))
+for proc in psutil.Process().children(recursive=True):
+    try:
+        conns = proc.net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        continue
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN:
+            print("LISTEN", proc.name(), c.laddr.ip)
+ray.shutdown()
+"""
+
+
+def test_private_cluster_binds_to_loopback_only():
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    gcs = next(line.split()[1] for line in lines if line.startswith("GCS"))
+    worker = next(line.split()[1] for line in lines if line.startswith("WORKER"))
+    listening = [line.split() for line in lines if line.startswith("LISTEN")]
+    assert gcs.startswith("127.0.0.1:") and worker == "127.0.0.1"
+    assert listening, "no listening socket found among the cluster's processes"
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, _, ip in listening), listening
