@@ -18,8 +18,7 @@ def connect(cfg: RayConfig, num_actors: int, runtime_env: dict | None = None) ->
     if ray.is_initialized():
         return
     if cfg.address is not None:
-        ray_constants.ENABLE_RAY_CLUSTER = True
-        ray.init(address=cfg.address, runtime_env=runtime_env, log_to_driver=True)
+        join(cfg.address, runtime_env=runtime_env)
         return
     use_loopback_only()
     ray.init(
@@ -32,6 +31,18 @@ def connect(cfg: RayConfig, num_actors: int, runtime_env: dict | None = None) ->
         runtime_env=runtime_env,
         log_to_driver=True,
     )
+
+
+def join(address: str, **init_kwargs) -> None:
+    """Connect to a running cluster. One bound to loopback (an address on 127.0.0.1, or a head
+    started with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, whose jobs inherit the variable) is
+    joined in local-only mode, so this driver does not announce the machine's interface address."""
+    host = address.split("://")[-1].rsplit(":", 1)[0]
+    if host in ("127.0.0.1", "localhost") or os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
+        use_loopback_only()
+    else:
+        ray_constants.ENABLE_RAY_CLUSTER = True
+    ray.init(address=address, log_to_driver=True, **init_kwargs)
 
 
 def use_loopback_only() -> None:

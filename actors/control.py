@@ -6,9 +6,14 @@ The trainer creates it as ``aisrl-control-<run name>`` in the ``aisrl`` namespac
 """
 
 import json
+import os
+import socket
 from pathlib import Path
 
 import ray
+from ray._raylet import Config
+
+from actors.cluster import join
 
 NAMESPACE = "aisrl"
 
@@ -43,8 +48,22 @@ def create_control(run_dir: Path, num_workers: int) -> ray.actor.ActorHandle:
     name = control_name(run_dir)
     handle = RunControl.options(name=name, namespace=NAMESPACE, get_if_exists=True).remote(num_workers)
     ctx = ray.get_runtime_context()
-    (run_dir / "control.json").write_text(json.dumps({"gcs_address": ctx.gcs_address, "actor": name}, indent=1))
+    info = {"gcs_address": ctx.gcs_address, "actor": name, "auth_mode": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    (run_dir / "control.json").write_text(json.dumps(info, indent=1))
     return handle
+
+
+def _reachable(address: str, timeout_s: float = 2.0) -> bool:
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def remove_control_file(run_dir: Path) -> None:
+    (run_dir / "control.json").unlink(missing_ok=True)
 
 
 def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHandle:
@@ -53,7 +72,15 @@ def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHan
     if not info_path.is_file():
         raise ValueError(f"{info_path}: not found; is a run using {run_dir} as output_dir running?")
     info = json.loads(info_path.read_text())
-    ray.init(address=address or info["gcs_address"], namespace=NAMESPACE, log_to_driver=False)
+    target = address or info["gcs_address"]
+    if not _reachable(target):
+        raise ValueError(f"cannot reach the run's cluster at {target}: the run has ended (or pass --address)")
+    # The token itself is never written here: Ray's client reads it the way the cluster did
+    # ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token).
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = info.get("auth_mode", "disabled")
+        Config.initialize("")  # Ray caches its config at import; refresh it (as ray.init does)
+    join(target, namespace=NAMESPACE)
     try:
         return ray.get_actor(info["actor"], namespace=NAMESPACE)
     except ValueError:

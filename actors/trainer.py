@@ -18,7 +18,7 @@ import ray
 import torch
 
 from actors import cluster
-from actors.control import create_control
+from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, lag_stats, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
@@ -215,6 +215,7 @@ class Trainer:
             rollout.thread.join(timeout=30)
         if getattr(self, "control", None) is not None:
             ray.kill(self.control, no_restart=True)
+            remove_control_file(self.run_dir)
         for part in ("pool", "learners"):
             obj = getattr(self, part, None)
             if obj is not None:

@@ -29,6 +29,7 @@ import argparse
 import gc
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -39,14 +40,13 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import emit  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-import ray  # noqa: E402
-
+from actors.cluster import use_loopback_only  # noqa: E402
 from actors.learner_worker import LearnerGroup  # noqa: E402
 from actors.placement import RoleOptions  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
@@ -106,25 +106,28 @@ def run_trainer(overrides: list[str], rollout: dict, learner: dict, steps: int, 
     }
 
 
-def bench_async_vs_sync(ratios: list[float], train_s: float, steps: int, warmup: int, payload_params: int) -> dict:
+def bench_async_vs_sync(ratios: list[float], train_s: float, max_steps: int, measure_s: float, warmup: int,
+                        payload_params: int) -> dict:
+    """Steps per run: enough for ``measure_s`` seconds of ideal time after the warm-up, 5 to ``max_steps``."""
     rows = []
     for ratio in ratios:
         rollout_s = ratio * train_s
         for lag in (1, 0):
+            ideal = max(rollout_s, train_s) if lag else rollout_s + train_s
+            steps = min(max_steps, warmup + max(5, math.ceil(measure_s / ideal)))
             res = run_trainer(["prompts_per_step=64", "rollout.prompts_per_call=64", "rollout.num_workers=1",
                                f"async.max_lag={lag}"],
                               {"seconds_per_call": rollout_s, "weight_load": "copy"},
                               {"train_seconds": train_s, "payload_params": payload_params}, steps, warmup)
-            ideal = max(rollout_s, train_s) if lag else rollout_s + train_s
             row = {"mode": "async" if lag else "sync", "max_lag": lag, "R_over_L": ratio, "R_s": rollout_s,
-                   "L_s": train_s, "ideal_s_per_step": ideal, "efficiency": ideal / res["achieved_s_per_step"],
+                   "L_s": train_s, "steps": steps, "ideal_s_per_step": ideal, "efficiency": ideal / res["achieved_s_per_step"],
                    "efficiency_median_step": ideal / res["median_s_per_step"],
                    "overhead_s_per_step": res["achieved_s_per_step"] - ideal, **res}
             rows.append(row)
             log(f"{row['mode']:5s} R/L={ratio:<5} ideal {ideal:.3f}s achieved {res['achieved_s_per_step']:.3f}s "
                 f"(median {res['median_s_per_step']:.3f}) eff {row['efficiency']:.3f} lag_max {max(res['lag_max'])} "
                 f"split {fmt(res['time_split_s'])} load {res['loadavg_1m']}")
-    return {"train_seconds_L": train_s, "steps": steps, "warmup_steps_excluded": warmup,
+    return {"train_seconds_L": train_s, "warmup_steps_excluded": warmup,
             "samples_per_step": 64 * 8, "payload_params": payload_params,
             "goal": ">= 0.95 of ideal", "rows": rows,
             "min_efficiency": {m: min(r["efficiency"] for r in rows if r["mode"] == m) for m in ("async", "sync")}}
@@ -219,9 +222,11 @@ def bench_weight_sync(params: list[float], repeats: int, warmup: int, object_sto
             ray.kill(worker, no_restart=True)
         exact = stats["weight_bytes"]
         t_export, t_load, t_total = (statistics.median(x[warmup:]) for x in (export, load, total))
+        best = min(total[warmup:])
         rows.append({
             "params": p, "bytes": exact, "export_to_store_s": t_export, "worker_load_s": t_load,
-            "total_s": t_total, "total_GB_per_s": exact / t_total / GB,
+            "total_s": t_total, "total_GB_per_s": exact / t_total / GB, "best_total_s": best,
+            "best_total_over_copyto": best / copyto_s,
             "memcpy_copyto_s": copyto_s, "memcpy_copyto_GB_per_s": exact / copyto_s / GB,
             "memcpy_fresh_copy_s": fresh_s, "total_over_copyto": t_total / copyto_s,
             "export_over_copyto": t_export / copyto_s, "load_over_copyto": t_load / copyto_s,
@@ -250,11 +255,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (about 4 minutes)")
     parser.add_argument("--parts", default="async,scaling,weights", help="comma-separated subset")
     parser.add_argument("--train-seconds", type=float, default=0.5, help="L of part 1")
+    parser.add_argument("--tag", default="", help="suffix of the result names (e.g. _L0.5)")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     logging.getLogger("actors.trainer").setLevel(logging.ERROR)
-    suffix = "_quick" if args.quick else ""
+    suffix = ("_quick" if args.quick else "") + args.tag
     payload = 1_000_000
     shm_free = shutil.disk_usage("/dev/shm").free
     # Weight sync needs two live versions of the largest payload (3 GB at 1.5 B parameters).
@@ -262,14 +268,16 @@ def main() -> None:
     t_start = time.perf_counter()
     # Build (or find cached) the tiny model directory once: the correction service loads its tokenizer.
     resolve_model_dir(resolve_config(overrides=BASE))
+    use_loopback_only()  # every server of the private cluster on 127.0.0.1
     ray.init(address="local", num_cpus=24, include_dashboard=False, object_store_memory=store,
              _node_ip_address="127.0.0.1", log_to_driver=False)
     results = {}
+    node_ip = ray.util.get_node_ip_address()
     try:
         if "async" in parts:
             ratios = [0.5, 1.0, 2.0] if args.quick else [0.25, 0.5, 1.0, 2.0, 4.0]
-            steps = 7 if args.quick else 12
-            res = bench_async_vs_sync(ratios, args.train_seconds, steps, 2, payload)
+            res = bench_async_vs_sync(ratios, args.train_seconds, max_steps=8 if args.quick else 14,
+                                      measure_s=4.0 if args.quick else 10.0, warmup=2, payload_params=payload)
             emit(f"orchestration_async_vs_sync_cpu{suffix}", res, save=not args.no_save)
             results["async"] = res
         if "scaling" in parts:
@@ -280,14 +288,16 @@ def main() -> None:
             results["scaling"] = res
         if "weights" in parts:
             params = [0.1e9, 0.5e9] if args.quick else [0.1e9, 0.5e9, 1.5e9]
-            res = bench_weight_sync(params, repeats=5, warmup=2, object_store_bytes=store)
+            res = bench_weight_sync(params, repeats=7, warmup=3, object_store_bytes=store)
             res["object_store_bytes"], res["dev_shm_free_bytes"] = store, shm_free
             emit(f"orchestration_weight_sync_cpu{suffix}", res, save=not args.no_save)
             results["weights"] = res
     finally:
         ray.shutdown()
-    summary = {"wall_seconds": time.perf_counter() - t_start, "quick": args.quick}
+    summary = {"wall_seconds": time.perf_counter() - t_start, "quick": args.quick, "parts": sorted(parts),
+               "ray_node_ip": node_ip}
     if "async" in results:
+        summary["train_seconds_L"] = args.train_seconds
         summary["async_vs_sync_efficiency"] = {f"{r['mode']}@R/L={r['R_over_L']}": round(r["efficiency"], 4)
                                                for r in results["async"]["rows"]}
     if "scaling" in results:

@@ -6,6 +6,8 @@ Runs the real stack in this process on a private loopback Ray cluster.
 """
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -77,3 +79,39 @@ def test_lost_learner_rank_fails_fast_with_a_clear_message(trainer_factory):
     with pytest.raises(ray.exceptions.RayActorError):
         trainer.run()
     assert time.monotonic() - started < 120
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def aisrl_scale(run_dir, workers: int) -> None:
+    cmd = [sys.executable, "-c", "from actors.cli import app; app()", "scale", str(run_dir), "--workers", str(workers)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_scale_workers_up_and_down_while_training(trainer_factory):
+    trainer = trainer_factory("max_steps=100000", "rollout.num_workers=1")
+    runner = threading.Thread(target=trainer.run, daemon=True)
+    runner.start()
+    wait_for(lambda: trainer.step >= 2, 120, "step 2")
+    aisrl_scale(trainer.run_dir, 2)
+    up = wait_for(lambda: len(trainer.pool.ready()) == 2, 180, "a second ready worker")
+    step_up = trainer.step
+    wait_for(lambda: trainer.step >= step_up + 3, 60, "training to go on with 2 workers")
+    aisrl_scale(trainer.run_dir, 1)
+    wait_for(lambda: len(trainer.pool.slots) == 1, 60, "one worker retired")
+    step_down = trainer.step
+    wait_for(lambda: trainer.step >= step_down + 3, 60, "training to go on with 1 worker")
+    trainer.stop_requested.set()
+    runner.join(timeout=120)
+    print(f"\nsecond worker ready {up:.1f} s after `aisrl scale`")
+    counts = trainer.sampler.counts()
+    assert counts["duplicates"] == 0 and counts["trained"] == trainer.step * 4
+    assert counts["issued"] == counts["trained"] + counts["dropped"] + counts["in_flight"] + counts["buffered"]

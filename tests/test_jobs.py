@@ -153,8 +153,12 @@ def job_ids(out: str) -> list[str]:
 def test_submit_runs_the_validated_config_to_success(head, tmp_path):
     run = tmp_path / "run"
     t0 = time.monotonic()
-    out = aisrl("submit", "--address", head.url, *ONE_STEP, f"output_dir={run}", "--follow",
-                token=head.token, home=tmp_path)
+    try:
+        out = aisrl("submit", "--address", head.url, *ONE_STEP, f"output_dir={run}", "--follow",
+                    token=head.token, home=tmp_path, timeout=180)
+    except subprocess.TimeoutExpired as exc:
+        streamed = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail("the job did not end within 180 s; the end of its logs:\n" + streamed[-3000:])
     elapsed = time.monotonic() - t0
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     [job_id] = job_ids(out.stdout)

@@ -9,7 +9,6 @@ faster per step than the synchronous one.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,13 +19,14 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
+from actors.cluster import use_loopback_only  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 R = L = 0.3  # simulated seconds per generate call (one call = one step's batch) and per train step
-STEPS, WARMUP = 6, 2
+STEPS, WARMUP = 5, 2
 PROMPTS, GROUP = 8, 4
 
 
@@ -34,7 +34,7 @@ PROMPTS, GROUP = 8, 4
 def ray_cluster(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AISRL_CACHE_DIR", str(tmp_path_factory.mktemp("model-cache")))
-        mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        use_loopback_only()
         ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 * 2**20,
                  _node_ip_address="127.0.0.1", log_to_driver=False)
         try:

@@ -1,17 +1,17 @@
 """Exact order statistics of |d| = |old - mu| over the valid tokens, on CPU (numba), without materialising |d|.
 
 numpy's median needs the (n+1)/2-th smallest value, or the n/2-th and (n/2+1)-th. Selection
-by bracketing (the idea of Floyd-Rivest), exact for any input:
+by bracketing (the idea of Floyd and Rivest), exact for any input:
 
-1. a strided sample of m ~ (2.5 n)**(2/3) valid |d| is partitioned; the sample ranks
-   r * m / n -+ (2.5 sqrt(m) + 8) (over 5 binomial standard deviations) give a bracket [lo, hi];
-   (up to 1024 valid tokens, the bracket is [0, inf]);
-2. one pass over the tokens counts the |d| < lo and keeps those in [lo, hi]
-   (a few percent of n), each response in its own row of a scratch buffer;
-3. ``np.partition`` selects the ranks within the kept values. If the bracket missed (an
-   adversarial layout), the pass is repeated with [0, inf]: every value is kept.
+1. ``median_bracket``: a strided sample of m ~ (2.5 N)**(2/3) valid |d| is partitioned; its
+   ranks m/2 -+ (2.5 sqrt(m) + 8) (over 5 binomial standard deviations) give [lo, hi];
+2. ``_band_pass`` counts the valid |d| < lo and keeps those in [lo, hi] (a few percent of
+   n). (Fusing it into ``row_sums_kernel`` was measured: no faster, that kernel is compute-bound);
+3. ``order_statistics_in_band`` selects the ranks within the kept values with
+   ``np.partition``. If the bracket missed (an adversarial layout), the pass is repeated
+   with [0, inf], which keeps every value.
 
-|d| is recomputed from the float inputs exactly as in ``row_sums_kernel`` (in float64).
+|d| is computed from the float inputs exactly as in ``row_sums_kernel`` (in float64).
 """
 
 import math
@@ -21,66 +21,35 @@ from numba import njit
 
 _MIN_SAMPLE = 1024
 _MAX_SAMPLE = 65536
+BAND_CHUNK = 256
+"""Tokens per chunk of the band passes."""
 
 
-@njit(cache=True)
-def _sample_abs_d(mu_BT, old_BT, valid_BT, stride):
-    """|d| of the valid tokens at flat positions 0, stride, 2 stride, ..."""
-    mu_N, old_N, valid_N = mu_BT.reshape(-1), old_BT.reshape(-1), valid_BT.reshape(-1)
+@njit(cache=True, nogil=True)
+def _sample_abs_d(mu_N, old_N, mask_N, stride):
+    """|d| of the valid tokens (mask and both finite) at flat positions 0, stride, 2 stride, ..."""
     out = np.empty((mu_N.shape[0] + stride - 1) // stride)
     num = 0
     for j in range(0, mu_N.shape[0], stride):
-        if valid_N[j]:
-            out[num] = abs(np.float64(old_N[j]) - np.float64(mu_N[j]))
+        a = abs(np.float64(old_N[j]) - np.float64(mu_N[j]))
+        if mask_N[j] and a < math.inf:
+            out[num] = a
             num += 1
     return out[:num]
 
 
-@njit(cache=True, nogil=True)
-def _band_rows(mu_BT, old_BT, valid_BT, lo, hi, band_BT, counts_B2):
-    """Per response: the number of valid |d| < lo, and the valid |d| in [lo, hi] (into its row)."""
-    for i in range(mu_BT.shape[0]):
-        below = kept = 0
-        for t in range(mu_BT.shape[1]):
-            if valid_BT[i, t]:
-                a = abs(np.float64(old_BT[i, t]) - np.float64(mu_BT[i, t]))
-                if a < lo:
-                    below += 1
-                elif a <= hi:
-                    band_BT[i, kept] = a
-                    kept += 1
-        counts_B2[i, 0] = below
-        counts_B2[i, 1] = kept
-
-
-@njit(cache=True)
-def _gather_rows(band_BT, kept_B):
-    """The first kept_B[i] values of every row of band_BT, concatenated."""
-    out = np.empty(kept_B.sum())
-    num = 0
-    for i in range(band_BT.shape[0]):
-        out[num : num + kept_B[i]] = band_BT[i, : kept_B[i]]
-        num += kept_B[i]
-    return out
-
-
-def _band(mu_BT, old_BT, valid_BT, lo: float, hi: float) -> tuple[int, np.ndarray]:
-    """(number of valid |d| below lo, the valid |d| within [lo, hi])."""
-    band_BT = np.empty(mu_BT.shape)  # pages are touched only where values are kept
-    counts_B2 = np.empty((mu_BT.shape[0], 2), dtype=np.int64)
-    _band_rows(mu_BT, old_BT, valid_BT, lo, hi, band_BT, counts_B2)
-    return int(counts_B2[:, 0].sum()), _gather_rows(band_BT, counts_B2[:, 1].copy())
-
-
-def _bracket(mu_BT, old_BT, valid_BT, count: int, ranks: list[int]) -> tuple[float, float]:
-    """[lo, hi] that holds the wanted ranks with overwhelming probability, from a sample."""
-    size = min(max((2.5 * count) ** (2 / 3), _MIN_SAMPLE), _MAX_SAMPLE)
-    stride = max(1, int(count / size))  # a flat stride samples about count / stride valid tokens
-    sample_S = _sample_abs_d(mu_BT, old_BT, valid_BT, stride)
+def median_bracket(mu_BT: np.ndarray, old_BT: np.ndarray, mask_BT: np.ndarray) -> tuple[float, float]:
+    """[lo, hi] that holds the median |d| with overwhelming probability; [0, inf] for a small batch."""
+    size = mu_BT.size
+    if size <= _MIN_SAMPLE:
+        return 0.0, math.inf
+    target = min(max((2.5 * size) ** (2 / 3), _MIN_SAMPLE), _MAX_SAMPLE)
+    sample_S = _sample_abs_d(
+        mu_BT.reshape(-1), old_BT.reshape(-1), mask_BT.reshape(-1), max(1, int(size / target))
+    )
     num = sample_S.shape[0]
     margin = 2.5 * math.sqrt(num) + 8.0
-    rank_lo = math.floor(min(ranks) / count * num - margin)
-    rank_hi = math.ceil(max(ranks) / count * num + margin)
+    rank_lo, rank_hi = math.floor(num / 2 - margin), math.ceil(num / 2 + 1 + margin)
     picks = [r - 1 for r in (rank_lo, rank_hi) if 1 <= r <= num]
     part_S = np.partition(sample_S, picks) if picks else sample_S
     lo = float(part_S[rank_lo - 1]) if rank_lo >= 1 else 0.0
@@ -88,11 +57,56 @@ def _bracket(mu_BT, old_BT, valid_BT, count: int, ranks: list[int]) -> tuple[flo
     return lo, hi
 
 
-def abs_d_order_statistics(mu_BT, old_BT, valid_BT, count: int, ranks: list[int]) -> list[float]:
-    """The values of the 1-indexed ``ranks`` among the ``count`` valid |d| (numpy [B, T] inputs)."""
-    lo, hi = (0.0, math.inf) if count <= _MIN_SAMPLE else _bracket(mu_BT, old_BT, valid_BT, count, ranks)
-    below, band_M = _band(mu_BT, old_BT, valid_BT, lo, hi)
+@njit(cache=True, nogil=True)
+def keep_band_chunk(abs_d_C, kept_C, num, band_N, cursor):
+    """Move the flagged ones of ``abs_d_C[:num]`` to ``band_N[cursor:]``; return the new cursor.
+
+    Branch-free (a store at every token, the cursor moving only for kept ones): whether |d|
+    is in the band is a coin flip that a branch would mispredict.
+    """
+    for c in range(num):
+        band_N[cursor] = abs_d_C[c]  # cursor <= tokens seen so far: inside band_N
+        cursor += kept_C[c]
+    return cursor
+
+
+@njit(cache=True, nogil=True)
+def _band_pass(mu_BT, old_BT, valid_BT, lo, hi, band_N):
+    """(number of valid |d| < lo, number kept); the valid |d| in [lo, hi] go to band_N[:kept]."""
+    abs_d_C = np.empty(BAND_CHUNK)
+    kept_C = np.empty(BAND_CHUNK, dtype=np.uint8)
+    below = cursor = 0
+    for i in range(mu_BT.shape[0]):
+        for start in range(0, mu_BT.shape[1], BAND_CHUNK):
+            stop = min(start + BAND_CHUNK, mu_BT.shape[1])
+            mu_C, old_C = mu_BT[i, start:stop], old_BT[i, start:stop]
+            valid_C = valid_BT[i, start:stop]
+            hits = 0
+            for c in range(stop - start):  # vectorised
+                a = abs(np.float64(old_C[c]) - np.float64(mu_C[c]))
+                below += valid_C[c] & (a < lo)
+                abs_d_C[c] = a
+                kept_C[c] = valid_C[c] & (a >= lo) & (a <= hi)
+                hits += kept_C[c]
+            if hits:
+                cursor = keep_band_chunk(abs_d_C, kept_C, stop - start, band_N, cursor)
+    return below, cursor
+
+
+def order_statistics_in_band(below: int, band_M: np.ndarray, ranks: list[int]) -> list[float] | None:
+    """The values of the 1-indexed ``ranks`` if the band (after ``below`` smaller values) holds them, else None."""
     if not (below < min(ranks) and max(ranks) <= below + band_M.shape[0]):
-        below, band_M = _band(mu_BT, old_BT, valid_BT, 0.0, math.inf)
+        return None
     picked_M = np.partition(band_M, [r - below - 1 for r in ranks])
     return [float(picked_M[r - below - 1]) for r in ranks]
+
+
+def abs_d_order_statistics(mu_BT, old_BT, valid_BT, ranks: list[int]) -> list[float]:
+    """The values of the 1-indexed ``ranks`` among the valid |d| (numpy [B, T] inputs)."""
+    band_N = np.empty(mu_BT.size)  # only the kept values touch its pages
+    for lo, hi in (median_bracket(mu_BT, old_BT, valid_BT), (0.0, math.inf)):
+        below, kept = _band_pass(mu_BT, old_BT, valid_BT, lo, hi, band_N)
+        values = order_statistics_in_band(below, band_N[:kept], ranks)
+        if values is not None:
+            return values
+    raise AssertionError("the band [0, inf] holds every rank")

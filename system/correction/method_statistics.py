@@ -18,7 +18,7 @@ import torch
 
 from system.correction.ratios import LogRatios
 from system.correction.reductions import LENGTH_BUCKETS, fraction_by_bucket
-from system.correction.weight_row_sums import weight_row_sums
+from system.correction.weight_row_sums import WEIGHT_COLUMNS, weight_row_sums
 
 
 def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
@@ -28,8 +28,7 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
         raise ValueError(
             f"weights have shape {tuple(w_BT.shape)} but the batch is {tuple(ratios.valid_BT.shape)}"
         )
-    n = ratios.num_tokens
-    n_seq = ratios.num_sequences
+    n, n_seq = ratios.num_tokens, ratios.num_sequences
     if n == 0:
         return {
             "keep_token_frac": None,
@@ -39,17 +38,15 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
             "ess": None,
             "keep_seq_frac_by_len": {key: None for key, _ in LENGTH_BUCKETS},
         }
-    rows_B4 = weight_row_sums(w_BT, ratios.valid_BT, ratios.cpu_arrays is not None)
-    kept_seq_B = rows_B4[:, 0] > 0
-    totals = torch.cat([rows_B4[:, :3].sum(0), rows_B4[:, 3].max()[None], kept_seq_B.sum()[None]])
-    num_kept, sum_w, sum_w_sq, max_w, num_kept_seq = totals.tolist()
+    rows_B4 = weight_row_sums(w_BT, ratios.valid_BT, ratios.cpu_arrays is not None).cpu().numpy()
+    num_valid_B = rows_B4[:, WEIGHT_COLUMNS.index("num_valid")]
+    kept_seq_B = rows_B4[:, WEIGHT_COLUMNS.index("num_kept")] > 0
+    num_kept, sum_w, sum_w_sq = rows_B4[:, 1:4].sum(0).tolist()
     return {
         "keep_token_frac": num_kept / n,
-        "keep_seq_frac": num_kept_seq / n_seq,
+        "keep_seq_frac": int(kept_seq_B.sum()) / n_seq,
         "weight_mean": sum_w / n,
-        "weight_max": max_w,
+        "weight_max": float(rows_B4[:, 4].max()),
         "ess": 0.0 if sum_w_sq == 0.0 else min(sum_w**2 / (n * sum_w_sq), 1.0),
-        "keep_seq_frac_by_len": fraction_by_bucket(
-            kept_seq_B, ratios.num_valid_B, ratios.seq_valid_B
-        ),
+        "keep_seq_frac_by_len": fraction_by_bucket(kept_seq_B, num_valid_B, num_valid_B >= 1),
     }

@@ -136,7 +136,7 @@ def uses_cpu_kernels(behaviour_BT: torch.Tensor) -> bool:
     return behaviour_BT.device.type == "cpu"
 
 
-def _assemble(valid_BT, sums_BK, behaviour_BT, proximal_BT, weight_dtype, cpu_arrays, tokens):
+def _assemble(valid_BT, sums_BK, behaviour_BT, proximal_BT, weight_dtype, **extra) -> LogRatios:
     num_valid_B = sums_BK[:, COL["num_valid"]].to(torch.int64)
     nonfinite_B = sums_BK[:, COL["num_nonfinite"]].to(torch.int64)
     seq_logratio_B = sums_BK[:, COL["sum_dc"]].contiguous()
@@ -152,8 +152,7 @@ def _assemble(valid_BT, sums_BK, behaviour_BT, proximal_BT, weight_dtype, cpu_ar
         sums_BK=sums_BK,
         behaviour_input_BT=behaviour_BT,
         proximal_input_BT=proximal_BT,
-        cpu_arrays=cpu_arrays,
-        _tokens=tokens,
+        **extra,
     )
 
 
@@ -168,7 +167,7 @@ def _kernel_ratios(behaviour_BT, proximal_BT, in_mask_BT, weight_dtype) -> LogRa
     row_sums_kernel(mu_np, old_np, in_mask_BT.contiguous().numpy(), valid_np, sums_np)
     return _assemble(
         torch.from_numpy(valid_np), torch.from_numpy(sums_np), behaviour_BT, proximal_BT,
-        weight_dtype, (mu_np, old_np, valid_np), {},
+        weight_dtype, cpu_arrays=(mu_np, old_np, valid_np),
     )  # fmt: skip
 
 
@@ -176,7 +175,7 @@ def _torch_ratios(behaviour_BT, proximal_BT, in_mask_BT, weight_dtype) -> LogRat
     valid_BT, nonfinite_BT = valid_masks_BT(behaviour_BT, proximal_BT, in_mask_BT)
     tokens = _token_tensors(behaviour_BT, proximal_BT, valid_BT)
     sums_BK = row_sums_torch(tokens["behaviour_BT"], tokens["proximal_BT"], valid_BT, nonfinite_BT)
-    return _assemble(valid_BT, sums_BK, behaviour_BT, proximal_BT, weight_dtype, None, tokens)
+    return _assemble(valid_BT, sums_BK, behaviour_BT, proximal_BT, weight_dtype, _tokens=tokens)
 
 
 def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatios:
@@ -211,7 +210,8 @@ def select_sequences(ratios: LogRatios, rows_B: torch.Tensor) -> LogRatios:
     cpu_arrays = None
     if ratios.cpu_arrays is not None:
         cpu_arrays = (behaviour_BT.numpy(), proximal_BT.numpy(), valid_BT.numpy())
+    tokens = {name: t[rows_B] for name, t in ratios._tokens.items()}
     return _assemble(
         valid_BT, ratios.sums_BK[rows_B], behaviour_BT, proximal_BT, ratios.weight_dtype,
-        cpu_arrays, {name: t[rows_B] for name, t in ratios._tokens.items()},
+        cpu_arrays=cpu_arrays, _tokens=tokens,
     )

@@ -88,18 +88,14 @@ def _pearson_columns(mu_BT, old_BT, valid_BT) -> tuple[list[torch.Tensor], list[
 
 def row_sums_torch(mu_BT, old_BT, valid_BT, nonfinite_BT) -> torch.Tensor:
     """``sums_BK`` (float64 [B, K]) from float64 log-probs that are 0 where not valid."""
+    if mu_BT.shape[1] == 0:  # one column, not valid, so that every row reduction is defined
+        mu_BT, old_BT, valid_BT, nonfinite_BT = (
+            x.new_zeros(x.shape[0], 1) for x in (mu_BT, old_BT, valid_BT, nonfinite_BT)
+        )
     sums = _token_columns(mu_BT, old_BT, valid_BT, nonfinite_BT)
     pearson_sums, refs = _pearson_columns(mu_BT, old_BT, valid_BT)
     d_BT = old_BT - mu_BT
-    max_abs_d_B = _row_extreme(d_BT.abs(), valid_BT, 0.0, torch.amax)
-    min_d_B = _row_extreme(d_BT, valid_BT, math.inf, torch.amin)
+    max_abs_d_B = d_BT.abs().amax(1)  # 0 where not valid
+    min_d_B = torch.where(valid_BT, d_BT, math.inf).amin(1)
     columns = [*sums, *pearson_sums, max_abs_d_B, min_d_B, *refs]
     return torch.stack([c.to(torch.float64) for c in columns], dim=1)
-
-
-def _row_extreme(x_BT, valid_BT, empty: float, reduce) -> torch.Tensor:
-    """``reduce`` (amax or amin) of each row over its valid entries, ``empty`` for a row without one."""
-    filled_BT = torch.where(valid_BT, x_BT, empty)
-    if x_BT.shape[1] == 0:
-        return filled_BT.new_full((x_BT.shape[0],), empty)
-    return reduce(filled_BT, dim=1)

@@ -56,10 +56,13 @@ def _reduced(x):
     """(k, expm1(r)) with x = k ln 2 + r and k an integer (as int64), for |x| <= 1100."""
     k = math.floor(x * _INV_LN2 + 0.5)
     r = (x - k * _LN2_HI) - k * _LN2_LO
-    q = _C10 + r * (_C11 + r * (_C12 + r * _C13))
-    q = _C6 + r * (_C7 + r * (_C8 + r * (_C9 + r * q)))
-    q = _C2 + r * (_C3 + r * (_C4 + r * (_C5 + r * q)))
-    return np.int64(k), r + r * r * q
+    r2 = r * r
+    r4 = r2 * r2
+    q0 = (_C2 + _C3 * r) + (_C4 + _C5 * r) * r2  # Estrin's scheme: a short dependency chain
+    q1 = (_C6 + _C7 * r) + (_C8 + _C9 * r) * r2
+    q2 = (_C10 + _C11 * r) + (_C12 + _C13 * r) * r2
+    q = (q0 + q1 * r4) + q2 * (r4 * r4)
+    return np.int64(k), r + r2 * q
 
 
 @njit(cache=True, inline="always")
