@@ -78,5 +78,5 @@ def keep_by_length(methods: dict[str, dict]) -> str:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("kept sequence fraction")
     ax.set_xlabel("response length (tokens)")
-    ax.legend(fontsize=7, ncol=3, loc="lower left", framealpha=0.9)
+    ax.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     return _png(fig)
