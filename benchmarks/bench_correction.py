@@ -56,10 +56,14 @@ def time_size(n: int, device: str, repeats: int, sync) -> dict:
     """One row of the result: the three timings of a batch of ``n`` tokens and their ratios."""
     mu, old, mask = make_batch(n, device)
     # Default arguments bind this batch, not the loop variable at call time (B023).
-    floor_s = time_median(lambda mu=mu, old=old, mask=mask: floor(mu, old, mask), repeats, sync=sync)
+    floor_s = time_median(
+        lambda mu=mu, old=old, mask=mask: floor(mu, old, mask), repeats, sync=sync
+    )
     ours_s = time_median(lambda mu=mu, old=old, mask=mask: ours(mu, old, mask), repeats, sync=sync)
     naive_s = time_median(
-        lambda mu=mu, old=old, mask=mask: all_metrics(mu, old, mask), max(2, repeats // 2), sync=sync
+        lambda mu=mu, old=old, mask=mask: all_metrics(mu, old, mask),
+        max(2, repeats // 2),
+        sync=sync,
     )
     return {
         "tokens": n, "valid_tokens": int(mask.sum()), "floor_s": floor_s, "ours_s": ours_s,

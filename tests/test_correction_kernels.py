@@ -96,7 +96,10 @@ def test_exp_any_underflows_and_overflows_like_libm():
     got_N = _exps(x_N)[2]
     normal = (want_N > 2.3e-308) & np.isfinite(want_N)
     assert _max_rel_err(got_N[normal], want_N[normal]) <= 2 * ULP
-    assert np.max(np.abs(got_N[~normal & np.isfinite(want_N)] - want_N[~normal & np.isfinite(want_N)])) <= 5e-324
+    assert (
+        np.max(np.abs(got_N[~normal & np.isfinite(want_N)] - want_N[~normal & np.isfinite(want_N)]))
+        <= 5e-324
+    )
     assert np.array_equal(np.isinf(got_N), np.isinf(want_N))
 
 

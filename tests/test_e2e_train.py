@@ -23,8 +23,11 @@ SMALL = ["prompts_per_step=4", "rollout.group_size=4", "rollout.prompts_per_call
          "model.warm_start_steps=20", "report.dump_every=2", "checkpoint_every=2", "report.console=false"]
 
 
+FAKE_KEY = "fake-wandb-key-" + "5ecre7" * 5  # planted: must appear in no artefact or log
+
+
 def aisrl(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AISRL_CACHE_DIR": str(cache), "WANDB_MODE": "offline"}
+    env = {**os.environ, "AISRL_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "WANDB_API_KEY": FAKE_KEY}
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", *args]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
@@ -42,7 +45,10 @@ def cache(tmp_path_factory) -> Path:
 
 def test_train_three_steps_then_resume(tmp_path, cache):
     run = tmp_path / "run"
-    aisrl("train", "max_steps=3", f"output_dir={run}", *SMALL, cache=cache)
+    first = aisrl("train", "max_steps=3", f"output_dir={run}", *SMALL, cache=cache)
+    assert FAKE_KEY not in first.stdout + first.stderr
+    leaks = [p for p in run.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
+    assert leaks == []
 
     config = json.loads((run / "config.json").read_text())
     assert config["max_steps"] == 3 and config["correction"]["method"]["type"] == "seq-mis"

@@ -27,7 +27,6 @@ tensors, no fused pass) measured 3e-14 at worst.
 Shapes: B = responses in the batch, T = padded response length.
 """
 
-
 import numpy as np
 import torch
 
@@ -64,7 +63,9 @@ _MEANS = {  # key: (column, scale), the mean is scale * (column total) / n
 
 def _token_statistics(rows_NK: np.ndarray, n: int) -> dict[str, float]:
     """Every token mean, ess_token and the max |d|, from the column totals."""
-    totals = dict(zip(SUMMED_COLUMNS, rows_NK[:, : len(SUMMED_COLUMNS)].sum(0).tolist(), strict=True))
+    totals = dict(
+        zip(SUMMED_COLUMNS, rows_NK[:, : len(SUMMED_COLUMNS)].sum(0).tolist(), strict=True)
+    )
     out = {key: 0.0 + scale * totals[col] / n for key, (col, scale) in _MEANS.items()}  # no -0.0
     sum_rho, sum_rho_sq = totals["sum_rho"], totals["sum_rho_sq"]
     out["ess_token"] = min(sum_rho**2 / (n * sum_rho_sq), 1.0)  # <= 1 up to rounding

@@ -19,6 +19,8 @@ import math
 import numpy as np
 from numba import njit
 
+from system.correction.row_sums_kernel import flag_span
+
 _MIN_SAMPLE = 1024
 _MAX_SAMPLE = 65536
 BAND_CHUNK = 256
@@ -38,7 +40,9 @@ def _sample_abs_d(mu_N, old_N, mask_N, stride):
     return out[:num]
 
 
-def median_bracket(mu_BT: np.ndarray, old_BT: np.ndarray, mask_BT: np.ndarray) -> tuple[float, float]:
+def median_bracket(
+    mu_BT: np.ndarray, old_BT: np.ndarray, mask_BT: np.ndarray
+) -> tuple[float, float]:
     """[lo, hi] that holds the median |d| with overwhelming probability; [0, inf] for a small batch."""
     size = mu_BT.size
     if size <= _MIN_SAMPLE:
@@ -77,10 +81,14 @@ def _band_pass(mu_BT, old_BT, valid_BT, lo, hi, band_N):
     kept_C = np.empty(BAND_CHUNK, dtype=np.uint8)
     below = cursor = 0
     for i in range(mu_BT.shape[0]):
-        for start in range(0, mu_BT.shape[1], BAND_CHUNK):
-            stop = min(start + BAND_CHUNK, mu_BT.shape[1])
-            mu_C, old_C = mu_BT[i, start:stop], old_BT[i, start:stop]
-            valid_C = valid_BT[i, start:stop]
+        first, end = flag_span(valid_BT[i])  # padding on either side is not visited
+        for start in range(first, end, BAND_CHUNK):
+            stop = min(start + BAND_CHUNK, end)
+            mu_C, old_C, valid_C = (
+                mu_BT[i, start:stop],
+                old_BT[i, start:stop],
+                valid_BT[i, start:stop],
+            )
             hits = 0
             for c in range(stop - start):  # vectorised
                 a = abs(np.float64(old_C[c]) - np.float64(mu_C[c]))
@@ -93,7 +101,9 @@ def _band_pass(mu_BT, old_BT, valid_BT, lo, hi, band_N):
     return below, cursor
 
 
-def order_statistics_in_band(below: int, band_M: np.ndarray, ranks: list[int]) -> list[float] | None:
+def order_statistics_in_band(
+    below: int, band_M: np.ndarray, ranks: list[int]
+) -> list[float] | None:
     """The values of the 1-indexed ``ranks`` if the band (after ``below`` smaller values) holds them, else None."""
     if not (below < min(ranks) and max(ranks) <= below + band_M.shape[0]):
         return None

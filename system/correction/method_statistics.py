@@ -18,7 +18,7 @@ import torch
 
 from system.correction.ratios import LogRatios
 from system.correction.reductions import LENGTH_BUCKETS, fraction_by_bucket
-from system.correction.weight_row_sums import WEIGHT_COLUMNS, weight_row_sums
+from system.correction.weight_row_sums import weight_row_sums
 
 
 def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
@@ -28,7 +28,9 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
         raise ValueError(
             f"weights have shape {tuple(w_BT.shape)} but the batch is {tuple(ratios.valid_BT.shape)}"
         )
-    n, n_seq = ratios.num_tokens, ratios.num_sequences
+    rows_B5 = weight_row_sums(w_BT, ratios.valid_BT, ratios.cpu_arrays is not None).cpu().numpy()
+    num_valid_B, num_kept_B, sum_w_B, sum_w_sq_B, max_w_B = rows_B5.T
+    n = int(num_valid_B.sum())
     if n == 0:
         return {
             "keep_token_frac": None,
@@ -38,15 +40,14 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
             "ess": None,
             "keep_seq_frac_by_len": {key: None for key, _ in LENGTH_BUCKETS},
         }
-    rows_B4 = weight_row_sums(w_BT, ratios.valid_BT, ratios.cpu_arrays is not None).cpu().numpy()
-    num_valid_B = rows_B4[:, WEIGHT_COLUMNS.index("num_valid")]
-    kept_seq_B = rows_B4[:, WEIGHT_COLUMNS.index("num_kept")] > 0
-    num_kept, sum_w, sum_w_sq = rows_B4[:, 1:4].sum(0).tolist()
+    seq_valid_B = num_valid_B >= 1
+    kept_seq_B = num_kept_B > 0
+    sum_w, sum_w_sq = float(sum_w_B.sum()), float(sum_w_sq_B.sum())
     return {
-        "keep_token_frac": num_kept / n,
-        "keep_seq_frac": int(kept_seq_B.sum()) / n_seq,
+        "keep_token_frac": float(num_kept_B.sum()) / n,
+        "keep_seq_frac": int(kept_seq_B.sum()) / int(seq_valid_B.sum()),
         "weight_mean": sum_w / n,
-        "weight_max": float(rows_B4[:, 4].max()),
+        "weight_max": float(max_w_B.max()),
         "ess": 0.0 if sum_w_sq == 0.0 else min(sum_w**2 / (n * sum_w_sq), 1.0),
-        "keep_seq_frac_by_len": fraction_by_bucket(kept_seq_B, num_valid_B, num_valid_B >= 1),
+        "keep_seq_frac_by_len": fraction_by_bucket(kept_seq_B, num_valid_B, seq_valid_B),
     }

@@ -83,7 +83,9 @@ def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correct
         num_sequences = ratios.seq_valid_B.sum().clamp(min=1)
         mean = torch.where(ratios.seq_valid_B, w_B, 0.0).sum() / num_sequences
         w_B = torch.where(mean > 0, w_B / mean, w_B)
-    return spread_over_valid(w_B.to(ratios.weight_dtype), ratios.valid_BT, ratios.cpu_arrays is not None)
+    return spread_over_valid(
+        w_B.to(ratios.weight_dtype), ratios.valid_BT, ratios.cpu_arrays is not None
+    )
 
 
 def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:

@@ -19,36 +19,30 @@ import numpy as np
 
 from system.correction.row_sums import COL
 
-_SUMS = [COL["sum_mu"], COL["sum_old"]]
-_REFS = [COL["ref_mu"], COL["ref_old"]]
-_SQUARES = [COL["sum_mu_sq"], COL["sum_old_sq"], COL["sum_mu_old"]]
-_MOVES = [COL["num_mu_moves"], COL["num_old_moves"]]
 
-
-def _constant(rows_NK: np.ndarray) -> bool:
-    """Whether mu or old takes a single value over the valid tokens."""
-    refs_N2 = rows_NK[:, _REFS]
-    same_2 = (rows_NK[:, _MOVES].sum(0) == 0) & (refs_N2 == refs_N2[0]).all(0)
-    return bool(same_2.any())
-
-
-def _centred_moments(rows_NK: np.ndarray) -> np.ndarray:
-    """[M(mu, mu), M(old, old), M(mu, old)] merged over the rows."""
-    n_N1 = rows_NK[:, COL["num_valid"], None]
-    sums_N2 = rows_NK[:, _SUMS]
-    mean_N2 = rows_NK[:, _REFS] + sums_N2 / n_N1
-    dev_N2 = mean_N2 - (n_N1 * mean_N2).sum(0) / n_N1.sum()
-    pairs = ([0, 1, 0], [0, 1, 1])  # (mu, mu), (old, old), (mu, old)
-    within_N3 = rows_NK[:, _SQUARES] - sums_N2[:, pairs[0]] * sums_N2[:, pairs[1]] / n_N1
-    between_N3 = n_N1 * dev_N2[:, pairs[0]] * dev_N2[:, pairs[1]]
-    return (within_N3 + between_N3).sum(0)
+def _constant(rows_NK: np.ndarray, x: str) -> bool:
+    """Whether x (mu or old) takes a single value over the valid tokens."""
+    refs_N = rows_NK[:, COL[f"ref_{x}"]]
+    return rows_NK[:, COL[f"num_{x}_moves"]].sum() == 0 and bool((refs_N == refs_N[0]).all())
 
 
 def pearson_from_rows(rows_NK: np.ndarray) -> float | None:
     """The correlation of mu and old from the rows of the non-empty responses (N >= 1)."""
-    if _constant(rows_NK):
+    if _constant(rows_NK, "mu") or _constant(rows_NK, "old"):
         return None
-    var_mu, var_old, cov = _centred_moments(rows_NK).tolist()
+    n_N = rows_NK[:, COL["num_valid"]]
+    s_mu_N, s_old_N = rows_NK[:, COL["sum_mu"]], rows_NK[:, COL["sum_old"]]
+    mean_mu_N = rows_NK[:, COL["ref_mu"]] + s_mu_N / n_N
+    mean_old_N = rows_NK[:, COL["ref_old"]] + s_old_N / n_N
+    dev_mu_N = mean_mu_N - np.dot(n_N, mean_mu_N) / n_N.sum()
+    dev_old_N = mean_old_N - np.dot(n_N, mean_old_N) / n_N.sum()
+    var_mu = (rows_NK[:, COL["sum_mu_sq"]] - s_mu_N * s_mu_N / n_N).sum() + np.dot(n_N, dev_mu_N**2)
+    var_old = (rows_NK[:, COL["sum_old_sq"]] - s_old_N * s_old_N / n_N).sum() + np.dot(
+        n_N, dev_old_N**2
+    )
+    cov = (rows_NK[:, COL["sum_mu_old"]] - s_mu_N * s_old_N / n_N).sum() + np.dot(
+        n_N * dev_mu_N, dev_old_N
+    )
     if var_mu <= 0.0 or var_old <= 0.0:  # rounding on a nearly constant input
         return None
-    return max(-1.0, min(1.0, cov / (math.sqrt(var_mu) * math.sqrt(var_old))))
+    return max(-1.0, min(1.0, float(cov / (math.sqrt(var_mu) * math.sqrt(var_old)))))

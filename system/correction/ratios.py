@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from system.correction.row_sums import (
-    COL,
     COLUMNS,
     LOG_RATIO_CLAMP,
+    row_fields,
     row_sums_torch,
     valid_masks_BT,
 )
@@ -115,7 +115,13 @@ def _token_tensors(behaviour_BT, proximal_BT, valid_BT) -> dict[str, torch.Tenso
     d_BT = old_BT - mu_BT
     dc_BT = d_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     rho_BT = torch.where(valid_BT, dc_BT.exp(), 0.0)
-    return {"d_BT": d_BT, "dc_BT": dc_BT, "rho_BT": rho_BT, "behaviour_BT": mu_BT, "proximal_BT": old_BT}
+    return {
+        "d_BT": d_BT,
+        "dc_BT": dc_BT,
+        "rho_BT": rho_BT,
+        "behaviour_BT": mu_BT,
+        "proximal_BT": old_BT,
+    }
 
 
 def _check_inputs(behaviour_BT, proximal_BT, mask_BT) -> None:
@@ -137,28 +143,22 @@ def uses_cpu_kernels(behaviour_BT: torch.Tensor) -> bool:
 
 
 def _assemble(valid_BT, sums_BK, behaviour_BT, proximal_BT, weight_dtype, **extra) -> LogRatios:
-    num_valid_B = sums_BK[:, COL["num_valid"]].to(torch.int64)
-    nonfinite_B = sums_BK[:, COL["num_nonfinite"]].to(torch.int64)
-    seq_logratio_B = sums_BK[:, COL["sum_dc"]].contiguous()
     return LogRatios(
         valid_BT=valid_BT,
-        num_valid_B=num_valid_B,
-        seq_valid_B=num_valid_B >= 1,
-        seq_logratio_B=seq_logratio_B,
-        rho_seq_B=seq_logratio_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp(),
-        nonfinite_tokens=int(nonfinite_B.sum().item()),
-        nonfinite_B=nonfinite_B,
         weight_dtype=weight_dtype,
         sums_BK=sums_BK,
         behaviour_input_BT=behaviour_BT,
         proximal_input_BT=proximal_BT,
+        **row_fields(sums_BK),
         **extra,
     )
 
 
 def _kernel_ratios(behaviour_BT, proximal_BT, in_mask_BT, weight_dtype) -> LogRatios:
     """The fused CPU pass: float32 (or float64, if either input is) mu and old, read once."""
-    dtype = torch.float64 if torch.float64 in (behaviour_BT.dtype, proximal_BT.dtype) else torch.float32
+    dtype = (
+        torch.float64 if torch.float64 in (behaviour_BT.dtype, proximal_BT.dtype) else torch.float32
+    )
     behaviour_BT = behaviour_BT.to(dtype).contiguous()
     proximal_BT = proximal_BT.to(dtype).contiguous()
     mu_np, old_np = behaviour_BT.numpy(), proximal_BT.numpy()
@@ -212,6 +212,11 @@ def select_sequences(ratios: LogRatios, rows_B: torch.Tensor) -> LogRatios:
         cpu_arrays = (behaviour_BT.numpy(), proximal_BT.numpy(), valid_BT.numpy())
     tokens = {name: t[rows_B] for name, t in ratios._tokens.items()}
     return _assemble(
-        valid_BT, ratios.sums_BK[rows_B], behaviour_BT, proximal_BT, ratios.weight_dtype,
-        cpu_arrays=cpu_arrays, _tokens=tokens,
+        valid_BT,
+        ratios.sums_BK[rows_B],
+        behaviour_BT,
+        proximal_BT,
+        ratios.weight_dtype,
+        cpu_arrays=cpu_arrays,
+        _tokens=tokens,
     )

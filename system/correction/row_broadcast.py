@@ -18,7 +18,9 @@ def _fill_rows(valid_BT, w_B, out_BT):
             out_T[t] = w if valid_T[t] else 0.0
 
 
-def spread_over_valid(w_B: torch.Tensor, valid_BT: torch.Tensor, on_cpu_kernels: bool) -> torch.Tensor:
+def spread_over_valid(
+    w_B: torch.Tensor, valid_BT: torch.Tensor, on_cpu_kernels: bool
+) -> torch.Tensor:
     """[B, T] in the dtype of ``w_B`` (float32 or float64): w_B[i] at the valid tokens of i, 0 elsewhere."""
     if not on_cpu_kernels:
         return torch.where(valid_BT, w_B[:, None], 0.0)

@@ -2,7 +2,8 @@
 
 Per response, a vectorised loop reads mu, old and the mask once, writes ``valid``, and adds
 each token's summands into lane ``t % CHUNK`` of a small block (20 x CHUNK float64, in L1);
-one reduction per response then sums the lanes. No [B, T] temporary is written. The kernel
+one reduction per response then sums the lanes. Padding before the first and after the last
+masked-in token is not visited. No [B, T] temporary is written. The kernel
 is single-threaded and releases the GIL (``nogil``): callers may run batches in threads.
 
 Numerics: every summand is computed in float64 by ``_add_token`` in a function without
@@ -47,6 +48,18 @@ def ordered_bits(x):
 def from_ordered_bits(key):
     """The float64 of an ``ordered_bits`` key."""
     return float_from_bits(key ^ ((key >> 63) & _NOT_SIGN))
+
+
+@njit(cache=True, inline="always")
+def flag_span(flags_T):
+    """(first set flag, one past the last set flag), (0, 0) if none: a scan of the padding only."""
+    stop = flags_T.shape[0]
+    while stop > 0 and not flags_T[stop - 1]:
+        stop -= 1
+    start = 0
+    while start < stop and not flags_T[start]:
+        start += 1
+    return start, stop
 
 
 @njit(cache=True)
@@ -112,8 +125,11 @@ def _one_row(mu_T, old_T, mask_T, valid_T, out_K):
     ref_m, ref_o = _first_valid(mu_T, old_T, mask_T)
     block = np.zeros((_NUM_SUMS, CHUNK))
     max_bits, min_key = np.int64(0), _INF_KEY
-    for start in range(0, mu_T.shape[0], CHUNK):
-        stop = min(start + CHUNK, mu_T.shape[0])
+    first, end = flag_span(mask_T)  # padding on either side is not visited
+    valid_T[:first] = False
+    valid_T[end:] = False
+    for start in range(first, end, CHUNK):
+        stop = min(start + CHUNK, end)
         # Views indexed from 0: LLVM vectorises this loop, not one over ``x[start + c]``.
         mu_C, old_C, mask_C = mu_T[start:stop], old_T[start:stop], mask_T[start:stop]
         valid_C = valid_T[start:stop]

@@ -53,7 +53,9 @@ def _weight_rows_torch(w_BT: torch.Tensor, valid_BT: torch.Tensor) -> torch.Tens
     return torch.stack([c.to(torch.float64) for c in columns], dim=1)
 
 
-def weight_row_sums(w_BT: torch.Tensor, valid_BT: torch.Tensor, on_cpu_kernels: bool) -> torch.Tensor:
+def weight_row_sums(
+    w_BT: torch.Tensor, valid_BT: torch.Tensor, on_cpu_kernels: bool
+) -> torch.Tensor:
     """float64 [B, 5]: the ``WEIGHT_COLUMNS`` of every response."""
     if not on_cpu_kernels:
         return _weight_rows_torch(w_BT, valid_BT)

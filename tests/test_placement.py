@@ -1,0 +1,61 @@
+"""Roles land where the config says: rollout workers on nodes offering the ``rollout`` resource,
+learner ranks on ``learner`` nodes; with neither resource, everything shares one node.
+
+Three simulated nodes on one machine (``ray.cluster_utils.Cluster``, bound to loopback).
+"""
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from actors.cluster import use_loopback_only
+from actors.placement import plan_placement, required_cpus
+from system.config import resolve_config
+
+pytestmark = pytest.mark.ray
+
+
+@ray.remote(num_cpus=0)
+class WhereAmI:
+    """Reports the node it was placed on (a stand-in actor: placement only, no work)."""
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    use_loopback_only()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    rollout = c.add_node(num_cpus=2, resources={"rollout": 2})
+    learner = c.add_node(num_cpus=2, resources={"learner": 2})
+    ray.init(address=c.address)
+    yield c, rollout.node_id, learner.node_id
+    ray.shutdown()
+    c.shutdown()
+
+
+def place(role_options, count):
+    actors = [WhereAmI.options(**role_options.actor_options()).remote() for _ in range(count)]
+    return set(ray.get([a.node.remote() for a in actors]))
+
+
+def test_roles_go_to_their_node_groups(cluster):
+    _, rollout_node, learner_node = cluster
+    cfg = resolve_config([], ["rollout.num_workers=2", "learner.num_ranks=2"])
+    roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
+    assert roles["rollout_worker"].resources == {"rollout": 1.0}
+    assert roles["learner_rank"].resources == {"learner": 1.0}
+    assert place(roles["rollout_worker"], 2) == {rollout_node}
+    assert place(roles["learner_rank"], 2) == {learner_node}
+
+
+def test_custom_resource_names_and_the_one_machine_default(cluster):
+    cfg = resolve_config([], ["ray.rollout_resource=gpu_rollout"])
+    roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
+    # No node offers "gpu_rollout": rollout workers are not pinned; learners still are.
+    assert roles["rollout_worker"].resources == {} and roles["learner_rank"].resources == {"learner": 1.0}
+    local = plan_placement(resolve_config(), None)
+    assert all(r.resources == {} for r in local)
+    # 1 rollout worker + 2 learner ranks, one CPU each, plus one for the driver.
+    assert required_cpus(local) == 4
