@@ -126,8 +126,11 @@ class RolloutLoop:
     def _collect(self, timeout: float) -> None:
         refs = self.pool.pending_refs()
         if not refs:
-            time.sleep(timeout)
+            with self.state.cond:  # woken by new weights or a started step
+                self.state.cond.wait(timeout)
             return
+        if self.pool.idle():  # an idle worker may be admitted as soon as a step starts
+            timeout = min(timeout, 0.005)
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         for ref in ready:
             slot = self.pool.by_ref(ref)
@@ -184,6 +187,7 @@ class SharedState:
     def publish(self, version: int, ref: ray.ObjectRef) -> None:
         with self.cond:
             self.published = (version, ref)
+            self.cond.notify_all()  # the rollout loop pushes the new weights at once
 
 
 def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler, state: SharedState,
@@ -199,6 +203,7 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
                 sampler.mark_dropped(g.prompt.prompt_id, "stale")
             if groups:
                 state.steps_started += 1
+                state.cond.notify_all()  # admission may now let an idle worker generate
                 return groups, time.perf_counter() - started
             state.cond.wait(timeout=1.0)
 

@@ -21,8 +21,8 @@ second beyond the simulated compute is orchestration overhead.
 Each part prints one JSON line and keeps it under ``benchmarks/results/`` (``harness.emit``);
 a summary line comes last. ``--quick`` runs a reduced grid (results named ``*_quick``).
 
-    .venv/bin/python benchmarks/bench_orchestration.py            # about 10 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_orchestration.py --quick    # about 4 minutes
+    .venv/bin/python benchmarks/bench_orchestration.py            # 10-13 minutes on 2 shared cores
+    .venv/bin/python benchmarks/bench_orchestration.py --quick    # 3-4 minutes
 """
 
 import argparse
@@ -252,7 +252,7 @@ def log(msg: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (about 4 minutes)")
+    parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (3-4 minutes)")
     parser.add_argument("--parts", default="async,scaling,weights", help="comma-separated subset")
     parser.add_argument("--train-seconds", type=float, default=0.5, help="L of part 1")
     parser.add_argument("--tag", default="", help="suffix of the result names (e.g. _L0.5)")

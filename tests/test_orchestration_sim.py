@@ -91,9 +91,10 @@ def test_async_is_faster_per_step_than_sync(runs):
 
     One worker, one call per step. Sync (max_lag=0): a batch is generated only with the
     weights of the step that trains it, so steps serialise: R + L = 0.6 s (+ overhead o).
-    Async (max_lag=1): batch k+1 is generated with version k-1... while step k trains, so a
-    step costs max(R, L) = 0.3 s (+ o). Expected ratio (0.3 + o) / (0.6 + o) ~ 0.55 for
-    o ~ 0.05 s; the assertion leaves slack for a loaded 2-core machine (o up to ~0.5 s).
+    Async (max_lag=1): batch k+1 is generated with the weights of version k (published when
+    step k-1 ends) while step k trains, so a step costs max(R, L) = 0.3 s (+ at most o).
+    Expected ratio (0.3 + o) / (0.6 + o) ~ 0.55 for o ~ 0.05-0.1 s (benchmarks/README.md);
+    the bound 0.8 holds while o < 0.9 s, slack for a loaded 2-core machine.
     """
     per_step = {lag: float(np.mean([r["time/step"] for r in runs[lag][0][WARMUP:]])) for lag in (0, 1)}
     assert per_step[0] >= R + L  # sync can never beat the serial sum
