@@ -9,37 +9,27 @@ Means over the n valid tokens (d = old - mu raw, dc clamped, rho = exp(dc)):
     frac_outside_{2x,5x} = mean(|d| > log {2,5})
     ess_token = (sum rho)**2 / (n sum rho**2)    ess_seq = the same on rho_seq over sequences
 
-Numerics: every per-token term is summed once per response in float64 (``row_sums``: a
-fused numba pass on CPU, torch elsewhere; ``rho - 1`` is ``expm1(dc)``, no rounding of
-``exp`` near 1 when d is tiny); a batch, or a subset of its responses, adds up its rows.
-Pearson merges per-response centred moments (``pearson``), so a constant input gives
-exactly zero variance. The median selects two order statistics without sorting
-(``median_kernel`` on CPU, ``reductions.kth_smallest`` elsewhere). An empty batch gives
-counts 0 and ``None`` for every float statistic, never NaN.
-
-Accuracy, measured against a long-double evaluation of the spec's formulas on float32
-batches of 256 x 1024 tokens (``tests/test_correction_kernels.py`` checks the same bounds
-more loosely): at most 1.2e-15 relative for every key, on realistic batches (kl_k2 5e-4 and
-8e-3) and on the compressed regime (kl_k1 4.4), except ``prob_abs_diff_mean`` there: 3.6e-11,
-from the tokens beyond the +-20 clamp (``row_sums``). The previous implementation (float64
-tensors, no fused pass) measured 3e-14 at worst.
+Numerics: every shared quantity is computed once, in float64, on the [B, T] tensors of
+``LogRatios`` (already 0 where not valid, so plain sums are masked sums), with no loop over
+sequences and few temporaries. ``rho - 1`` is evaluated as ``expm1(dc)`` (no rounding of
+``exp`` near 1 when d is tiny); the median selects two order statistics without sorting
+(``reductions.kth_smallest``). An empty batch gives counts 0 and ``None`` for every float
+statistic, never NaN.
 
 Shapes: B = responses in the batch, T = padded response length.
 """
 
-import numpy as np
+import math
+
 import torch
 
-from system.correction.median_kernel import abs_d_order_statistics
-from system.correction.pearson import pearson_from_rows
 from system.correction.ratios import (
     LOG_RATIO_CLAMP,
     LogRatios,
     compute_log_ratios,
     select_sequences,
 )
-from system.correction.reductions import median_of_nonnegative
-from system.correction.row_sums import COL, SUMMED_COLUMNS
+from system.correction.reductions import as_float, ess_fraction, median_of_nonnegative
 
 DIAGNOSTIC_KEYS: tuple[str, ...] = (
     "n_sequences", "n_tokens", "nonfinite_tokens",
@@ -49,64 +39,111 @@ DIAGNOSTIC_KEYS: tuple[str, ...] = (
 )  # fmt: skip
 """The keys of ``compute_diagnostics``, in the order of spec section 1."""
 
-_MEANS = {  # key: (column, scale), the mean is scale * (column total) / n
-    "kl_k1": ("sum_d", -1.0),
-    "kl_k2": ("sum_dc_sq", 0.5),
-    "kl_k3": ("sum_k3", 1.0),
-    "chi2_token": ("sum_chi2", 1.0),
-    "abs_diff_mean": ("sum_abs_d", 1.0),
-    "prob_abs_diff_mean": ("sum_prob_gap", 1.0),
-    "frac_outside_2x": ("num_out_2x", 1.0),
-    "frac_outside_5x": ("num_out_5x", 1.0),
-}
+_LOG_2 = math.log(2.0)
+_LOG_5 = math.log(5.0)
 
 
-def _token_statistics(rows_NK: np.ndarray, n: int) -> dict[str, float]:
-    """Every token mean, ess_token and the max |d|, from the column totals."""
-    totals = dict(
-        zip(SUMMED_COLUMNS, rows_NK[:, : len(SUMMED_COLUMNS)].sum(0).tolist(), strict=True)
-    )
-    out = {key: 0.0 + scale * totals[col] / n for key, (col, scale) in _MEANS.items()}  # no -0.0
-    sum_rho, sum_rho_sq = totals["sum_rho"], totals["sum_rho_sq"]
-    out["ess_token"] = min(sum_rho**2 / (n * sum_rho_sq), 1.0)  # <= 1 up to rounding
-    out["abs_diff_max"] = float(rows_NK[:, COL["max_abs_d"]].max())
-    return out
+def _dot(x_BT: torch.Tensor, y_BT: torch.Tensor) -> torch.Tensor:
+    """sum(x * y) without materialising the product."""
+    return torch.dot(x_BT.reshape(-1), y_BT.reshape(-1))
 
 
-def _sequence_statistics(rows_NK: np.ndarray) -> dict[str, float]:
-    """chi2 and ESS of rho_seq = exp(clamp(L, -20, 20)) over the non-empty responses."""
-    log_rho_seq_N = np.clip(rows_NK[:, COL["sum_dc"]], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    rho_seq_N = np.exp(log_rho_seq_N)
-    n_seq = rows_NK.shape[0]
-    ess = float(rho_seq_N.sum() ** 2 / (n_seq * np.square(rho_seq_N).sum()))
+def _centred(values_BT: torch.Tensor, valid_f_BT: torch.Tensor, ref: torch.Tensor, n: int):
+    """Valid values minus their mean, 0 elsewhere; shifted by a sample value first so that a
+    constant input gives exactly 0 (a zero variance) rather than rounding noise."""
+    shifted_BT = (values_BT - ref).mul_(valid_f_BT)
+    return shifted_BT.sub_(shifted_BT.sum() / n).mul_(valid_f_BT)
+
+
+def _pearson(ratios: LogRatios, n: int) -> float | None:
+    """Pearson correlation of mu and old over valid tokens; None if either has zero variance."""
+    row = int(ratios.seq_valid_B.nonzero()[0, 0].item())
+    col = int(ratios.valid_BT[row].nonzero()[0, 0].item())
+    valid_f_BT = ratios.valid_BT.to(torch.float64)
+    mu_BT = _centred(ratios.behaviour_BT, valid_f_BT, ratios.behaviour_BT[row, col], n)
+    old_BT = _centred(ratios.proximal_BT, valid_f_BT, ratios.proximal_BT[row, col], n)
+    var_mu, var_old, cov = torch.stack(
+        [_dot(mu_BT, mu_BT), _dot(old_BT, old_BT), _dot(mu_BT, old_BT)]
+    ).tolist()
+    if var_mu == 0.0 or var_old == 0.0:
+        return None
+    return max(-1.0, min(1.0, cov / (math.sqrt(var_mu) * math.sqrt(var_old))))
+
+
+def _log_ratio_means(ratios: LogRatios, n: int) -> dict[str, float]:
+    """kl_k1, kl_k2, kl_k3, chi2_token and ess_token.
+
+    With e = expm1(dc) (0 where not valid): rho - 1 - dc = e - dc and rho**2 - 1 = e**2 + 2 e,
+    which avoid rounding ``exp(dc)`` near 1 when d is tiny. The ESS uses rho itself, so a
+    rho near 0 (d near -20) keeps its relative precision.
+    """
+    d_BT, dc_BT, rho_BT = ratios.d_BT, ratios.dc_BT, ratios.rho_BT
+    e_BT = torch.expm1(dc_BT)
+    sums = [
+        d_BT.sum(),
+        _dot(dc_BT, dc_BT),
+        e_BT.sum(),
+        _dot(e_BT, e_BT),
+        rho_BT.sum(),
+        _dot(rho_BT, rho_BT),
+    ]
+    sums.append(e_BT.sub_(dc_BT).sum())  # in place, after every other use of e
+    sum_d, sum_dc_sq, sum_e, sum_e_sq, sum_rho, sum_rho_sq, sum_k3 = torch.stack(sums).tolist()
     return {
-        "chi2_seq": float(np.expm1(2.0 * log_rho_seq_N).sum() / n_seq),
-        "ess_seq": min(ess, 1.0),  # <= 1 up to rounding; rho_seq > 0, so never 0 / 0
+        "kl_k1": (0.0 - sum_d) / n,  # 0.0 - x: no -0.0 in the report
+        "kl_k2": 0.5 * sum_dc_sq / n,
+        "kl_k3": sum_k3 / n,
+        "chi2_token": (sum_e_sq + 2.0 * sum_e) / n,
+        "ess_token": min(sum_rho**2 / (n * sum_rho_sq), 1.0),  # <= 1 up to rounding
     }
 
 
-def _abs_diff_median(ratios: LogRatios, n: int) -> float:
-    """numpy's median of |d| over the valid tokens."""
-    if ratios.cpu_arrays is None:
-        return median_of_nonnegative(ratios.d_BT.abs(), n)
-    ranks = [(n + 1) // 2] if n % 2 == 1 else [n // 2, n // 2 + 1]
-    values = abs_d_order_statistics(*ratios.cpu_arrays, ranks)
-    return sum(values) / len(values)
+def _abs_diff_statistics(ratios: LogRatios, n: int) -> dict[str, float | None]:
+    """Mean, median, max and tail fractions of |d|, and the mean absolute probability gap."""
+    abs_d_BT = ratios.d_BT.abs()
+    prob_gap_BT = ratios.proximal_BT.exp().sub_(ratios.behaviour_BT.exp()).abs_()  # 0 if not valid
+    sum_abs, max_abs, sum_gap, out_2x, out_5x = torch.stack(
+        [
+            abs_d_BT.sum(),
+            abs_d_BT.max(),
+            prob_gap_BT.sum(),
+            (abs_d_BT > _LOG_2).sum(),
+            (abs_d_BT > _LOG_5).sum(),
+        ]
+    ).tolist()
+    return {
+        "abs_diff_mean": sum_abs / n,
+        "abs_diff_median": median_of_nonnegative(abs_d_BT, n),
+        "abs_diff_max": max_abs,
+        "prob_abs_diff_mean": sum_gap / n,
+        "frac_outside_2x": out_2x / n,
+        "frac_outside_5x": out_5x / n,
+    }
+
+
+def _sequence_statistics(ratios: LogRatios, n_seq: int) -> dict[str, float | None]:
+    """chi2 and ESS of the sequence ratios over the n_seq >= 1 non-empty responses."""
+    log_rho_seq_B = ratios.seq_logratio_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    chi2_B = torch.where(ratios.seq_valid_B, torch.expm1(2.0 * log_rho_seq_B), 0.0)
+    rho_seq_B = torch.where(ratios.seq_valid_B, ratios.rho_seq_B, 0.0)
+    return {
+        "chi2_seq": as_float(chi2_B.sum() / n_seq),
+        "ess_seq": ess_fraction(rho_seq_B, n_seq),
+    }
 
 
 def compute_diagnostics(ratios: LogRatios) -> dict[str, float | int | None]:
     """The spec section 1 diagnostics of one batch as JSON-ready python numbers."""
-    rows_BK = ratios.sums_BK.cpu().numpy()  # no copy on CPU; [B, K] only, from a device
-    rows_NK = rows_BK[rows_BK[:, COL["num_valid"]] >= 1]
-    n = int(rows_NK[:, COL["num_valid"]].sum())
+    n = ratios.num_tokens
+    n_seq = ratios.num_sequences
     out: dict[str, float | int | None] = dict.fromkeys(DIAGNOSTIC_KEYS)
-    out.update(n_sequences=rows_NK.shape[0], n_tokens=n, nonfinite_tokens=ratios.nonfinite_tokens)
+    out.update(n_sequences=n_seq, n_tokens=n, nonfinite_tokens=ratios.nonfinite_tokens)
     if n == 0:
         return out
-    out.update(_token_statistics(rows_NK, n))
-    out["abs_diff_median"] = _abs_diff_median(ratios, n)
-    out["logp_pearson"] = pearson_from_rows(rows_NK)
-    out.update(_sequence_statistics(rows_NK))
+    out.update(_log_ratio_means(ratios, n))
+    out["logp_pearson"] = _pearson(ratios, n)
+    out.update(_abs_diff_statistics(ratios, n))
+    out.update(_sequence_statistics(ratios, n_seq))
     return out
 
 

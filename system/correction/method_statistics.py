@@ -17,8 +17,7 @@ Shapes: B = responses in the batch, T = padded response length.
 import torch
 
 from system.correction.ratios import LogRatios
-from system.correction.reductions import LENGTH_BUCKETS, fraction_by_bucket
-from system.correction.weight_row_sums import weight_row_sums
+from system.correction.reductions import LENGTH_BUCKETS, as_float, ess_fraction, fraction_by_bucket
 
 
 def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
@@ -28,9 +27,8 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
         raise ValueError(
             f"weights have shape {tuple(w_BT.shape)} but the batch is {tuple(ratios.valid_BT.shape)}"
         )
-    rows_B5 = weight_row_sums(w_BT, ratios.valid_BT, ratios.cpu_arrays is not None).cpu().numpy()
-    num_valid_B, num_kept_B, sum_w_B, sum_w_sq_B, max_w_B = rows_B5.T
-    n = int(num_valid_B.sum())
+    n = ratios.num_tokens
+    n_seq = ratios.num_sequences
     if n == 0:
         return {
             "keep_token_frac": None,
@@ -40,14 +38,17 @@ def method_statistics(ratios: LogRatios, w_BT: torch.Tensor) -> dict:
             "ess": None,
             "keep_seq_frac_by_len": {key: None for key, _ in LENGTH_BUCKETS},
         }
-    seq_valid_B = num_valid_B >= 1
-    kept_seq_B = num_kept_B > 0
-    sum_w, sum_w_sq = float(sum_w_B.sum()), float(sum_w_sq_B.sum())
+    valid_BT = ratios.valid_BT
+    w_BT = torch.where(valid_BT, w_BT.to(torch.float64), 0.0)
+    kept_BT = valid_BT & (w_BT > 0)
+    kept_seq_B = kept_BT.any(dim=1)
     return {
-        "keep_token_frac": float(num_kept_B.sum()) / n,
-        "keep_seq_frac": int(kept_seq_B.sum()) / int(seq_valid_B.sum()),
-        "weight_mean": sum_w / n,
-        "weight_max": float(max_w_B.max()),
-        "ess": 0.0 if sum_w_sq == 0.0 else min(sum_w**2 / (n * sum_w_sq), 1.0),
-        "keep_seq_frac_by_len": fraction_by_bucket(kept_seq_B, num_valid_B, seq_valid_B),
+        "keep_token_frac": int(kept_BT.sum().item()) / n,
+        "keep_seq_frac": int(kept_seq_B.sum().item()) / n_seq,
+        "weight_mean": as_float(w_BT.sum() / n),
+        "weight_max": as_float(torch.where(valid_BT, w_BT, float("-inf")).max()),
+        "ess": ess_fraction(w_BT, n),
+        "keep_seq_frac_by_len": fraction_by_bucket(
+            kept_seq_B, ratios.num_valid_B, ratios.seq_valid_B
+        ),
     }

@@ -29,8 +29,6 @@ from system.config.correction import (
     TokenTIS,
 )
 from system.correction.ratios import LogRatios
-from system.correction.row_broadcast import spread_over_valid
-from system.correction.row_sums import COL
 from system.correction.sequence_is import geo_rs_weights_B, seq_mis_weights_B, seq_tis_weights_B
 from system.correction.token_is import (
     icepop_weights_BT,
@@ -62,7 +60,7 @@ assert tuple(METHOD_REGISTRY) == METHOD_TYPES, "the registry must cover every co
 
 def _vetoed_B(ratios: LogRatios, veto: float) -> torch.Tensor:
     """Responses with any valid token whose log-ratio d is below ``log(veto)``."""
-    return ratios.sums_BK[:, COL["min_d"]] < math.log(veto)  # +inf without a valid token
+    return (ratios.valid_BT & (ratios.d_BT < math.log(veto))).any(dim=1)
 
 
 def _token_weights_BT(ratios: LogRatios, method: MethodConfig, entry: CorrectionMethod):
@@ -83,9 +81,7 @@ def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correct
         num_sequences = ratios.seq_valid_B.sum().clamp(min=1)
         mean = torch.where(ratios.seq_valid_B, w_B, 0.0).sum() / num_sequences
         w_B = torch.where(mean > 0, w_B / mean, w_B)
-    return spread_over_valid(
-        w_B.to(ratios.weight_dtype), ratios.valid_BT, ratios.cpu_arrays is not None
-    )
+    return torch.where(ratios.valid_BT, w_B[:, None], 0.0)
 
 
 def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
