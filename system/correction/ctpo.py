@@ -23,25 +23,12 @@ import torch
 from system.config.learner import CTPOLossConfig
 from system.correction.ratios import LOG_RATIO_CLAMP
 from system.correction.reductions import LENGTH_BUCKETS, as_float, fraction_by_bucket
+from system.losses.policy_gradient import check_token_loss_shapes
 
 PREFIX_LOG_RATIO_CAP = 10.0
 """Cap on the cumulative log-ratio before ``exp``."""
 CTPO_POSITION_BUCKETS = tuple(key for key, _ in LENGTH_BUCKETS)
 """The keys of the ``*_by_pos`` clip fractions."""
-
-
-def _check_shapes(current_BT, proximal_BT, advantages_B, valid_BT, weights_BT) -> None:
-    if current_BT.dim() != 2:
-        raise ValueError(f"current_logp must be [B, T], got shape {tuple(current_BT.shape)}")
-    for name, t in (("proximal_logp", proximal_BT), ("valid", valid_BT), ("weights", weights_BT)):
-        if t.shape != current_BT.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)} but current_logp has {tuple(current_BT.shape)}"
-            )
-    if advantages_B.shape != current_BT.shape[:1]:
-        raise ValueError(
-            f"advantages must be [B] = [{current_BT.shape[0]}], got shape {tuple(advantages_B.shape)}"
-        )
 
 
 def _clip_statistics(valid_BT, pos_BT, ratio_BT, high_BT, low_BT, dual_BT) -> dict:
@@ -73,7 +60,7 @@ def ctpo_token_loss(
     cfg: CTPOLossConfig,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token CTPO loss (gradient through ``current_logp`` only) and its clip statistics."""
-    _check_shapes(current_logp_BT, proximal_logp_BT, advantages_B, valid_BT, weights_BT)
+    check_token_loss_shapes(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
     dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
     current_BT = current_logp_BT.to(dtype)
     proximal_BT = proximal_logp_BT.detach().to(dtype)

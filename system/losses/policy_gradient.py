@@ -19,7 +19,8 @@ LOG_RATIO_CLAMP = 20.0
 """Clamp of cur - old before exp."""
 
 
-def _check_shapes(current_BT, proximal_BT, advantages_B, weights_BT, valid_BT) -> None:
+def check_token_loss_shapes(current_BT, proximal_BT, advantages_B, weights_BT, valid_BT) -> None:
+    """Every per-token input is [B, T] like ``current_BT``; advantages are [B]. Raises ValueError."""
     if current_BT.dim() != 2:
         raise ValueError(f"current_logp must be [B, T], got shape {tuple(current_BT.shape)}")
     for name, t in (("proximal_logp", proximal_BT), ("weights", weights_BT), ("valid", valid_BT)):
@@ -68,7 +69,7 @@ def ppo_token_loss(
     eps_hi: float = 0.28,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token weighted PPO loss (0 at non-valid tokens) and its statistics as python numbers."""
-    _check_shapes(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
+    check_token_loss_shapes(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
     dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
     current_BT = current_logp_BT.to(dtype)
     proximal_BT = proximal_logp_BT.detach().to(dtype)
