@@ -13,7 +13,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def environment() -> dict:
-    import numba
     import numpy
     import torch
 
@@ -25,7 +24,7 @@ def environment() -> dict:
     return {
         "commit": commit, "machine": platform.machine(), "cpu_count": os.cpu_count(),
         "processor": _cpu_model(), "python": platform.python_version(), "torch": torch.__version__,
-        "numpy": numpy.__version__, "numba": numba.__version__, "torch_threads": torch.get_num_threads(),
+        "numpy": numpy.__version__, "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
