@@ -220,3 +220,5 @@ class Trainer:
             obj = getattr(self, part, None)
             if obj is not None:
                 obj.shutdown()
+        if getattr(self, "service", None) is not None:
+            ray.kill(self.service, no_restart=True)
