@@ -1,0 +1,79 @@
+"""vLLM rollout throughput, BF16 vs FP8 (``fp8_per_channel`` on CPU), on the same prompts, and
+each precision's log-prob gap to the learner's recompute of the sampled tokens.
+
+The learner side is transformers in float32 on the bf16-rounded weights with logits divided
+by the temperature (what the BF16 FSDP2 learner computes). On CPU FP8 is not expected to be
+faster: vLLM's CPU path de-quantizes per channel; the number is recorded as measured.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import emit  # noqa: E402
+
+from system.config import RunConfig  # noqa: E402
+from system.data.prompt_source import build_prompt_source  # noqa: E402
+from system.models.model_dir import resolve_model_dir  # noqa: E402
+from system.rollout.vllm_engine import VLLMEngine  # noqa: E402
+
+
+def learner_logprobs(model, prompt_ids, response_ids, temperature) -> np.ndarray:
+    ids = torch.tensor(np.concatenate([prompt_ids, response_ids]), dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids):, None]).squeeze(-1).numpy()
+
+
+def measure(engine, prompts, cfg, repeats, model) -> dict:
+    r = cfg.rollout
+    args = dict(n=r.group_size, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    engine.generate(prompts, seed=123, **args)  # warm-up (kernel compile, caches)
+    times, tokens = [], 0
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        samples = engine.generate(prompts, seed=i, **args)
+        times.append(time.perf_counter() - t0)
+        tokens = sum(len(s.response_token_ids) for p in samples for s in p.responses)
+    gaps = np.concatenate([
+        np.abs(s.behaviour_logprobs - learner_logprobs(model, p.prompt_token_ids, s.response_token_ids, r.temperature))
+        for p in samples for s in p.responses if len(s.response_token_ids)
+    ])
+    t = float(np.median(times))
+    return {"scheme": engine.quantization_scheme, "seconds_per_call": t, "tokens_per_call": tokens,
+            "tokens_per_s": tokens / t, "logprob_gap_mean": float(gaps.mean()),
+            "logprob_gap_p99": float(np.quantile(gaps, 0.99)), "logprob_gap_max": float(gaps.max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    cfg = RunConfig()
+    model_dir = resolve_model_dir(cfg)
+    source = build_prompt_source(cfg.data.task, cfg.seed)
+    prompts = [source[i].text for i in range(args.prompts)]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    rows = {q: measure(VLLMEngine(model_dir, q, cfg.rollout.engine, seed=cfg.seed), prompts, cfg, args.repeats, model)
+            for q in ("bf16", "fp8")}
+    for q, row in rows.items():
+        print(f"{q:5s} ({row['scheme']}): {row['tokens_per_s']:8.0f} tok/s, gap mean {row['logprob_gap_mean']:.4f} "
+              f"max {row['logprob_gap_max']:.3f}", file=sys.stderr)
+    emit("vllm_precision_cpu", {"model": "tiny default", "prompts": args.prompts, "group_size": cfg.rollout.group_size,
+                                "max_new_tokens": cfg.rollout.max_new_tokens, "rows": rows,
+                                "fp8_over_bf16_throughput": rows["fp8"]["tokens_per_s"] / rows["bf16"]["tokens_per_s"]})
+
+
+if __name__ == "__main__":
+    main()
