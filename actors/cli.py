@@ -76,7 +76,9 @@ def train(
     finally:
         if trainer is not None:
             trainer.shutdown()
-    console.print(f"[green]done[/]: {cfg.max_steps} steps in {cfg.output_dir}; final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {trainer.report_path}")
+    report = trainer.report_path or f"none (no dump yet: report.dump_every={cfg.report.dump_every})"
+    console.print(f"[green]done[/]: {trainer.step} steps in {cfg.output_dir}; "
+                  f"final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {report}")
 
 
 @app.command()

@@ -6,6 +6,7 @@ and queues calls on an actor that is still starting). A worker is *starting* unt
 ``ready`` call returns; a *retiring* worker gets no new prompts and leaves once idle.
 """
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,10 @@ from actors.placement import RoleOptions
 from actors.rollout_worker import RolloutWorker
 from system.config import RunConfig
 from system.types import Prompt
+
+# vLLM logs every weight reload at INFO and WARNING level; keep the driver's console readable
+# (export VLLM_LOGGING_LEVEL=INFO to see them). Read when vllm is imported, so set per actor.
+_WORKER_ENV = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}}
 
 
 @dataclass
@@ -48,7 +53,8 @@ class RolloutPool:
         for _ in range(count):
             wid = f"rollout-{self._next_id}"
             self._next_id += 1
-            handle = self.actor_cls.options(**self.options.actor_options()).remote(self.cfg, self.model_dir, wid)
+            handle = self.actor_cls.options(**self.options.actor_options(), runtime_env=_WORKER_ENV).remote(
+                self.cfg, self.model_dir, wid)
             slot = WorkerSlot(wid, handle, handle.ready.remote(), time.monotonic())
             self.slots[wid] = slot
             new.append(slot)

@@ -1,9 +1,9 @@
 """Rollout worker actor: a thin shell over ``system.rollout.worker.RolloutWorkerCore`` (one vLLM engine)."""
 
 import ray
-from system.rollout.worker import RolloutWorkerCore
 
 from system.config import RunConfig
+from system.rollout.worker import RolloutWorkerCore
 from system.types import Prompt, RolloutGroup
 from system.weight_payload import WeightPayload
 
