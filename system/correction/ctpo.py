@@ -23,7 +23,7 @@ import torch
 from system.config.learner import CTPOLossConfig
 from system.correction.ratios import LOG_RATIO_CLAMP
 from system.correction.reductions import LENGTH_BUCKETS, as_float, fraction_by_bucket
-from system.losses.policy_gradient import check_token_loss_shapes
+from system.losses.policy_gradient import token_loss_inputs
 
 PREFIX_LOG_RATIO_CAP = 10.0
 """Cap on the cumulative log-ratio before ``exp``."""
@@ -60,11 +60,9 @@ def ctpo_token_loss(
     cfg: CTPOLossConfig,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token CTPO loss (gradient through ``current_logp`` only) and its clip statistics."""
-    check_token_loss_shapes(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
-    dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
-    current_BT = current_logp_BT.to(dtype)
-    proximal_BT = proximal_logp_BT.detach().to(dtype)
-    valid_BT = valid_BT.bool() & torch.isfinite(current_BT.detach()) & torch.isfinite(proximal_BT)
+    current_BT, proximal_BT, valid_BT = token_loss_inputs(
+        current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
+    dtype = current_BT.dtype
     lr_BT = _cumulative_log_ratio(current_BT, proximal_BT, valid_BT)
     pos_BT = valid_BT.cumsum(dim=1).to(dtype)
     scale_BT = pos_BT.pow(cfg.p)

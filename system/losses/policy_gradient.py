@@ -34,6 +34,17 @@ def check_token_loss_shapes(current_BT, proximal_BT, advantages_B, weights_BT, v
         )
 
 
+def token_loss_inputs(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT):
+    """Checked inputs of a token loss: (current at >= float32, detached proximal, valid), where valid
+    also requires both log-probs finite (a NaN log-prob never reaches the loss or its gradient)."""
+    check_token_loss_shapes(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
+    dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
+    current_BT = current_logp_BT.to(dtype)
+    proximal_BT = proximal_logp_BT.detach().to(dtype)
+    valid_BT = valid_BT.bool() & torch.isfinite(current_BT.detach()) & torch.isfinite(proximal_BT)
+    return current_BT, proximal_BT, valid_BT
+
+
 def _statistics(valid_BT, log_ratio_BT, ratio_BT, low_BT, high_BT) -> dict:
     n = int(valid_BT.sum().item())
     if n == 0:
@@ -69,11 +80,9 @@ def ppo_token_loss(
     eps_hi: float = 0.28,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token weighted PPO loss (0 at non-valid tokens) and its statistics as python numbers."""
-    check_token_loss_shapes(current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
-    dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
-    current_BT = current_logp_BT.to(dtype)
-    proximal_BT = proximal_logp_BT.detach().to(dtype)
-    valid_BT = valid_BT.bool() & torch.isfinite(current_BT.detach()) & torch.isfinite(proximal_BT)
+    current_BT, proximal_BT, valid_BT = token_loss_inputs(
+        current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
+    dtype = current_BT.dtype
     cur_BT = torch.where(valid_BT, current_BT, 0.0)
     old_BT = torch.where(valid_BT, proximal_BT, 0.0)
     log_ratio_BT = (cur_BT - old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
