@@ -8,13 +8,9 @@ from ray._private import ray_constants
 from system.config.cluster import RayConfig
 
 
-def local_cluster_cpus(cfg: RayConfig, num_actors: int) -> int:
-    """Logical CPUs for a private cluster: one per actor unless the config says otherwise."""
-    return cfg.num_cpus if cfg.num_cpus is not None else max(num_actors, 1)
-
-
-def connect(cfg: RayConfig, num_actors: int, runtime_env: dict | None = None) -> None:
-    """Join ``cfg.address`` if set, else start a private cluster on loopback (never an existing one)."""
+def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> None:
+    """Join ``cfg.address`` if set, else start a private cluster on loopback (never an existing one)
+    with ``num_cpus`` logical CPUs (the placement plan's need) unless ``ray.num_cpus`` says otherwise."""
     if ray.is_initialized():
         return
     if cfg.address is not None:
@@ -23,7 +19,7 @@ def connect(cfg: RayConfig, num_actors: int, runtime_env: dict | None = None) ->
     use_loopback_only()
     ray.init(
         address="local",
-        num_cpus=local_cluster_cpus(cfg, num_actors),
+        num_cpus=cfg.num_cpus if cfg.num_cpus is not None else max(num_cpus, 1),
         object_store_memory=int(cfg.object_store_gib * 2**30),
         include_dashboard=cfg.include_dashboard,
         dashboard_host="127.0.0.1",

@@ -34,7 +34,7 @@ class CorrectionService:
             dump = dict(arrays)
             dump["token_text"] = token_text_grid(self.tokenizer.convert_ids_to_tokens,
                                                  arrays["response_ids"], mask)
-            self.logger.dump(step, dump, self.core.token_ratios(mu, old, mask))
+            self.logger.dump(step, dump, result.token_ratios)
         return result.weights_BT, result.metrics
 
     def finish_step(self, step: int, metrics: dict) -> dict:

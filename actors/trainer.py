@@ -22,7 +22,7 @@ from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, lag_stats, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
-from actors.placement import plan_placement
+from actors.placement import plan_placement, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.weight_sync import ObjectStoreTransport
@@ -73,7 +73,7 @@ class Trainer:
     def _build(self, saved: dict) -> None:
         cfg = self.cfg
         plan = plan_placement(cfg, None)
-        cluster.connect(cfg.ray, num_actors=sum(r.count for r in plan))
+        cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
         self.service = CorrectionService.remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
@@ -121,6 +121,7 @@ class Trainer:
         console = ConsoleSink(self.cfg.max_steps, self.step) if self.cfg.report.console else None
         self._stop_on_sigterm()
         self.rollout.thread.start()
+        self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
         record: dict = {}
         try:
             while self.step < self.cfg.max_steps and not self.stop_requested.is_set():
@@ -175,12 +176,10 @@ class Trainer:
         return ray.get(self.service.finish_step.remote(self.step, metrics))
 
     def _rollout_rate(self) -> float:
-        now = time.perf_counter()
-        start = getattr(self, "_rate_t", None)
-        tokens = self.state.generated_tokens
-        self._rate_t, prev = now, getattr(self, "_rate_tokens", 0)
-        self._rate_tokens = tokens
-        return (tokens - prev) / (now - start) if start else 0.0
+        """Generated tokens per second since the previous step."""
+        now, tokens = time.perf_counter(), self.state.generated_tokens
+        (t_prev, n_prev), self._rate_mark = self._rate_mark, (now, tokens)
+        return (tokens - n_prev) / max(now - t_prev, 1e-9)
 
     def save_checkpoint(self) -> Path:
         ckpt = run_state.checkpoint_dir(self.run_dir, self.step)

@@ -13,7 +13,7 @@ import psutil
 from actors.cluster import connect
 from system.config.cluster import RayConfig
 
-connect(RayConfig(object_store_gib=0.2), num_actors=1)
+connect(RayConfig(object_store_gib=0.2), num_cpus=1)
 
 @ray.remote
 def node_ip():

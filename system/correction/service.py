@@ -30,6 +30,7 @@ BY_LAG_KEYS = ("n_sequences", "kl_k1", "kl_k3", "abs_diff_mean", "frac_outside_5
 class CorrectionResult:
     weights_BT: np.ndarray  # float32, 0 at invalid tokens
     metrics: dict[str, float | int | None]
+    token_ratios: np.ndarray  # float64, exp(dc) of every valid token (the W&B histogram)
 
 
 def flatten(prefix: str, values: dict) -> dict[str, float | int | None]:
@@ -67,13 +68,8 @@ class CorrectionCore:
         metrics["correction/applied_weight_mean"] = (
             float(w_BT[ratios.valid_BT].double().mean()) if ratios.num_tokens else None
         )
-        return CorrectionResult(w_BT.detach().to(torch.float32).numpy(), metrics)
-
-    def token_ratios(self, behaviour_BT: np.ndarray, proximal_BT: np.ndarray, mask_BT: np.ndarray) -> np.ndarray:
-        """The valid tokens' ratios ``exp(dc)`` (for the W&B histogram)."""
-        ratios = compute_log_ratios(torch.tensor(behaviour_BT), torch.tensor(proximal_BT),
-                                    torch.tensor(mask_BT))
-        return ratios.rho_BT[ratios.valid_BT].numpy()
+        return CorrectionResult(w_BT.detach().to(torch.float32).numpy(), metrics,
+                                ratios.rho_BT[ratios.valid_BT].numpy())
 
     def state_dict(self) -> dict:
         return {"ais": self.ais.state_dict()}
