@@ -40,5 +40,9 @@ class RolloutConfig(StrictModel):
     """Prompts a worker generates for in one call."""
     worker_timeout_s: float = Field(default=120.0, gt=0.0)
     """Fail the run when no rollout worker has been alive for this long (lost workers are replaced meanwhile)."""
+    perturb_std: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Ablations only: relative Gaussian noise on the rollout copy of the weights,
+    ``w * (1 + perturb_std * eps)`` with a fixed pattern per tensor (``system.rollout.perturbation``);
+    0 (off) in real runs."""
     engine: EngineConfig = Field(default_factory=VLLMEngineConfig)
     """The inference engine."""

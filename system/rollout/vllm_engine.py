@@ -99,17 +99,25 @@ class VLLMEngine:
         temperature: float,
         top_p: float,
         max_new_tokens: int,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[PromptSamples]:
         """``n`` samples for each prompt, in prompt order; ``seed`` makes the call reproducible.
 
-        Prompt ``i`` samples with seeds ``seed + i * n + j`` (vLLM adds ``j`` per sample), so
-        repeated prompts in one call still get independent samples.
+        ``seed`` is one int for the call (prompt ``i`` then samples with ``seed + i * n``, so
+        repeated prompts in one call still get independent samples) or one seed per prompt
+        (which makes a prompt's samples independent of the call it travels in). vLLM seeds
+        the ``n`` samples of a request from its seed.
         """
+        if seed is None or isinstance(seed, int):
+            seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
+        else:
+            seeds = [int(s) for s in seed]
+            if len(seeds) != len(prompts):
+                raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         params = [
             SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                           logprobs=0, seed=None if seed is None else seed + i * n)
-            for i in range(len(prompts))
+                           logprobs=0, seed=s)
+            for s in seeds
         ]
         outputs = self.llm.generate(list(prompts), params, use_tqdm=False)
         return [

@@ -5,8 +5,11 @@ actor in ``actors/rollout_worker.py`` is a thin shell over it. Every completion 
 policy version of the weights that produced it: 0 for the model directory the worker was
 built from, then whatever :meth:`RolloutWorkerCore.update_weights` last loaded.
 
-Each ``generate_groups`` call samples with its own seed, derived from the run seed, the
-worker id and a call counter, so a run is reproducible and two workers never share noise.
+Each prompt samples with its own seed, derived from the run seed, its ``prompt_id`` (unique
+per issue) and the policy version: the samples do not depend on which worker serves the
+prompt, in which call, or how often the worker was restarted. So a run is reproducible, a
+re-issued prompt at the same version draws the same samples, and a resumed run continues
+the uninterrupted one's randomness with nothing to save.
 """
 
 import hashlib
@@ -15,15 +18,16 @@ from pathlib import Path
 
 from system.config import RunConfig
 from system.rewards.registry import build_reward
+from system.rollout.perturbation import model_dir_payload, perturb_payload
 from system.rollout.samples import PromptSamples
 from system.rollout.vllm_engine import VLLMEngine
 from system.types import Completion, Prompt, RolloutGroup
 from system.weight_payload import WeightPayload
 
 
-def call_seed(run_seed: int, worker_id: str, call_index: int) -> int:
-    """A 31-bit sampling seed for one generate call of one worker."""
-    digest = hashlib.sha256(f"{run_seed}/{worker_id}/{call_index}".encode()).digest()
+def prompt_seed(run_seed: int, prompt_id: str, policy_version: int) -> int:
+    """A 31-bit sampling seed for one prompt's group, at one policy version."""
+    digest = hashlib.sha256(f"{run_seed}/{prompt_id}/{policy_version}".encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
 
@@ -42,9 +46,13 @@ class RolloutWorkerCore:
         )
         self.reward = build_reward(run_cfg.data.reward)
         self._policy_version = 0
-        self._num_calls = 0
         self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
                        "reward_seconds": 0.0, "num_weight_updates": 0, "weight_update_seconds": 0.0}
+        if run_cfg.rollout.perturb_std > 0:  # ablations: version 0 perturbed as well
+            self.engine.load_weights(self._perturbed(model_dir_payload(model_dir)))
+
+    def _perturbed(self, payload: WeightPayload) -> WeightPayload:
+        return perturb_payload(payload, self.cfg.rollout.perturb_std, self.cfg.seed)
 
     @property
     def policy_version(self) -> int:
@@ -69,9 +77,9 @@ class RolloutWorkerCore:
         started = time.perf_counter()
         samples = self.engine.generate(
             [p.text for p in prompts], n=r.group_size, temperature=r.temperature, top_p=r.top_p,
-            max_new_tokens=r.max_new_tokens, seed=call_seed(self.cfg.seed, self.worker_id, self._num_calls),
+            max_new_tokens=r.max_new_tokens,
+            seed=[prompt_seed(self.cfg.seed, p.prompt_id, self._policy_version) for p in prompts],
         )
-        self._num_calls += 1
         generated = time.perf_counter()
         groups = [self._group(p, s) for p, s in zip(prompts, samples, strict=True)]
         self._stats["generate_seconds"] += generated - started
@@ -102,7 +110,7 @@ class RolloutWorkerCore:
 
     def update_weights(self, payload: WeightPayload) -> None:
         """Load ``payload`` into the engine and adopt its ``policy_version``."""
-        seconds = self.engine.load_weights(payload)
+        seconds = self.engine.load_weights(self._perturbed(payload))
         self._policy_version = payload.policy_version
         self._stats["num_weight_updates"] += 1
         self._stats["weight_update_seconds"] += seconds
