@@ -195,13 +195,15 @@ class Trainer:
         return ckpt
 
     def finish(self) -> None:
+        """Drain the rollout loop, checkpoint (buffer kept: a resumed run trains those groups as the
+        uninterrupted run would have), then account for the unused groups in the final ledger."""
         self.rollout.drain(timeout=60)
+        if self.cfg.checkpoint_every == 0 or self.step % self.cfg.checkpoint_every:
+            self.save_checkpoint()
         with self.state.cond:
             for g in self.buffer.groups():
                 self.sampler.mark_dropped(g.prompt.prompt_id, "unused_at_end")
             self.buffer.restore([])
-        if self.cfg.checkpoint_every == 0 or self.step % self.cfg.checkpoint_every:
-            self.save_checkpoint()
         report = ray.get(self.service.write_report.remote())
         ray.get(self.service.close.remote())
         (self.run_dir / "ledger.json").write_text(json.dumps(self.sampler.counts(), indent=1))

@@ -9,6 +9,13 @@
     <output_dir>/checkpoints/step_XXXXXXXX/controller.pkl    step, policy version, sampler,
                                                              buffer, AIS state, RNG, W&B run id
 
+What a resumed run needs to continue exactly as the uninterrupted one: the learner half (model,
+AdamW state, schedule, policy version) and ``CONTROLLER_KEYS``; loading checks both halves
+are there and agree (:func:`check_controller_state`), so a checkpoint that left a part out
+fails to resume with a message naming the part instead of resuming into a different run.
+The sampling randomness needs no state: every prompt's seed is derived from the run seed,
+its prompt id and the policy version (``system.rollout.worker.prompt_seed``).
+
 A checkpoint counts only once ``controller.pkl`` exists; it is written (temp file, then
 rename) after the learner's half is complete, so a kill at any moment leaves either an
 older complete checkpoint or a complete new one.
@@ -23,6 +30,9 @@ from system.learner.checkpoint import is_complete
 
 _STEP = re.compile(r"^step_(\d+)$")
 CONTROLLER_FILE = "controller.pkl"
+CONTROLLER_KEYS = ("step", "sampler", "buffer", "correction", "rng", "wandb_run_id")
+"""The controller half: policy version (= steps done), sampler cursor and ledger, the buffered
+groups, the correction service's state (AIS), the driver's RNG states, the W&B run to resume."""
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -44,8 +54,35 @@ def save_controller_state(ckpt: str | Path, state: dict) -> None:
 
 
 def load_controller_state(ckpt: str | Path) -> dict:
+    """The controller half of ``ckpt``, checked with :func:`check_controller_state`."""
     with open(Path(ckpt) / CONTROLLER_FILE, "rb") as f:
-        return pickle.load(f)
+        state = pickle.load(f)
+    check_controller_state(state, Path(ckpt) / CONTROLLER_FILE)
+    return state
+
+
+def check_controller_state(state: dict, where: str | Path) -> None:
+    """Raise ``ValueError`` naming ``where`` and the part when a part is missing or the parts disagree.
+
+    Checked: every key of ``CONTROLLER_KEYS``; the RNG states of python, numpy and torch; the
+    AIS state of the correction service; and that the buffered groups are exactly the
+    prompts the sampler's ledger marks generated (a lost buffer would otherwise leave them
+    neither trained nor re-issued).
+    """
+    missing = [k for k in CONTROLLER_KEYS if k not in state]
+    if missing:
+        raise ValueError(f"{where}: checkpoint lacks {', '.join(missing)}; it cannot resume this run exactly")
+    missing = [f"rng.{k}" for k in ("python", "numpy", "torch") if k not in state["rng"]]
+    missing += [] if "ais" in state["correction"] else ["correction.ais"]
+    if missing:
+        raise ValueError(f"{where}: checkpoint lacks {', '.join(missing)}; it cannot resume this run exactly")
+    generated = {pid for pid, s in state["sampler"]["state"].items() if s == "generated"}
+    buffered = {g.prompt.prompt_id for g in state["buffer"]}
+    if generated != buffered:
+        raise ValueError(
+            f"{where}: the buffer holds {len(buffered)} groups but the sampler's ledger has {len(generated)} "
+            f"generated prompts ({len(generated - buffered)} not in the buffer, {len(buffered - generated)} "
+            "not in the ledger): the buffer and the sampler are from different moments")
 
 
 def is_complete_checkpoint(ckpt: str | Path) -> bool:

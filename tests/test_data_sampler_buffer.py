@@ -92,3 +92,17 @@ def test_sync_mode_drops_everything_not_fresh():
     buf.add(group(src[1], 5))
     groups, stale = buf.take(1, learner_version=5)
     assert [g.policy_version for g in groups] == [5] and [g.policy_version for g in stale] == [4]
+
+
+def test_a_cursor_behind_its_ledger_refuses_to_issue_an_id_twice():
+    """A sampler restored with an old cursor but a newer ledger (a corrupt checkpoint) must not
+    silently serve prompts that were already trained."""
+    s = PromptSampler(ListSource(10), seed=0)
+    old = s.state_dict()  # cursor 0
+    trained = s.next_prompts(3)
+    for p in trained:
+        s.mark_generated(p.prompt_id)
+    s.mark_trained([p.prompt_id for p in trained])
+    s.load_state_dict({**old, "state": s.state_dict()["state"]})
+    with pytest.raises(RuntimeError, match=f"prompt {trained[0].prompt_id} would be issued a second time"):
+        s.next_prompts(1)

@@ -48,6 +48,9 @@ class PromptSampler:
                 self.epoch, self.cursor = self.epoch + 1, 0
                 self._order = self._permutation(self.epoch)
             pid = f"e{self.epoch}-{int(self._order[self.cursor])}"
+            if pid in self.state:
+                raise RuntimeError(f"prompt {pid} would be issued a second time (it is {self.state[pid]}): "
+                                   f"the sampler's cursor (epoch {self.epoch}, {self.cursor}) is behind its ledger")
             self.cursor += 1
             self.state[pid] = ISSUED
             out.append(self._prompt(pid))
