@@ -42,6 +42,8 @@ class RunLogger:
         """Write the step's JSONL record (streamed metrics + these); return the record."""
         self.live.log(step, metrics)
         record = {**self._pending.pop(step, {}), **metrics}
+        if self.cfg.wandb.mode != "disabled":  # 0 once W&B failed (the run goes on, metrics stay here)
+            record["report/wandb_live"] = int(self.wandb.run is not None)
         self.jsonl.log(step, record)
         return record
 
