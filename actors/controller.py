@@ -21,6 +21,7 @@ import time
 import numpy as np
 import ray
 
+from actors.placement import follow_target, rollout_capacity
 from actors.rollout_pool import RolloutPool, WorkerSlot
 from actors.weight_sync import WeightTransport
 from system.config import RunConfig
@@ -45,6 +46,9 @@ class RolloutLoop:
         self.cfg, self.pool, self.sampler, self.buffer, self.state = cfg, pool, sampler, buffer, state
         self.transport = transport
         self.desired_workers = cfg.rollout.num_workers
+        """The floor set by the config or ``aisrl scale``; ``target_workers`` adds the cluster's capacity."""
+        self.target_workers = cfg.rollout.num_workers
+        self._capacity_checked = 0.0
         self.control = None  # an actors.control.RunControl handle, polled for ``aisrl scale``
         self._control_ref: ray.ObjectRef | None = None
         self.stop = threading.Event()
@@ -56,6 +60,7 @@ class RolloutLoop:
         try:
             while not self.stop.is_set():
                 self._poll_control()
+                self._follow_cluster()
                 self._reconcile()
                 self._push_weights()
                 self._dispatch()
@@ -79,16 +84,34 @@ class RolloutLoop:
                 log.warning("scaling rollout workers %d -> %d", self.desired_workers, desired)
             self.desired_workers, self._control_ref = desired, None
 
+    def _follow_cluster(self, every_s: float = 2.0) -> None:
+        """``target_workers``: ``desired_workers``, or with ``rollout.follow_cluster`` the rollout
+        resource's capacity when larger (checked every ``every_s``; a new node is used as it joins)."""
+        r = self.cfg.rollout
+        if not r.follow_cluster:
+            self.target_workers = self.desired_workers
+            return
+        now = time.monotonic()
+        if now - self._capacity_checked >= every_s:
+            self._capacity_checked = now
+            capacity = rollout_capacity(ray.cluster_resources(), self.cfg)
+            target = follow_target(self.desired_workers, capacity, r.max_workers)
+            if target != self.target_workers:
+                log.warning("rollout capacity %d in the cluster: %d -> %d workers", capacity,
+                            self.target_workers, target)
+            self.target_workers = target
+        self.target_workers = max(self.target_workers, self.desired_workers)
+
     def _reconcile(self) -> None:
-        """Launch or retire workers toward ``desired_workers``; fail if none has been alive too long."""
+        """Launch or retire workers toward ``target_workers``; fail if none has been alive too long."""
         live = len(self.pool.live())
-        if live < self.desired_workers:
-            self.pool.launch(self.desired_workers - live)
-        elif live > self.desired_workers:
-            self.pool.retire(live - self.desired_workers)
+        if live < self.target_workers:
+            self.pool.launch(self.target_workers - live)
+        elif live > self.target_workers:
+            self.pool.retire(live - self.target_workers)
         for slot in [s for s in self.pool.slots.values() if s.retiring and s.inflight is None]:
             self.pool.remove(slot)
-        if self.pool.ready() or self.desired_workers == 0:
+        if self.pool.ready() or self.target_workers == 0:
             self._last_alive = time.monotonic()
         elif time.monotonic() - self._last_alive > self.cfg.rollout.worker_timeout_s:
             raise RuntimeError(

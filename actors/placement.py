@@ -1,6 +1,8 @@
 """Where each role runs: rollout workers on nodes offering the rollout resource, learner ranks on learner nodes.
 
-With neither resource in the cluster, every role shares whatever node has room (one machine).
+With neither resource in the cluster, every role shares whatever node has room (one machine),
+except that ``rollout.follow_cluster`` always pins rollout workers to the rollout resource on a
+real cluster (they wait for, and the Ray autoscaler provisions, nodes that offer it).
 The plan is plain data so ``--dry-run`` can print it before anything is allocated.
 """
 
@@ -29,7 +31,8 @@ class RoleOptions:
 def plan_placement(cfg: RunConfig, cluster_resources: dict[str, float] | None) -> list[RoleOptions]:
     """The actor options of every role; ``cluster_resources`` None = a private local cluster."""
     res = cluster_resources or {}
-    rollout_res = {cfg.ray.rollout_resource: 1.0} if res.get(cfg.ray.rollout_resource) else {}
+    pin_rollout = res.get(cfg.ray.rollout_resource) or (cluster_resources is not None and cfg.rollout.follow_cluster)
+    rollout_res = {cfg.ray.rollout_resource: 1.0} if pin_rollout else {}
     learner_res = {cfg.ray.learner_resource: 1.0} if res.get(cfg.ray.learner_resource) else {}
     return [
         RoleOptions("rollout_worker", cfg.rollout.num_workers, 1.0, cfg.ray.rollout_gpus, rollout_res),
@@ -44,3 +47,17 @@ def describe_plan(plan: list[RoleOptions]) -> list[dict]:
 
 def required_cpus(plan: list[RoleOptions]) -> int:
     return int(sum(r.count * max(r.num_cpus, 0.0) for r in plan)) + 1
+
+
+def rollout_capacity(cluster_resources: dict[str, float], cfg: RunConfig) -> int:
+    """Rollout workers the cluster's rollout resource holds (one unit each); 0 if no node offers it."""
+    return int(cluster_resources.get(cfg.ray.rollout_resource, 0.0) + 1e-9)
+
+
+def follow_target(floor: int, capacity: int, max_workers: int | None) -> int:
+    """Workers to run when following the cluster: ``max(floor, capacity)``, capped by ``max_workers``
+    (never below ``floor``: the user's or ``aisrl scale``'s count wins over the cap)."""
+    target = max(floor, capacity)
+    if max_workers is not None:
+        target = max(floor, min(target, max_workers))
+    return target

@@ -26,6 +26,12 @@ EngineConfig = Annotated[VLLMEngineConfig, Field(discriminator="type")]
 class RolloutConfig(StrictModel):
     num_workers: int = Field(default=1, ge=0)
     """Rollout workers (one engine each); can change while a job runs (``aisrl scale``)."""
+    follow_cluster: bool = False
+    """Also grow to one worker per unit of the rollout resource in the cluster (``ray.rollout_resource``):
+    nodes the Ray autoscaler (or an operator) adds are used as they join, and workers on nodes
+    that leave are not replaced. ``num_workers`` (or ``aisrl scale``) stays the floor."""
+    max_workers: int | None = Field(default=None, ge=1)
+    """Upper bound on rollout workers when ``follow_cluster`` is on (unset = no bound)."""
     quantization: Literal["fp8", "bf16"] = "fp8"
     """Rollout weights: ``fp8`` (``fp8_per_channel`` on CPU, ``fp8`` on GPU) or unquantized ``bf16``."""
     group_size: int = Field(default=8, ge=1)

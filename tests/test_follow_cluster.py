@@ -1,0 +1,90 @@
+"""``rollout.follow_cluster``: rollout workers follow the nodes that offer the rollout resource.
+
+Simulated nodes on one machine (``ray.cluster_utils.Cluster`` on loopback): a head without
+the resource and one node with ``rollout: 1``. The real ``Trainer`` (simulated compute actors
+of ``benchmarks/sim_actors.py``) starts with one worker; a node with ``rollout: 2`` joins
+mid-run, as the Ray autoscaler would add it, and the controller grows to 3 workers, all on
+rollout nodes; the node is then removed and its workers are not replaced (back to 1, the
+floor). The ledger shows nothing lost or trained twice.
+"""
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
+
+from actors.cluster import use_loopback_only  # noqa: E402
+from actors.placement import follow_target, rollout_capacity  # noqa: E402
+from actors.trainer import Trainer  # noqa: E402
+from system.config.loading import resolve_config  # noqa: E402
+
+STEPS = 400  # an upper bound; the test stops the run once it has seen what it needs
+
+
+def test_follow_target_is_capacity_above_the_floor_and_below_the_cap():
+    assert follow_target(1, 3, None) == 3
+    assert follow_target(4, 3, None) == 4  # the floor (num_workers / aisrl scale) wins
+    assert follow_target(1, 8, 5) == 5
+    assert follow_target(6, 8, 5) == 6  # the cap never takes workers below the floor
+    cfg = resolve_config([], ["ray.rollout_resource=gen"])
+    assert rollout_capacity({"gen": 3.0, "CPU": 8.0}, cfg) == 3 and rollout_capacity({"CPU": 8.0}, cfg) == 0
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.ray
+def test_workers_follow_rollout_nodes_joining_and_leaving(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
+    use_loopback_only()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    first = cluster.add_node(num_cpus=2, resources={"rollout": 1})
+    trainer = None
+    try:
+        cfg = resolve_config([], [
+            f"output_dir={tmp_path / 'run'}", f"max_steps={STEPS}", f"ray.address={cluster.address}",
+            "rollout.follow_cluster=true", "rollout.num_workers=1", "learner.num_ranks=1",
+            "prompts_per_step=8", "rollout.group_size=4", "rollout.prompts_per_call=4",
+            "model.warm_start_steps=0", "report.wandb.mode=disabled", "report.console=false",
+            "report.dump_every=0", "checkpoint_every=0",
+        ])
+        trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.1),
+                          learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
+        done = threading.Thread(target=trainer.run, daemon=True)
+        done.start()
+        ready = lambda: len(trainer.pool.ready())  # noqa: E731
+        wait_for(lambda: trainer.step >= 3, 120, "3 steps")
+        assert ready() == 1
+        extra = cluster.add_node(num_cpus=2, resources={"rollout": 2})
+        wait_for(lambda: ready() == 3, 120, "3 ready workers after a rollout node joined")
+        nodes = {ray.get(s.handle.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+                 for s in trainer.pool.ready()}
+        assert nodes == {first.node_id, extra.node_id}
+        cluster.remove_node(extra)
+        wait_for(lambda: len(trainer.pool.slots) == 1 and ready() == 1, 120, "back to 1 worker after the node left")
+        step = trainer.step
+        wait_for(lambda: trainer.step >= step + 3, 120, "3 more steps on the remaining worker")
+        trainer.stop_requested.set()
+        done.join(timeout=120)
+        assert not done.is_alive()
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert ledger["duplicates"] == 0 and ledger["trained"] == trainer.step * 8
+    assert ledger["issued"] == ledger["trained"] + ledger["dropped"] + ledger["in_flight"] + ledger["buffered"]
+    assert trainer.pool.failures >= 2  # the two workers of the removed node were lost, not replaced
