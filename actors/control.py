@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray._raylet import Config
 
 from actors.cluster import join
@@ -46,7 +47,9 @@ class RunControl:
 
 def create_control(run_dir: Path, num_workers: int) -> ray.actor.ActorHandle:
     name = control_name(run_dir)
-    handle = RunControl.options(name=name, namespace=NAMESPACE, get_if_exists=True).remote(num_workers)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    handle = RunControl.options(name=name, namespace=NAMESPACE, get_if_exists=True,
+                                scheduling_strategy=here).remote(num_workers)  # dies only with the driver's node
     ctx = ray.get_runtime_context()
     info = {"gcs_address": ctx.gcs_address, "actor": name, "auth_mode": os.environ.get("RAY_AUTH_MODE", "disabled")}
     (run_dir / "control.json").write_text(json.dumps(info, indent=1))

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import cluster
 from actors.control import create_control, remove_control_file
@@ -75,7 +76,10 @@ class Trainer:
         plan = plan_placement(cfg, None)
         cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
-        self.service = CorrectionService.remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
+        # on the driver's node: the service writes the run directory (metrics, dumps, report, W&B files)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.service = CorrectionService.options(scheduling_strategy=here).remote(
+            cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
         self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)

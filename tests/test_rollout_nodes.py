@@ -1,4 +1,6 @@
-"""``rollout.follow_cluster``: rollout workers follow the nodes that offer the rollout resource.
+"""Rollout workers and the nodes that offer the rollout resource: nodes joining, leaving, all lost.
+
+``rollout.follow_cluster``: rollout workers follow the nodes that offer the rollout resource.
 
 Simulated nodes on one machine (``ray.cluster_utils.Cluster`` on loopback): a head without
 the resource and one node with ``rollout: 1``. The real ``Trainer`` (simulated compute actors
@@ -6,6 +8,9 @@ of ``benchmarks/sim_actors.py``) starts with one worker; a node with ``rollout: 
 mid-run, as the Ray autoscaler would add it, and the controller grows to 3 workers, all on
 rollout nodes; the node is then removed and its workers are not replaced (back to 1, the
 floor). The ledger shows nothing lost or trained twice.
+
+Losing every rollout node (no replacement can be placed) fails the run once no worker has
+been alive for ``rollout.worker_timeout_s``, with a message that says so and how to resume.
 """
 
 import json
@@ -45,6 +50,53 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def simulated_trainer(cluster: Cluster, run_dir: Path, *overrides: str) -> Trainer:
+    cfg = resolve_config([], [
+        f"output_dir={run_dir}", f"max_steps={STEPS}", f"ray.address={cluster.address}",
+        "learner.num_ranks=1", "prompts_per_step=8", "rollout.group_size=4", "rollout.prompts_per_call=4",
+        "model.warm_start_steps=0", "report.wandb.mode=disabled", "report.console=false",
+        "report.dump_every=0", "checkpoint_every=0", *overrides,
+    ])
+    return Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.1),
+                   learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
+
+
+@pytest.mark.ray
+def test_losing_every_rollout_node_fails_the_run_with_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
+    use_loopback_only()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False,
+                                                            "resources": {"learner": 1}})
+    node = cluster.add_node(num_cpus=2, resources={"rollout": 1})
+    trainer = None
+    try:
+        trainer = simulated_trainer(cluster, tmp_path / "run", "rollout.num_workers=1", "rollout.worker_timeout_s=10")
+        outcome: dict = {}
+
+        def run():
+            try:
+                trainer.run()
+            except BaseException as exc:  # noqa: BLE001 - the outcome under test
+                outcome["error"], outcome["t"] = exc, time.monotonic()
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        wait_for(lambda: trainer.step >= 2, 120, "2 steps")
+        lost_at = time.monotonic()
+        cluster.remove_node(node)
+        runner.join(timeout=90)
+        assert not runner.is_alive(), "the run hung after losing every rollout node"
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+    message = str(outcome["error"])
+    assert "no rollout worker has been alive for 10 s" in message and "--resume" in message
+    # replacements were launched but could not be placed; the run failed after the timeout, not later
+    assert 9 <= outcome["t"] - lost_at < 40  # (the last sign of life can precede the removal slightly)
+
+
 @pytest.mark.ray
 def test_workers_follow_rollout_nodes_joining_and_leaving(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
@@ -53,15 +105,7 @@ def test_workers_follow_rollout_nodes_joining_and_leaving(tmp_path, monkeypatch)
     first = cluster.add_node(num_cpus=2, resources={"rollout": 1})
     trainer = None
     try:
-        cfg = resolve_config([], [
-            f"output_dir={tmp_path / 'run'}", f"max_steps={STEPS}", f"ray.address={cluster.address}",
-            "rollout.follow_cluster=true", "rollout.num_workers=1", "learner.num_ranks=1",
-            "prompts_per_step=8", "rollout.group_size=4", "rollout.prompts_per_call=4",
-            "model.warm_start_steps=0", "report.wandb.mode=disabled", "report.console=false",
-            "report.dump_every=0", "checkpoint_every=0",
-        ])
-        trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.1),
-                          learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
+        trainer = simulated_trainer(cluster, tmp_path / "run", "rollout.follow_cluster=true", "rollout.num_workers=1")
         done = threading.Thread(target=trainer.run, daemon=True)
         done.start()
         ready = lambda: len(trainer.pool.ready())  # noqa: E731
