@@ -146,6 +146,7 @@ def submit(
     follow: bool = typer.Option(False, "--follow", help="Stream the job's logs until it ends; exit 1 unless it SUCCEEDED."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run `aisrl train --dry-run` on the cluster (checks the image and the shipped config)."),
     stop_wait_s: int = typer.Option(120, "--stop-wait-s", min=0, help="On `job stop`, seconds between SIGTERM (finish the step, checkpoint) and SIGKILL."),
+    resume: str = typer.Option(None, "--resume", help="Continue this run directory (a path on the cluster) from its last complete checkpoint; ARGS are overrides only."),
 ) -> None:
     """Validate the config here, then run `aisrl train` on a running Ray cluster as a Ray job."""
     import tempfile
@@ -154,14 +155,24 @@ def submit(
 
     try:
         jobs.check_address(address)
-        cfg = jobs.resolve_for_cluster(*split_args(args or []))
-        with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
-            sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s)
+        presets, overrides = split_args(args or [])
+        if resume is not None:
+            if presets or dry_run:
+                raise ConfigError("--resume takes dotted overrides only (the run's config.json is its preset), no --dry-run")
+            cfg, overrides = jobs.resolve_resume(resume, overrides)
+            if cfg is None:
+                console.print(f"note: {resume} is not readable here; the cluster validates its config.json")
+            with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
+                sub = jobs.submit_resume(address, resume, overrides, Path(staging), stop_wait_s=stop_wait_s)
+        else:
+            cfg = jobs.resolve_for_cluster(presets, overrides)
+            with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
+                sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s)
     except (ConfigError, jobs.JobError) as exc:
         _fail(str(exc))
-    for warning in jobs.placement_warnings(cfg):
+    for warning in jobs.placement_warnings(cfg) if cfg is not None else []:
         console.print(f"[yellow]warning:[/] {warning}")
-    if cfg.report.wandb.mode == "online":
+    if cfg is not None and cfg.report.wandb.mode == "online":
         console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
     console.print(f"submitted [bold]{sub.job_id}[/]: {sub.entrypoint}")
     print(sub.job_id)

@@ -18,6 +18,7 @@ Token authentication (Ray >= 2.52, on by default for new clusters in 2.60): the 
 
 import asyncio
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -110,6 +111,26 @@ def resolve_for_cluster(presets: list[str], overrides: list[str]) -> RunConfig:
     return cfg
 
 
+def resolve_resume(run_dir: str, overrides: list[str]) -> tuple[RunConfig | None, list[str]]:
+    """Validate a ``--resume`` submission here; (the resolved config if ``run_dir`` is readable
+    here, else None, and the overrides the job gets).
+
+    The job runs ``aisrl train --resume RUN_DIR [overrides]`` on the cluster, where the run's
+    ``config.json`` is the preset. When ``run_dir`` is on this machine too (one machine, or a
+    mounted shared volume) the whole config is validated; otherwise the overrides alone are
+    checked against the schema (a typo fails here) and the saved config on the cluster. The
+    job joins its cluster: ``ray.address=auto`` unless the overrides set ``ray.address``.
+    """
+    extra = list(overrides)
+    if not any(o.startswith("ray.address=") for o in extra):
+        extra.append("ray.address=auto")
+    saved = Path(run_dir) / "config.json"
+    if saved.is_file():
+        return resolve_config([str(saved)], [*extra, f"output_dir={run_dir}"]), extra
+    resolve_config([], extra)
+    return None, extra
+
+
 def placement_warnings(cfg: RunConfig) -> list[str]:
     """What will not be where the user expects on the cluster (relative paths live in the job's temp dir)."""
     if Path(cfg.output_dir).is_absolute():
@@ -148,15 +169,17 @@ def check_no_secrets(runtime_env: dict, config_text: str) -> None:
             raise JobError(f"the resolved config contains the value of ${name}; remove it from the presets/overrides")
 
 
-def build_runtime_env(working_dir: Path, stop_wait_s: int) -> dict:
+def build_runtime_env(working_dir: Path, stop_wait_s: int, config_text: str | None = None) -> dict:
     """The job's runtime env: the staged working dir, and how long ``job stop`` waits after SIGTERM."""
     env = {"working_dir": str(working_dir), "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_s)}}
-    check_no_secrets(env, (working_dir / SHIPPED_CONFIG).read_text())
+    check_no_secrets(env, config_text if config_text is not None else (working_dir / SHIPPED_CONFIG).read_text())
     return env
 
 
-def entrypoint(dry_run: bool = False) -> str:
+def entrypoint(dry_run: bool = False, resume: str | None = None, overrides: list[str] = ()) -> str:
     """The command the cluster runs in the job's working directory."""
+    if resume is not None:
+        return " ".join(["aisrl train --resume", shlex.quote(resume), *map(shlex.quote, overrides)])
     return f"aisrl train{' --dry-run' if dry_run else ''} {SHIPPED_CONFIG}"
 
 
@@ -175,6 +198,20 @@ def submit(address: str, cfg: RunConfig, staging: Path, *, dry_run: bool = False
     runtime_env = build_runtime_env(stage_working_dir(cfg, staging), stop_wait_s)
     command = entrypoint(dry_run)
     metadata = {"aisrl.output_dir": cfg.output_dir, "aisrl.max_steps": str(cfg.max_steps)}
+    with job_api(address) as client:
+        job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata=metadata)
+    return Submitted(job_id, command, runtime_env)
+
+
+def submit_resume(address: str, run_dir: str, overrides: list[str], staging: Path, *, stop_wait_s: int = 120) -> Submitted:
+    """Submit ``aisrl train --resume run_dir [overrides]`` (validate first with :func:`resolve_resume`)."""
+    address = check_address(address)
+    if not (PROJECT_ROOT / "pyproject.toml").is_file():
+        raise JobError(f"{PROJECT_ROOT}: not an aisrl source checkout (no pyproject.toml); submit from a checkout")
+    shutil.copytree(PROJECT_ROOT, staging, ignore=_ignore(PROJECT_ROOT), symlinks=True, dirs_exist_ok=True)
+    command = entrypoint(resume=run_dir, overrides=overrides)
+    runtime_env = build_runtime_env(staging, stop_wait_s, config_text=command)
+    metadata = {"aisrl.output_dir": run_dir, "aisrl.resume": "true"}
     with job_api(address) as client:
         job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata=metadata)
     return Submitted(job_id, command, runtime_env)

@@ -35,6 +35,7 @@ import psutil
 import pytest
 
 from actors import jobs
+from system.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -175,6 +176,14 @@ def test_submit_runs_the_validated_config_to_success(head, tmp_path):
     assert json.loads((run / "config.json").read_text()) == shipped.model_dump(mode="json", by_alias=True)
     assert [json.loads(r)["step"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1]
 
+    # --resume: the run continues on the cluster from its checkpoint, with its own config.json
+    out = aisrl("submit", "--address", head.url, "--resume", str(run), "max_steps=2", "--follow",
+                token=head.token, home=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "done: 2 steps" in out.stdout + out.stderr
+    assert [json.loads(r)["step"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 2
+
 
 @pytest.mark.ray
 @pytest.mark.slow
@@ -294,3 +303,20 @@ def test_token_lookup_follows_rays_precedence(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
     with pytest.raises(jobs.JobError, match="RAY_AUTH_TOKEN_PATH"):
         jobs.find_auth_token()
+
+
+def test_resume_submission_is_validated_here_when_the_run_is_readable(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"max_steps": 5, "prompts_per_step": 4}))
+    cfg, overrides = jobs.resolve_resume(str(run), ["max_steps=9"])
+    assert cfg.max_steps == 9 and cfg.prompts_per_step == 4 and cfg.output_dir == str(run)
+    assert overrides == ["max_steps=9", "ray.address=auto"]  # the job joins the cluster it runs on
+    with pytest.raises(ConfigError, match="max_step"):
+        jobs.resolve_resume(str(run), ["max_step=9"])
+    cfg, overrides = jobs.resolve_resume("/cluster/only/run", ["max_steps=9", "ray.address=ray://h:10001"])
+    assert cfg is None and overrides == ["max_steps=9", "ray.address=ray://h:10001"]
+    with pytest.raises(ConfigError, match="learner.lr"):
+        jobs.resolve_resume("/cluster/only/run", ["learner.lr=fast"])
+    command = jobs.entrypoint(resume="/runs/my run", overrides=["output_note=a b"])
+    assert shlex.split(command) == ["aisrl", "train", "--resume", "/runs/my run", "output_note=a b"]
