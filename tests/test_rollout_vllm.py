@@ -100,6 +100,39 @@ def test_same_seed_same_samples_and_repeated_prompts_differ(bf16_engine):
     assert tokens[0] != tokens[1]
 
 
+def test_per_prompt_seeds_make_a_prompts_samples_independent_of_its_call(bf16_engine):
+    """What exact resume and re-issued prompts rely on: with one seed per prompt, a prompt draws
+    the same samples whether it travels alone, first or last in a call, next to other prompts."""
+    texts = [p.text for p in PROMPTS]
+    seeds = [100 + 7 * i for i in range(len(texts))]
+    args = dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=5)
+    together = bf16_engine.generate(texts, seed=seeds, **args)
+    alone = bf16_engine.generate(texts[-1:], seed=seeds[-1:], **args)
+    reordered = bf16_engine.generate(texts[::-1], seed=seeds[::-1], **args)
+    ids = lambda s: [r.response_token_ids.tolist() for r in s.responses]  # noqa: E731
+    assert ids(alone[0]) == ids(together[-1])
+    assert [ids(s) for s in reordered[::-1]] == [ids(s) for s in together]
+    assert len({str(ids(s)) for s in together}) > 1  # and different seeds do draw differently
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        bf16_engine.generate(texts[:3], seed=[1, 2], **args)
+
+
+def test_perturbed_rollout_weights_raise_the_mismatch_the_ablation_needs(bf16_engine, hf_model):
+    """``rollout.perturb_std`` (ablations only): sigma 0.2 moves the engine's log-probs away from
+    the learner's, while the unperturbed engine stays within 0.01 nats."""
+    from system.rollout.perturbation import perturb_payload
+
+    state = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    try:
+        bf16_engine.load_weights(perturb_payload(encode_weights(state, policy_version=1), 0.2, seed=0))
+        gap = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
+        print(f"perturbed (sigma 0.2) vs learner: mean {gap.mean():.3f} max {gap.max():.3f} nats")
+        assert gap.mean() > 0.05 and gap.max() > 0.1  # vs < 0.01 unperturbed
+    finally:
+        bf16_engine.load_weights(encode_weights(state, policy_version=0))
+    assert logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE).max() < 0.01
+
+
 def test_reload_follows_new_weights_including_lm_head(bf16_engine, hf_model):
     old_state = {k: v.clone() for k, v in hf_model.state_dict().items()}
     gen = torch.Generator().manual_seed(0)
