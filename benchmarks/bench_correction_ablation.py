@@ -19,6 +19,8 @@ after every run, so an interrupted sweep keeps what finished.
 
     python benchmarks/bench_correction_ablation.py                 # both sweeps, seed 0
     python benchmarks/bench_correction_ablation.py --seeds 0 1 --steps 100
+    python benchmarks/bench_correction_ablation.py --perturb-std 0.5 --sweeps method \
+        --methods none token-tis seq-mis --name correction_ablation_strong_cpu
 """
 
 import argparse
@@ -112,15 +114,17 @@ def table(runs: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def plot(runs: dict, path: Path) -> None:
+def plot(runs: dict, path: Path, sigma: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=True)
-    for ax, sweep, title in ((axes[0], "method", "correction method (max_lag 1)"),
-                             (axes[1], "max_lag", "staleness (seq-mis)")):
+    sweeps = [(s, t) for s, t in (("method", "correction method (max_lag 1)"), ("max_lag", "staleness (seq-mis)"))
+              if any(k.startswith(s + "/") for k in runs)]
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, (sweep, title) in zip(axes, sweeps, strict=True):
         curves: dict[str, list[list[float]]] = {}
         for key, r in runs.items():
             s, variant, _ = key.split("/")
@@ -136,7 +140,7 @@ def plot(runs: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("mean reward (5-step moving average)")
-    fig.suptitle("tiny task, FP8 rollout + perturbed rollout weights (kl_k1 > 0.1)")
+    fig.suptitle(f"tiny task, FP8 rollout + perturbed rollout weights (perturb_std {sigma}, kl_k1 > 0.1)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -148,15 +152,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--perturb-std", type=float, default=0.25)
     parser.add_argument("--sweeps", nargs="+", default=["method", "max_lag"], choices=["method", "max_lag"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--lags", type=int, nargs="+", default=list(LAGS))
     parser.add_argument("--name", default="correction_ablation_cpu")
     args = parser.parse_args()
     base = [f"max_steps={args.steps}", f"rollout.perturb_std={args.perturb_std}"]
     plan: list[tuple[str, str, int, list[str]]] = []
     for seed in args.seeds:
         if "method" in args.sweeps:
-            plan += [("method", m, seed, ov) for m, ov in METHODS.items()]
+            plan += [("method", m, seed, METHODS[m]) for m in args.methods]
         if "max_lag" in args.sweeps:
-            plan += [("max_lag", str(lag), seed, [f"async.max_lag={lag}"]) for lag in LAGS]
+            plan += [("max_lag", str(lag), seed, [f"async.max_lag={lag}"]) for lag in args.lags]
     partial = RESULTS / f"{args.name}.partial.json"
     runs: dict[str, dict] = {}
     logs = Path(tempfile.mkdtemp(prefix="aisrl-ablation-logs-"))
@@ -177,7 +183,7 @@ def main() -> None:
     (RESULTS / f"{args.name}.md").write_text(
         f"Correction ablation on CPU: {args.steps} steps, rollout.perturb_std {args.perturb_std}, "
         f"seeds {args.seeds}; figures averaged over seeds.\n\n" + table(runs))
-    plot(runs, RESULTS / f"{args.name}.png")
+    plot(runs, RESULTS / f"{args.name}.png", args.perturb_std)
     partial.unlink(missing_ok=True)
     emit(args.name, {"steps": args.steps, "perturb_std": args.perturb_std, "seeds": args.seeds,
                      "total_wall_seconds": time.perf_counter() - started, "runs": runs})
