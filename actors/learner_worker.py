@@ -43,13 +43,24 @@ class LearnerRank:
         self.core.close()
 
 
+class LearnerLostError(RuntimeError):
+    """A learner rank died: FSDP2 cannot go on with fewer ranks, so the run stops (resume from a checkpoint)."""
+
+
 def gather(refs: list[ray.ObjectRef]) -> list:
     """``ray.get`` of every rank's result that fails as soon as ONE rank fails: the surviving ranks
-    would otherwise wait in a collective for the dead one until the process-group timeout."""
+    would otherwise wait in a collective for the dead one until the process-group timeout.
+    A dead rank raises :class:`LearnerLostError` naming it; an exception inside a rank is re-raised."""
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
-        ray.get(done)  # raises RayActorError / RayTaskError at once
+        try:
+            ray.get(done)
+        except ray.exceptions.RayActorError as exc:
+            rank = refs.index(done[0])
+            raise LearnerLostError(
+                f"learner rank {rank} of {len(refs)} was lost ({type(exc).__name__}); the sharded learner "
+                "cannot continue without it, so the run stops") from exc
     return ray.get(refs)
 
 

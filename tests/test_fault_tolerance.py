@@ -14,6 +14,7 @@ import time
 import pytest
 import ray
 
+from actors.learner_worker import LearnerLostError
 from actors.trainer import Trainer
 from system.config import resolve_config
 
@@ -76,7 +77,7 @@ def test_lost_learner_rank_fails_fast_with_a_clear_message(trainer_factory):
     trainer = trainer_factory("max_steps=50")
     kill_when(trainer, 2, lambda t: t.learners.ranks[1])
     started = time.monotonic()
-    with pytest.raises(ray.exceptions.RayActorError):
+    with pytest.raises(LearnerLostError, match="learner rank 1 of 2 was lost"):
         trainer.run()
     assert time.monotonic() - started < 120
 
