@@ -18,6 +18,9 @@ Scenarios (each on its own private loopback Ray cluster, in this process):
   over steps 4-6 (0.0 = bit-identical).
 
     python benchmarks/bench_fault_tolerance.py [--only soak resume_equality ...]
+
+``--only`` re-measures the named scenarios and keeps the others' last results (each
+scenario records the commit it was measured on).
 """
 
 import argparse
@@ -36,7 +39,7 @@ from ray.cluster_utils import Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import emit  # noqa: E402
+from harness import RESULTS, emit, environment  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
 from actors.cluster import use_loopback_only  # noqa: E402
@@ -207,11 +210,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
     args = parser.parse_args()
-    results = {}
+    previous = RESULTS / "fault_tolerance_cpu.json"
+    kept = json.loads(previous.read_text())["scenarios"] if previous.is_file() else {}
+    results = {k: v for k, v in kept.items() if k not in args.only}  # --only re-measures those, keeps the rest
     for name in args.only:
         tmp = Path(tempfile.mkdtemp(prefix=f"aisrl-ft-{name}-"))
         t0 = time.perf_counter()
-        results[name] = {**SCENARIOS[name](tmp), "scenario_wall_s": time.perf_counter() - t0}
+        results[name] = {**SCENARIOS[name](tmp), "scenario_wall_s": time.perf_counter() - t0,
+                         "commit": environment()["commit"]}
         shutil.rmtree(tmp, ignore_errors=True)
         print(name, json.dumps(results[name])[:400], file=sys.stderr, flush=True)
     emit("fault_tolerance_cpu", {"scenarios": results})
