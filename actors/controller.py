@@ -54,6 +54,7 @@ class RolloutLoop:
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self._last_alive = time.monotonic()
+        self._lost_since_ready = False  # the worker-timeout clock runs only after a loss
         self.thread = threading.Thread(target=self._run, name="rollout-loop", daemon=True)
 
     def _run(self) -> None:
@@ -103,16 +104,26 @@ class RolloutLoop:
         self.target_workers = max(self.target_workers, self.desired_workers)
 
     def _reconcile(self) -> None:
-        """Launch or retire workers toward ``target_workers``; fail if none has been alive too long."""
+        """Launch or retire workers toward ``target_workers``; fail if workers were lost and none has
+        been alive for ``rollout.worker_timeout_s``.
+
+        Following the cluster, a drop in capacity retires only workers still starting (not yet
+        placed, e.g. replacements launched before the drop was seen): the workers of a departed
+        node die with it and are not replaced, while retiring ready ones could pick idle, healthy
+        workers before the dead ones are noticed. The
+        failure clock runs only after a loss: a pool that is still being provisioned (scaled up
+        from 0, or waiting for the autoscaler) waits as long as it takes.
+        """
         live = len(self.pool.live())
         if live < self.target_workers:
             self.pool.launch(self.target_workers - live)
         elif live > self.target_workers:
-            self.pool.retire(live - self.target_workers)
-        for slot in [s for s in self.pool.slots.values() if s.retiring and s.inflight is None]:
+            self.pool.retire(live - self.target_workers, starting_only=self.cfg.rollout.follow_cluster)
+        for slot in [s for s in self.pool.slots_now() if s.retiring and s.inflight is None]:
             self.pool.remove(slot)
-        if self.pool.ready() or self.target_workers == 0:
+        if self.pool.ready() or not self._lost_since_ready:
             self._last_alive = time.monotonic()
+            self._lost_since_ready = False if self.pool.ready() else self._lost_since_ready
         elif time.monotonic() - self._last_alive > self.cfg.rollout.worker_timeout_s:
             raise RuntimeError(
                 f"no rollout worker has been alive for {self.cfg.rollout.worker_timeout_s:.0f} s "
@@ -121,7 +132,7 @@ class RolloutLoop:
 
     def _push_weights(self) -> None:
         version, ref = self.state.published
-        for slot in self.pool.slots.values():
+        for slot in self.pool.slots_now():
             if slot.policy_version < version:
                 self.transport.push(slot.handle, ref)
                 slot.policy_version = version
@@ -184,6 +195,7 @@ class RolloutLoop:
         with self.state.cond:
             self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts])
         self.pool.failures += 1
+        self._lost_since_ready = True
         self.pool.slots.pop(slot.worker_id, None)
 
     def drain(self, timeout: float) -> None:

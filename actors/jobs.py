@@ -117,15 +117,26 @@ def resolve_resume(run_dir: str, overrides: list[str]) -> tuple[RunConfig | None
 
     The job runs ``aisrl train --resume RUN_DIR [overrides]`` on the cluster, where the run's
     ``config.json`` is the preset. When ``run_dir`` is on this machine too (one machine, or a
-    mounted shared volume) the whole config is validated; otherwise the overrides alone are
-    checked against the schema (a typo fails here) and the saved config on the cluster. The
+    mounted shared volume) the whole config is validated and a complete checkpoint must exist;
+    otherwise the overrides alone are checked against the schema defaults (a typo fails here;
+    so does an override valid only under the saved config's variant types: give those after
+    mounting the run directory) and the saved config on the cluster. ``run_dir`` must be absolute. The
     job joins its cluster: ``ray.address=auto`` unless the overrides set ``ray.address``.
     """
+    if not Path(run_dir).is_absolute():
+        raise JobError(f"--resume {run_dir}: give the run directory as an absolute path on the cluster's "
+                       "shared storage (the job runs in a temporary working directory)")
+    if any(o.startswith("output_dir=") for o in overrides):
+        raise JobError("--resume: the run directory is the output_dir; drop the output_dir= override")
     extra = list(overrides)
     if not any(o.startswith("ray.address=") for o in extra):
         extra.append("ray.address=auto")
     saved = Path(run_dir) / "config.json"
     if saved.is_file():
+        from system.run_state import latest_run_checkpoint
+
+        if latest_run_checkpoint(run_dir) is None:
+            raise JobError(f"--resume {run_dir}: no complete checkpoint under {Path(run_dir) / 'checkpoints'}")
         return resolve_config([str(saved)], [*extra, f"output_dir={run_dir}"]), extra
     resolve_config([], extra)
     return None, extra

@@ -47,20 +47,38 @@ class LearnerLostError(RuntimeError):
     """A learner rank died: FSDP2 cannot go on with fewer ranks, so the run stops (resume from a checkpoint)."""
 
 
-def gather(refs: list[ray.ObjectRef]) -> list:
+def _lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> LearnerLostError:
+    cause = " ".join(str(exc).split())[:400] or type(exc).__name__
+    return LearnerLostError(f"learner rank {refs.index(ref)} of {len(refs)} was lost ({type(exc).__name__}: {cause}); "
+                            "the sharded learner cannot continue without it, so the run stops")
+
+
+def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0) -> list:
     """``ray.get`` of every rank's result that fails as soon as ONE rank fails: the surviving ranks
     would otherwise wait in a collective for the dead one until the process-group timeout.
-    A dead rank raises :class:`LearnerLostError` naming it; an exception inside a rank is re-raised."""
+
+    A dead rank raises :class:`LearnerLostError` naming it (with Ray's reason, e.g. the error of
+    a failed constructor). A rank's death can surface first as its peer's collective error
+    (gloo fails at once), so on any error the other ranks get ``settle_s`` to show a death
+    before the error is re-raised as it came.
+    """
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(done)
         except ray.exceptions.RayActorError as exc:
-            rank = refs.index(done[0])
-            raise LearnerLostError(
-                f"learner rank {rank} of {len(refs)} was lost ({type(exc).__name__}); the sharded learner "
-                "cannot continue without it, so the run stops") from exc
+            raise _lost(refs, done[0], exc) from exc
+        except ray.exceptions.RayError:
+            late, _ = ray.wait(pending, num_returns=len(pending), timeout=settle_s) if pending else ([], [])
+            for ref in late:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    raise _lost(refs, ref, exc) from exc
+                except ray.exceptions.RayError:
+                    pass
+            raise
     return ray.get(refs)
 
 
@@ -91,8 +109,12 @@ class LearnerGroup:
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1, fetch_local=False)
-            if done[0] != refs[0]:
+            if done[0] == refs[0]:
+                continue  # rank 0's payload stays in the object store; its consumers see a failure
+            try:
                 ray.get(done)  # None on ranks > 0; raises if that rank died
+            except ray.exceptions.RayActorError as exc:
+                raise _lost(refs, done[0], exc) from exc
         return refs[0]
 
     def save_checkpoint(self, path: str) -> None:

@@ -2,7 +2,7 @@
 
 With neither resource in the cluster, every role shares whatever node has room (one machine),
 except that ``rollout.follow_cluster`` always pins rollout workers to the rollout resource on a
-real cluster (they wait for, and the Ray autoscaler provisions, nodes that offer it).
+cluster joined with ``ray.address`` (they wait for, and the Ray autoscaler provisions, nodes that offer it).
 The plan is plain data so ``--dry-run`` can print it before anything is allocated.
 """
 
@@ -31,7 +31,8 @@ class RoleOptions:
 def plan_placement(cfg: RunConfig, cluster_resources: dict[str, float] | None) -> list[RoleOptions]:
     """The actor options of every role; ``cluster_resources`` None = a private local cluster."""
     res = cluster_resources or {}
-    pin_rollout = res.get(cfg.ray.rollout_resource) or (cluster_resources is not None and cfg.rollout.follow_cluster)
+    following = cfg.rollout.follow_cluster and cfg.ray.address is not None  # a private cluster has no such nodes
+    pin_rollout = res.get(cfg.ray.rollout_resource) or (cluster_resources is not None and following)
     rollout_res = {cfg.ray.rollout_resource: 1.0} if pin_rollout else {}
     learner_res = {cfg.ray.learner_resource: 1.0} if res.get(cfg.ray.learner_resource) else {}
     return [

@@ -72,27 +72,33 @@ class RolloutPool:
         slot.quantization = info["quantization"]
         slot.policy_version = max(slot.policy_version, info["policy_version"])
 
+    def slots_now(self) -> list[WorkerSlot]:
+        """A snapshot of the slots: the train thread reads them while the rollout loop changes them."""
+        return list(self.slots.copy().values())
+
     def live(self) -> list[WorkerSlot]:
-        return [s for s in self.slots.values() if not s.retiring]
+        return [s for s in self.slots_now() if not s.retiring]
 
     def ready(self) -> list[WorkerSlot]:
-        return [s for s in self.slots.values() if s.starting is None]
+        return [s for s in self.slots_now() if s.starting is None]
 
     def idle(self) -> list[WorkerSlot]:
-        return [s for s in self.slots.values() if s.starting is None and s.inflight is None and not s.retiring]
+        return [s for s in self.slots_now() if s.starting is None and s.inflight is None and not s.retiring]
 
     def busy(self) -> list[WorkerSlot]:
-        return [s for s in self.slots.values() if s.inflight is not None]
+        return [s for s in self.slots_now() if s.inflight is not None]
 
     def pending_refs(self) -> list[ray.ObjectRef]:
-        return [r for s in self.slots.values() for r in (s.starting, s.inflight) if r is not None]
+        return [r for s in self.slots_now() for r in (s.starting, s.inflight) if r is not None]
 
     def by_ref(self, ref: ray.ObjectRef) -> WorkerSlot:
-        return next(s for s in self.slots.values() if ref in (s.starting, s.inflight))
+        return next(s for s in self.slots_now() if ref in (s.starting, s.inflight))
 
-    def retire(self, count: int) -> None:
-        """Mark ``count`` workers retiring, idle and starting ones first."""
+    def retire(self, count: int, starting_only: bool = False) -> None:
+        """Mark ``count`` workers retiring, idle and starting ones first (only starting ones if asked)."""
         order = sorted(self.live(), key=lambda s: (s.inflight is not None, s.starting is None))
+        if starting_only:
+            order = [s for s in order if s.starting is not None]
         for slot in order[:count]:
             slot.retiring = True
 
@@ -101,5 +107,5 @@ class RolloutPool:
         ray.kill(slot.handle, no_restart=True)
 
     def shutdown(self) -> None:
-        for slot in list(self.slots.values()):
+        for slot in self.slots_now():
             self.remove(slot)

@@ -69,16 +69,21 @@ class Trainer:
             raise ValueError(f"--resume: no complete checkpoint under {self.run_dir / 'checkpoints'}")
         saved = run_state.load_controller_state(self.ckpt) if self.ckpt else {}
         self.step = saved.get("step", 0)
-        self._build(saved)
+        try:
+            self._build(saved)
+        except BaseException:
+            self.shutdown()  # whatever started before the failure (learner ranks, service, workers)
+            raise
 
     def _build(self, saved: dict) -> None:
         cfg = self.cfg
         plan = plan_placement(cfg, None)
         cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
-        # on the driver's node: the service writes the run directory (metrics, dumps, report, W&B files)
+        # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): the
+        # service writes the run directory (metrics, dumps, report, W&B files)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.service = CorrectionService.options(scheduling_strategy=here).remote(
+        self.service = CorrectionService.options(num_cpus=0, scheduling_strategy=here).remote(
             cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
         self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)

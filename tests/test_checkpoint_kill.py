@@ -14,6 +14,7 @@ the middle of writes (half-written files were found), or it would prove nothing.
 import os
 import pickle
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -79,7 +80,8 @@ def test_killed_writer_leaves_only_loadable_checkpoints(process_group, tmp_path)
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                 start_new_session=True)
         try:
-            assert proc.stdout.readline().strip(), "the writer produced no checkpoint"  # one done, the loop runs
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready and proc.stdout.readline().strip(), "the writer produced no checkpoint in 120 s"
             time.sleep(rng.uniform(0.0, 1.5))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -309,6 +309,12 @@ def test_resume_submission_is_validated_here_when_the_run_is_readable(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"max_steps": 5, "prompts_per_step": 4}))
+    with pytest.raises(jobs.JobError, match="no complete checkpoint"):
+        jobs.resolve_resume(str(run), ["max_steps=9"])
+    ckpt = run / "checkpoints" / "step_00000002"
+    (ckpt / "learner").mkdir(parents=True)
+    for name in ("controller.pkl", "learner/.metadata", "learner/trainer.json"):
+        (ckpt / name).write_text("")
     cfg, overrides = jobs.resolve_resume(str(run), ["max_steps=9"])
     assert cfg.max_steps == 9 and cfg.prompts_per_step == 4 and cfg.output_dir == str(run)
     assert overrides == ["max_steps=9", "ray.address=auto"]  # the job joins the cluster it runs on
@@ -318,5 +324,9 @@ def test_resume_submission_is_validated_here_when_the_run_is_readable(tmp_path):
     assert cfg is None and overrides == ["max_steps=9", "ray.address=ray://h:10001"]
     with pytest.raises(ConfigError, match="learner.lr"):
         jobs.resolve_resume("/cluster/only/run", ["learner.lr=fast"])
+    with pytest.raises(jobs.JobError, match="absolute path"):
+        jobs.resolve_resume("runs/try1", [])
+    with pytest.raises(jobs.JobError, match="drop the output_dir"):
+        jobs.resolve_resume(str(run), ["output_dir=/elsewhere"])
     command = jobs.entrypoint(resume="/runs/my run", overrides=["output_note=a b"])
     assert shlex.split(command) == ["aisrl", "train", "--resume", "/runs/my run", "output_note=a b"]

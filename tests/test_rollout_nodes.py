@@ -94,7 +94,7 @@ def test_losing_every_rollout_node_fails_the_run_with_a_clear_message(tmp_path, 
     message = str(outcome["error"])
     assert "no rollout worker has been alive for 10 s" in message and "--resume" in message
     # replacements were launched but could not be placed; the run failed after the timeout, not later
-    assert 9 <= outcome["t"] - lost_at < 40  # (the last sign of life can precede the removal slightly)
+    assert 9 <= outcome["t"] - lost_at < 60  # (the last sign of life can precede the removal slightly)
 
 
 @pytest.mark.ray
@@ -131,4 +131,4 @@ def test_workers_follow_rollout_nodes_joining_and_leaving(tmp_path, monkeypatch)
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
     assert ledger["duplicates"] == 0 and ledger["trained"] == trainer.step * 8
     assert ledger["issued"] == ledger["trained"] + ledger["dropped"] + ledger["in_flight"] + ledger["buffered"]
-    assert trainer.pool.failures >= 2  # the two workers of the removed node were lost, not replaced
+    assert trainer.pool.failures == 2  # the two workers of the removed node were lost, not replaced

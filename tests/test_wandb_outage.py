@@ -27,7 +27,7 @@ from system.config.loading import resolve_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
-STEPS, KILL_AFTER = 10, 3
+STEPS, KILL_AFTER = 14, 3
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +44,20 @@ def ray_cluster(tmp_path_factory):
             ray.shutdown()
 
 
+def complete_records(metrics: Path) -> int:
+    return metrics.read_text().count("\n") if metrics.exists() else 0
+
+
 def kill_wandb_helper(trainer: Trainer, metrics: Path, killed: list) -> None:
-    """Once KILL_AFTER steps are in ``metrics``, SIGKILL the wandb-core children of the service."""
-    while not metrics.exists() or len(metrics.read_text().splitlines()) < KILL_AFTER:
+    """Once KILL_AFTER records are complete in ``metrics``, SIGKILL the wandb-core children of the
+    service; ``killed`` gets (pid, steps done at the kill)."""
+    while complete_records(metrics) < KILL_AFTER:
         time.sleep(0.05)
     pid = ray.get(trainer.service.__ray_call__.remote(lambda self: os.getpid()))
     for child in psutil.Process(pid).children(recursive=True):
         if "wandb" in child.name():
             child.kill()
-            killed.append(child.pid)
+            killed.append((child.pid, trainer.step))
 
 
 def test_training_goes_on_when_the_wandb_helper_dies(ray_cluster, tmp_path):
@@ -73,10 +78,11 @@ def test_training_goes_on_when_the_wandb_helper_dies(ray_cluster, tmp_path):
         trainer.shutdown()
     killer.join(timeout=5)
     assert killed, "no wandb-core process was found under the correction service"
+    assert killed[0][1] <= STEPS - 4, f"the kill landed too late to show anything (after step {killed[0][1]})"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     live = [r["report/wandb_live"] for r in records]
-    assert live[:KILL_AFTER] == [1] * KILL_AFTER and live[-1] == 0
+    assert live[:KILL_AFTER] == [1] * KILL_AFTER and live[-3:] == [0, 0, 0]
     assert live == sorted(live, reverse=True)  # once failed, stays failed (and said once)
     assert all("learner/loss" in r and "mismatch/kl_k1" in r for r in records[KILL_AFTER:])
     assert list((run / "wandb").glob("offline-run-*/run-*.wandb"))  # what W&B took before is kept

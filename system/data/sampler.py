@@ -94,7 +94,7 @@ class PromptSampler:
 
     def state_dict(self) -> dict:
         return {
-            "seed": self.seed, "epoch": self.epoch, "cursor": self.cursor,
+            "seed": self.seed, "num_prompts": len(self.source), "epoch": self.epoch, "cursor": self.cursor,
             "requeued": list(self.requeued), "state": dict(self.state),
             "drop_reasons": dict(self.drop_reasons), "duplicates": self.duplicates,
         }
@@ -102,6 +102,9 @@ class PromptSampler:
     def load_state_dict(self, sd: dict) -> None:
         if sd["seed"] != self.seed:
             raise ValueError(f"sampler checkpoint has seed {sd['seed']}, the config {self.seed}")
+        if sd.get("num_prompts", len(self.source)) != len(self.source):
+            raise ValueError(f"sampler checkpoint was taken over {sd['num_prompts']} prompts, the configured task has "
+                             f"{len(self.source)}: resume with the run's data.* settings")
         self.epoch, self.cursor = sd["epoch"], sd["cursor"]
         self._order = self._permutation(self.epoch)
         self.requeued = deque(sd["requeued"])

@@ -22,6 +22,7 @@ class WandbSink(NullSink):
                  init_timeout_s: float = 30.0) -> None:
         self.run = None
         self.failed = False
+        self._run_id = resume_id
         if mode == "disabled":
             return
         try:
@@ -31,12 +32,14 @@ class WandbSink(NullSink):
                 dir=str(run_dir), config=config, id=resume_id, resume="allow" if resume_id else None,
                 settings=wandb.Settings(console="off", x_disable_stats=True, init_timeout=init_timeout_s),
             )
+            self._run_id = self.run.id
         except Exception as exc:  # noqa: BLE001 - any W&B failure must leave training running
             self._fail("start", exc)
 
     @property
     def run_id(self) -> str | None:
-        return self.run.id if self.run is not None else None
+        """The W&B run's id, kept after a failure so a resumed job continues the same run."""
+        return self._run_id
 
     def _fail(self, what: str, exc: Exception) -> None:
         if not self.failed:

@@ -18,6 +18,7 @@ chain loads ``ray`` (``vllm.v1.executor.ray_utils`` tries ``import ray``), and i
 ``system`` must not (``tests/test_import_boundaries.py``).
 """
 
+import numbers
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -108,8 +109,8 @@ class VLLMEngine:
         (which makes a prompt's samples independent of the call it travels in). vLLM seeds
         the ``n`` samples of a request from its seed.
         """
-        if seed is None or isinstance(seed, int):
-            seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
+        if seed is None or isinstance(seed, numbers.Integral):
+            seeds = [None if seed is None else int(seed) + i * n for i in range(len(prompts))]
         else:
             seeds = [int(s) for s in seed]
             if len(seeds) != len(prompts):
