@@ -27,6 +27,9 @@ class WandbSink(NullSink):
             return
         try:
             os.environ.setdefault("WANDB_SILENT", "true")
+            # Our own helper process: a WANDB_SERVICE inherited from a parent that uses W&B (a
+            # notebook, a test runner, the driver of a Ray job) would tie this run to its helper.
+            os.environ.pop("WANDB_SERVICE", None)
             self.run = wandb.init(
                 mode=mode, project=project, entity=entity, name=name or Path(run_dir).name,
                 dir=str(run_dir), config=config, id=resume_id, resume="allow" if resume_id else None,
