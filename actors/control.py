@@ -11,8 +11,8 @@ import socket
 from pathlib import Path
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray._raylet import Config
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.cluster import join
 

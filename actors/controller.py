@@ -123,7 +123,7 @@ class RolloutLoop:
             self.pool.remove(slot)
         if self.pool.ready() or not self._lost_since_ready:
             self._last_alive = time.monotonic()
-            self._lost_since_ready = False if self.pool.ready() else self._lost_since_ready
+            self._lost_since_ready = False
         elif time.monotonic() - self._last_alive > self.cfg.rollout.worker_timeout_s:
             raise RuntimeError(
                 f"no rollout worker has been alive for {self.cfg.rollout.worker_timeout_s:.0f} s "

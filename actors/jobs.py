@@ -159,12 +159,14 @@ def _ignore(root: Path):
     return ignore
 
 
-def stage_working_dir(cfg: RunConfig, staging: Path, project: Path = PROJECT_ROOT) -> Path:
-    """Copy the project into ``staging`` (minus the excludes) and write the resolved config there."""
+def stage_working_dir(cfg: RunConfig | None, staging: Path, project: Path = PROJECT_ROOT) -> Path:
+    """Copy the project into ``staging`` (minus the excludes) and write the resolved config there
+    (none for a ``--resume`` job, whose preset is the run's own ``config.json``)."""
     if not (project / "pyproject.toml").is_file():
         raise JobError(f"{project}: not an aisrl source checkout (no pyproject.toml); submit from a checkout")
     shutil.copytree(project, staging, ignore=_ignore(project), symlinks=True, dirs_exist_ok=True)
-    (staging / SHIPPED_CONFIG).write_text(dump_config(cfg))
+    if cfg is not None:
+        (staging / SHIPPED_CONFIG).write_text(dump_config(cfg))
     return staging
 
 
@@ -217,11 +219,8 @@ def submit(address: str, cfg: RunConfig, staging: Path, *, dry_run: bool = False
 def submit_resume(address: str, run_dir: str, overrides: list[str], staging: Path, *, stop_wait_s: int = 120) -> Submitted:
     """Submit ``aisrl train --resume run_dir [overrides]`` (validate first with :func:`resolve_resume`)."""
     address = check_address(address)
-    if not (PROJECT_ROOT / "pyproject.toml").is_file():
-        raise JobError(f"{PROJECT_ROOT}: not an aisrl source checkout (no pyproject.toml); submit from a checkout")
-    shutil.copytree(PROJECT_ROOT, staging, ignore=_ignore(PROJECT_ROOT), symlinks=True, dirs_exist_ok=True)
     command = entrypoint(resume=run_dir, overrides=overrides)
-    runtime_env = build_runtime_env(staging, stop_wait_s, config_text=command)
+    runtime_env = build_runtime_env(stage_working_dir(None, staging), stop_wait_s, config_text=command)
     metadata = {"aisrl.output_dir": run_dir, "aisrl.resume": "true"}
     with job_api(address) as client:
         job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata=metadata)

@@ -92,6 +92,11 @@ def train(overrides: list[str], log_path: Path) -> tuple[list[dict], float]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], wall
 
 
+def _seed_mean(rs: list[dict], key: str, fmt: str) -> str:
+    vals = [r[key] for r in rs if r[key] is not None]
+    return fmt.format(np.mean(vals)) if vals else "n/a"
+
+
 def table(runs: dict) -> str:
     """Markdown table: one row per (sweep, variant), figures averaged over seeds."""
     rows = ["| sweep | variant | seeds | reward first 10 | reward last 10 | best 10 | kl_k1 median | "
@@ -101,15 +106,9 @@ def table(runs: dict) -> str:
         sweep, variant, _ = key.split("/")
         groups.setdefault((sweep, variant), []).append(r)
     for (sweep, variant), rs in groups.items():
-        def avg(k):
-            vals = [r[k] for r in rs if r[k] is not None]
-            return f"{np.mean(vals):.3f}" if vals else "n/a"
-        kept_tok = [r["keep_token_frac_mean"] for r in rs if r["keep_token_frac_mean"] is not None]
-        kept_seq = [r["keep_seq_frac_mean"] for r in rs if r["keep_seq_frac_mean"] is not None]
-        rows.append(f"| {sweep} | {variant} | {len(rs)} | {avg('reward_first')} | {avg('reward_last')} | "
-                    f"{avg('reward_best')} | {avg('kl_k1_median')} | "
-                    f"{f'{np.mean(kept_tok):.1%}' if kept_tok else 'n/a'} | "
-                    f"{f'{np.mean(kept_seq):.1%}' if kept_seq else 'n/a'} | "
+        cells = [_seed_mean(rs, k, "{:.3f}") for k in ("reward_first", "reward_last", "reward_best", "kl_k1_median")]
+        cells += [_seed_mean(rs, k, "{:.1%}") for k in ("keep_token_frac_mean", "keep_seq_frac_mean")]
+        rows.append(f"| {sweep} | {variant} | {len(rs)} | {' | '.join(cells)} | "
                     f"{sum(r['collapsed'] for r in rs)}/{len(rs)} |")
     return "\n".join(rows) + "\n"
 

@@ -56,7 +56,8 @@ RESUME = ["seed=3", "async.max_lag=0", "rollout.num_workers=1", "prompts_per_ste
           "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=2"]
 COMPARED = ("learner/loss", "learner/entropy", "learner/weight_mean", "learner/lr", "learner/grad_norm",
             "reward/mean", "reward/std", "mismatch/kl_k1", "mismatch/ess_seq", "correction/keep_token_frac",
-            "ais/alpha", "ais/severity", "ais/s_ref")
+            "ais/alpha", "ais/severity", "ais/s_ref", "tokens/trained")
+"""What a resumed run must reproduce (``tests/test_resume_exact.py`` uses the same settings and metrics)."""
 
 
 def local_ray() -> None:
@@ -171,7 +172,7 @@ def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
         ray.shutdown()
     per_10s = [sum(windows[i:i + 5]) for i in range(0, len(windows) - 4, 5)]
     return {"seconds": seconds, "kill_every_s": every, "kills": kills, "losses_handled": trainer.pool.failures,
-            "steps": trainer.step, "prompts_lost": c["issued"] - c["trained"] - c["dropped"] - c["in_flight"] - c["buffered"],
+            "steps": trainer.step, "trained": c["trained"], "prompts_per_step": cfg.prompts_per_step, "prompts_lost": c["issued"] - c["trained"] - c["dropped"] - c["in_flight"] - c["buffered"],
             "trained_twice": c["duplicates"], "min_steps_per_10s": min(per_10s),
             "replacement_s_median": float(np.median(trainer.pool.replacement_seconds)),
             "replacement_s_max": float(np.max(trainer.pool.replacement_seconds))}

@@ -19,7 +19,6 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
-from actors.cluster import use_loopback_only  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
 
@@ -28,19 +27,6 @@ pytestmark = pytest.mark.ray
 R = L = 0.3  # simulated seconds per generate call (one call = one step's batch) and per train step
 STEPS, WARMUP = 5, 2
 PROMPTS, GROUP = 8, 4
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AISRL_CACHE_DIR", str(tmp_path_factory.mktemp("model-cache")))
-        use_loopback_only()
-        ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 * 2**20,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
-        try:
-            yield
-        finally:
-            ray.shutdown()
 
 
 def run_simulated(run_dir: Path, max_lag: int) -> tuple[list[dict], dict]:
@@ -62,7 +48,7 @@ def run_simulated(run_dir: Path, max_lag: int) -> tuple[list[dict], dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(ray_cluster, tmp_path_factory) -> dict[int, tuple[list[dict], dict]]:
+def runs(loopback_ray, tmp_path_factory) -> dict[int, tuple[list[dict], dict]]:
     return {lag: run_simulated(tmp_path_factory.mktemp(f"lag{lag}"), lag) for lag in (0, 1)}
 
 

@@ -19,47 +19,26 @@ process that draws them.
 import json
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
-from actors.cluster import use_loopback_only
-from actors.trainer import Trainer
-from system import run_state
-from system.config.loading import resolve_config
-from system.types import Prompt, RolloutGroup
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_fault_tolerance import COMPARED, RESUME  # noqa: E402  (the benchmark measures the same)
+
+from actors.trainer import Trainer  # noqa: E402
+from system import run_state  # noqa: E402
+from system.config.loading import resolve_config  # noqa: E402
+from system.types import Prompt, RolloutGroup  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
-SETTINGS = [
-    "seed=3", "async.max_lag=0", "rollout.num_workers=1", "prompts_per_step=8", "rollout.group_size=4",
-    "rollout.prompts_per_call=4", "model.warm_start_steps=20", "learner.warmup_steps=8", "learner.lr=3e-3",
-    "correction.method.type=token-tis", "correction.ais.enabled=true", "correction.ais.warmup_batches=3",
-    "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=2",
-]
-COMPARED = ("learner/loss", "learner/entropy", "learner/weight_mean", "learner/lr", "learner/grad_norm",
-            "reward/mean", "reward/std", "mismatch/kl_k1", "mismatch/ess_seq", "correction/keep_token_frac",
-            "ais/alpha", "ais/severity", "ais/s_ref", "tokens/trained")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AISRL_CACHE_DIR", str(tmp_path_factory.mktemp("model-cache")))
-        use_loopback_only()
-        ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 * 2**20,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-
 
 def train(run_dir: Path, max_steps: int, resume: bool = False) -> list[dict]:
-    cfg = resolve_config(overrides=[f"output_dir={run_dir}", f"max_steps={max_steps}", *SETTINGS])
+    cfg = resolve_config(overrides=[f"output_dir={run_dir}", f"max_steps={max_steps}", *RESUME])
     trainer = Trainer(cfg, resume=resume)
     try:
         trainer.run()
@@ -73,7 +52,7 @@ def compared(record: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(ray_cluster, tmp_path_factory) -> tuple[Path, list[dict]]:
+def uninterrupted(loopback_ray, tmp_path_factory) -> tuple[Path, list[dict]]:
     run = tmp_path_factory.mktemp("uninterrupted")
     return run, train(run, 6)
 

@@ -21,27 +21,12 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
-from actors.cluster import use_loopback_only  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 STEPS, KILL_AFTER = 14, 3
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AISRL_CACHE_DIR", str(tmp_path_factory.mktemp("model-cache")))
-        mp.setenv("WANDB_MODE", "offline")
-        use_loopback_only()
-        ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 * 2**20,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
-        try:
-            yield
-        finally:
-            ray.shutdown()
 
 
 def complete_records(metrics: Path) -> int:
@@ -60,7 +45,7 @@ def kill_wandb_helper(trainer: Trainer, metrics: Path, killed: list) -> None:
             killed.append((child.pid, trainer.step))
 
 
-def test_training_goes_on_when_the_wandb_helper_dies(ray_cluster, tmp_path):
+def test_training_goes_on_when_the_wandb_helper_dies(loopback_ray, tmp_path):
     run = tmp_path / "run"
     cfg = resolve_config(overrides=[
         f"output_dir={run}", f"max_steps={STEPS}", "prompts_per_step=8", "rollout.group_size=4",

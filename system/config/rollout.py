@@ -45,9 +45,10 @@ class RolloutConfig(StrictModel):
     prompts_per_call: int = Field(default=32, ge=1)
     """Prompts a worker generates for in one call."""
     worker_timeout_s: float = Field(default=90.0, gt=0.0)
-    """Fail the run when no rollout worker has been alive for this long (lost workers are replaced
-    meanwhile): the time a replacement has to start, and within about this time a job that lost
-    every rollout node fails instead of hanging."""
+    """After a worker is lost, fail the run if no rollout worker has been alive for this long (lost
+    workers are replaced meanwhile): the time a replacement has to start, and within about this
+    time a job that lost every rollout node fails instead of hanging. A pool that lost nothing
+    (starting, scaled up from 0) waits for its workers however long they take."""
     perturb_std: float = Field(default=0.0, ge=0.0, le=1.0)
     """Ablations only: relative Gaussian noise on the rollout copy of the weights,
     ``w * (1 + perturb_std * eps)`` with a fixed pattern per tensor (``system.rollout.perturbation``);
