@@ -6,6 +6,7 @@ and queues calls on an actor that is still starting). A worker is *starting* unt
 ``ready`` call returns; a *retiring* worker gets no new prompts and leaves once idle.
 """
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from actors.placement import RoleOptions
 from actors.rollout_worker import RolloutWorker
 from system.config import RunConfig
 from system.types import Prompt
+
+log = logging.getLogger(__name__)
 
 # vLLM logs every weight reload at INFO and WARNING level; keep the driver's console readable
 # (export VLLM_LOGGING_LEVEL=INFO to see them). Read when vllm is imported, so set per actor.
@@ -30,6 +33,7 @@ class WorkerSlot:
     launched_at: float
     policy_version: int = 0
     quantization: str = ""
+    fp8_kernel: dict | None = None
     inflight: ray.ObjectRef | None = None
     inflight_prompts: list[Prompt] = field(default_factory=list)
     retiring: bool = False
@@ -70,6 +74,9 @@ class RolloutPool:
     def mark_ready(self, slot: WorkerSlot, info: dict) -> None:
         slot.starting = None
         slot.quantization = info["quantization"]
+        slot.fp8_kernel = info.get("fp8_kernel")
+        if slot.fp8_kernel and slot.fp8_kernel.get("warning"):
+            log.warning("rollout worker %s: %s", slot.worker_id, slot.fp8_kernel["warning"])
         slot.policy_version = max(slot.policy_version, info["policy_version"])
 
     def slots_now(self) -> list[WorkerSlot]:

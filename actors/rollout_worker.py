@@ -20,7 +20,7 @@ class RolloutWorker:
 
     def ready(self) -> dict:
         return {"worker_id": self.worker_id, "policy_version": self.core.policy_version,
-                "quantization": self.core.quantization_scheme}
+                "quantization": self.core.quantization_scheme, "fp8_kernel": self.core.fp8_kernel}
 
     def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
         """G samples per prompt with the current weights; refuses weights older than allowed."""

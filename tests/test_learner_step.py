@@ -108,12 +108,21 @@ def test_train_step_matches_naive_reference(tmp_path):
     w = make_weights(batch)
     arrays = batch.response_arrays()
     norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
-    for _ in range(2):
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for steps_done in (1, 2):
         metrics = train_step(model, opt, sched, shard, old_BT, torch.from_numpy(w), norms, cfg, TEMPERATURE)
         ref_loss, ref_norm = reference_step(ref, ref_opt, batch, old_BT.numpy(), w, cfg.grad_clip)
         assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
         assert metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
         for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            if name.endswith("k_proj.bias"):
+                # A key bias adds q.b to every score of a query: softmax is invariant to it, so its
+                # exact gradient is 0 and the computed one is rounding noise whose sign depends on
+                # the CPU's summation order (AMD vs Intel differ). Adam still moves such an element
+                # by at most about lr per update: bound both copies by that, compare nothing else.
+                bound = 1.01 * cfg.lr * steps_done
+                assert (p - initial[name]).abs().max() <= bound and (q - initial[name]).abs().max() <= bound, name
+                continue
             # Adam moves each weight by about lr * g / |g|: atol = 1e-3 * lr absorbs the elements
             # whose gradient is at rounding level, where the sign is down to summation order.
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-3 * cfg.lr, msg=lambda m, n=name: f"{n}: {m}")

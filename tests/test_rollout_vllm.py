@@ -174,6 +174,25 @@ def test_fp8_gap_is_larger_than_bf16(fp8_worker, bf16_engine, hf_model):
     assert fp8.mean() > 1.5 * bf16.mean() and fp8.max() > bf16.max()
 
 
+def test_rowwise_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, bf16_engine, hf_model, model_dir):
+    """The row-wise kernel (chosen on Intel AMX CPUs) computes the same FP8 product as vLLM's
+    channel-wise one: its gap to the reference sits at the FP8 level, not the BF16 one."""
+    from system.rollout.vllm_engine import rowwise_kernel_class
+
+    assert fp8_worker.fp8_kernel["probe"]["bf16_ms"] > 0  # the worker probed this CPU at its build
+    before = rowwise_kernel_class().calls
+    rowwise = VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="rowwise")
+    assert rowwise.quantization_scheme == "fp8_per_channel" and rowwise.fp8_kernel["kernel"] == "rowwise"
+    rw = logprob_gaps(hf_model, sample(rowwise), TEMPERATURE)
+    assert rowwise_kernel_class().calls > before  # vLLM ran the products through it
+    cw = logprob_gaps(hf_model, sample(fp8_worker.engine), TEMPERATURE)
+    bf16 = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
+    print(f"log-prob gap mean: bf16 {bf16.mean():.5f}, fp8 channel-wise {cw.mean():.5f}, row-wise {rw.mean():.5f}")
+    assert rw.mean() > 1.5 * bf16.mean()
+    assert 0.5 * cw.mean() < rw.mean() < 2.0 * cw.mean()
+    del rowwise
+
+
 def test_worker_groups_are_scored_stamped_and_typed(fp8_worker, model_dir):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     before = fp8_worker.stats()

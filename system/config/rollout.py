@@ -34,6 +34,10 @@ class RolloutConfig(StrictModel):
     """Upper bound on rollout workers when ``follow_cluster`` is on (unset = no bound)."""
     quantization: Literal["fp8", "bf16"] = "fp8"
     """Rollout weights: ``fp8`` (``fp8_per_channel`` on CPU, ``fp8`` on GPU) or unquantized ``bf16``."""
+    fp8_kernel: Literal["auto", "vllm", "rowwise"] = "auto"
+    """FP8 linear kernel on CPU: ``auto`` times this CPU's FP8 and BF16 matmuls at engine start and
+    takes aisrl's row-wise kernel where vLLM's channel-wise one is pathological (Intel AMX CPUs);
+    ``vllm`` / ``rowwise`` force one. What ran is in ``rollout_workers.json``."""
     group_size: int = Field(default=8, ge=1)
     """G: samples per prompt (the GRPO group)."""
     temperature: float = Field(default=1.0, gt=0.0)

