@@ -18,15 +18,19 @@ its prompt id and the policy version (``system.rollout.worker.prompt_seed``).
 
 A checkpoint counts only once ``controller.pkl`` exists; it is written (temp file, then
 rename) after the learner's half is complete, so a kill at any moment leaves either an
-older complete checkpoint or a complete new one.
+older complete checkpoint or a complete new one. A checkpoint damaged afterwards (a truncated
+``controller.pkl`` or shard) is refused with a message naming the part, and resuming falls
+back to the newest checkpoint that is whole (:func:`usable_run_checkpoint`).
 """
 
+import json
 import os
 import pickle
 import re
+import shutil
 from pathlib import Path
 
-from system.learner.checkpoint import is_complete
+from system.learner.checkpoint import checkpoint_problems, is_complete
 
 _STEP = re.compile(r"^step_(\d+)$")
 CONTROLLER_FILE = "controller.pkl"
@@ -53,11 +57,24 @@ def save_controller_state(ckpt: str | Path, state: dict) -> None:
     tmp.replace(path)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names the part."""
+
+
 def load_controller_state(ckpt: str | Path) -> dict:
     """The controller half of ``ckpt``, checked with :func:`check_controller_state`."""
-    with open(Path(ckpt) / CONTROLLER_FILE, "rb") as f:
-        state = pickle.load(f)
-    check_controller_state(state, Path(ckpt) / CONTROLLER_FILE)
+    path = Path(ckpt) / CONTROLLER_FILE
+    try:
+        with open(path, "rb") as f:
+            state = pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a controller state")
+    try:
+        check_controller_state(state, path)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
     return state
 
 
@@ -97,3 +114,80 @@ def latest_run_checkpoint(run_dir: str | Path) -> Path | None:
     found = [(int(m.group(1)), p) for p in root.iterdir()
              if (m := _STEP.match(p.name)) and is_complete_checkpoint(p)]
     return max(found)[1] if found else None
+
+
+def usable_run_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict, list[str]]:
+    """The newest complete checkpoint whose two halves are whole: ``(path, controller state, skipped)``.
+
+    Newer checkpoints that fail (a truncated ``controller.pkl``, a shard of the wrong size, parts
+    that disagree) are skipped; ``skipped`` says which and why, newest first. ``(None, {}, skipped)``
+    when none is usable.
+    """
+    root = Path(run_dir) / "checkpoints"
+    found = sorted(((int(m.group(1)), p) for p in root.iterdir()
+                    if (m := _STEP.match(p.name)) and is_complete_checkpoint(p)), reverse=True) if root.is_dir() else []
+    skipped = []
+    for _, ckpt in found:
+        problems = checkpoint_problems(learner_dir(ckpt))
+        if problems:
+            skipped.append(f"{ckpt.name}: learner half: {'; '.join(problems)}")
+            continue
+        try:
+            return ckpt, load_controller_state(ckpt), skipped
+        except CheckpointError as exc:
+            skipped.append(f"{ckpt.name}: {exc}")
+    return None, {}, skipped
+
+
+def trim_metrics(run_dir: str | Path, step: int) -> int:
+    """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from); returns
+    how many were dropped. Lines that are not JSON records (a line cut by a kill) are dropped too."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            keep = isinstance(record, dict) and int(record.get("step", step + 1)) <= step
+        except (ValueError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        tmp.replace(path)
+    return dropped
+
+
+RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "ledger.json", "rollout_workers.json", "control.json",
+                 "checkpoints", "dumps", "report", "wandb")
+"""What a run writes into its directory (the layout above)."""
+
+
+def existing_run(run_dir: str | Path) -> list[str]:
+    """The run artefacts already in ``run_dir`` (empty for a new or empty directory)."""
+    root = Path(run_dir)
+    return [name for name in RUN_ARTEFACTS if (root / name).exists()] if root.is_dir() else []
+
+
+def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> None:
+    """Refuse to start a new run where one already is (two runs' metrics, checkpoints and dumps
+    would mix), unless ``overwrite``: then the old run's artefacts are deleted first."""
+    found = existing_run(run_dir)
+    if not found:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"output_dir {run_dir} already holds a run ({', '.join(found)}): continue it with "
+            f"'aisrl train --resume {run_dir}', pass --overwrite to replace it, or choose another output_dir")
+    root = Path(run_dir)
+    for name in found:
+        path = root / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

@@ -1,0 +1,102 @@
+"""The run directory: a new run never mixes with an old one, a resume trims the records past its
+checkpoint, and a damaged checkpoint is refused by name with a fall-back to the previous one.
+(No Ray, no process group: the checkpoints here are built by hand with the real file layout.)
+"""
+
+import json
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from system import run_state
+from system.learner.checkpoint import checkpoint_problems
+
+
+def controller_state(step: int) -> dict:
+    """A controller half that passes ``check_controller_state`` (empty buffer, no prompt generated)."""
+    return {"step": step, "sampler": {"state": {"p0": "trained"}}, "buffer": [], "correction": {"ais": {}},
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+            "wandb_run_id": None}
+
+
+def make_checkpoint(run_dir, step: int, shard: bytes = b"x" * 100):
+    """Both halves of a checkpoint: a learner dir listing its shard's size, and controller.pkl."""
+    ckpt = run_state.checkpoint_dir(run_dir, step)
+    learner = ckpt / "learner"
+    learner.mkdir(parents=True)
+    (learner / "__0_0.distcp").write_bytes(shard)
+    (learner / ".metadata").write_bytes(b"meta")
+    files = {"__0_0.distcp": len(shard), ".metadata": 4}
+    (learner / "trainer.json").write_text(json.dumps({"counters": {"policy_version": step}, "scheduler": {},
+                                                      "files": files}))
+    run_state.save_controller_state(ckpt, controller_state(step))
+    return ckpt
+
+
+def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):
+    run_state.check_new_run_dir(tmp_path / "absent", overwrite=False)  # nothing there: fine
+    run_state.check_new_run_dir(tmp_path, overwrite=False)  # an empty directory: fine
+    (tmp_path / "config.json").write_text('{"max_steps": 3}')
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"already holds a run \(config.json, metrics.jsonl\).*--resume.*--overwrite"):
+        run_state.check_new_run_dir(tmp_path, overwrite=False)
+    assert (tmp_path / "config.json").read_text() == '{"max_steps": 3}'  # touched nothing
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    make_checkpoint(tmp_path, 2)
+    run_state.check_new_run_dir(tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # only the run's own files went
+
+
+def test_resume_trims_records_past_the_checkpoint(tmp_path):
+    lines = [json.dumps({"step": s, "loss": 0.1 * s}) for s in (1, 2, 3, 4)] + ['{"step": 5, "lo']  # cut by a kill
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert run_state.trim_metrics(tmp_path, 2) == 3  # steps 3, 4 and the cut line
+    kept = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kept == [1, 2]
+    assert run_state.trim_metrics(tmp_path, 2) == 0
+    assert run_state.trim_metrics(tmp_path / "none", 2) == 0
+
+
+def test_truncated_controller_state_is_refused_by_name(tmp_path):
+    ckpt = make_checkpoint(tmp_path, 4)
+    data = (ckpt / "controller.pkl").read_bytes()
+    (ckpt / "controller.pkl").write_bytes(data[: len(data) // 2])
+    with pytest.raises(run_state.CheckpointError, match=r"controller.pkl is truncated or corrupt"):
+        run_state.load_controller_state(ckpt)
+    (ckpt / "controller.pkl").write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(run_state.CheckpointError, match="holds a list"):
+        run_state.load_controller_state(ckpt)
+
+
+def test_resume_falls_back_past_damaged_checkpoints(tmp_path):
+    make_checkpoint(tmp_path, 2)
+    c4, c6 = make_checkpoint(tmp_path, 4), make_checkpoint(tmp_path, 6)
+    ckpt, state, skipped = run_state.usable_run_checkpoint(tmp_path)
+    assert ckpt == c6 and state["step"] == 6 and skipped == []
+
+    (c6 / "controller.pkl").write_bytes(b"\x80\x04\x95")  # truncated pickle
+    shard = c4 / "learner" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:40])  # truncated shard
+    ckpt, state, skipped = run_state.usable_run_checkpoint(tmp_path)
+    assert ckpt.name == "step_00000002" and state["step"] == 2
+    assert len(skipped) == 2
+    assert skipped[0].startswith("step_00000006: ") and "controller.pkl is truncated" in skipped[0]
+    assert skipped[1].startswith("step_00000004: learner half: ") and "has 40 bytes, 100 were written" in skipped[1]
+
+    (run_state.checkpoint_dir(tmp_path, 2) / "learner" / "__0_0.distcp").unlink()
+    ckpt, state, skipped = run_state.usable_run_checkpoint(tmp_path)
+    assert ckpt is None and state == {} and "is missing" in skipped[2]
+
+
+def test_learner_half_problems(tmp_path):
+    ckpt = make_checkpoint(tmp_path, 1)
+    learner = str(ckpt / "learner")
+    assert checkpoint_problems(learner) == []
+    (ckpt / "learner" / "trainer.json").write_text("{not json")
+    assert "trainer.json is unreadable" in checkpoint_problems(learner)[0]
+    (ckpt / "learner" / "trainer.json").write_text("{}")
+    assert "lacks counters or scheduler" in checkpoint_problems(learner)[0]
