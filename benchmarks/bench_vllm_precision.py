@@ -4,6 +4,10 @@ each precision's log-prob gap to the learner's recompute of the sampled tokens.
 The learner side is transformers in float32 on the bf16-rounded weights with logits divided
 by the temperature (what the BF16 FSDP2 learner computes). On CPU FP8 is not expected to be
 faster: vLLM's CPU path de-quantizes per channel; the number is recorded as measured.
+
+FP8 runs twice, once per CPU kernel (``rollout.fp8_kernel``: vLLM's channel-wise one and
+aisrl's row-wise one), beside the ``auto`` decision this CPU's probe makes; the CPU's name and
+whether it has AMX are recorded (the channel-wise kernel is pathological on Intel AMX CPUs).
 """
 
 import argparse
@@ -22,7 +26,7 @@ from harness import emit  # noqa: E402
 from system.config import RunConfig  # noqa: E402
 from system.data.prompt_source import build_prompt_source  # noqa: E402
 from system.models.model_dir import resolve_model_dir  # noqa: E402
-from system.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from system.rollout.vllm_engine import VLLMEngine, decide_fp8_kernel  # noqa: E402
 
 
 def learner_logprobs(model, prompt_ids, response_ids, temperature) -> np.ndarray:
@@ -65,14 +69,35 @@ def main() -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
-    rows = {q: measure(VLLMEngine(model_dir, q, cfg.rollout.engine, seed=cfg.seed), prompts, cfg, args.repeats, model)
-            for q in ("bf16", "fp8")}
-    for q, row in rows.items():
-        print(f"{q:5s} ({row['scheme']}): {row['tokens_per_s']:8.0f} tok/s, gap mean {row['logprob_gap_mean']:.4f} "
+    variants = {"bf16": ("bf16", "auto"), "fp8": ("fp8", "vllm"), "fp8_rowwise": ("fp8", "rowwise")}
+    rows, auto = {}, decide_fp8_kernel(model_dir, "auto")
+    for name, (q, kernel) in variants.items():
+        engine = VLLMEngine(model_dir, q, cfg.rollout.engine, seed=cfg.seed, fp8_kernel=kernel)
+        rows[name] = {**measure(engine, prompts, cfg, args.repeats, model), "fp8_kernel": engine.fp8_kernel}
+        del engine
+    for name, row in rows.items():
+        print(f"{name:11s} ({row['scheme']}): {row['tokens_per_s']:8.0f} tok/s, gap mean {row['logprob_gap_mean']:.4f} "
               f"max {row['logprob_gap_max']:.3f}", file=sys.stderr)
-    emit("vllm_precision_cpu", {"model": "tiny default", "prompts": args.prompts, "group_size": cfg.rollout.group_size,
-                                "max_new_tokens": cfg.rollout.max_new_tokens, "rows": rows,
-                                "fp8_over_bf16_throughput": rows["fp8"]["tokens_per_s"] / rows["bf16"]["tokens_per_s"]})
+    bf16 = rows["bf16"]["tokens_per_s"]
+    emit("vllm_precision_cpu", {
+        "model": "tiny default", "prompts": args.prompts, "group_size": cfg.rollout.group_size,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "cpu_model": cpu_model(), "cpu_has_amx": cpu_has_amx(),
+        "auto_fp8_kernel": auto.as_dict(), "rows": rows,
+        "fp8_over_bf16_throughput": rows["fp8"]["tokens_per_s"] / bf16,
+        "fp8_rowwise_over_bf16_throughput": rows["fp8_rowwise"]["tokens_per_s"] / bf16,
+        "fp8_auto_over_bf16_throughput": rows["fp8_rowwise" if auto.kernel == "rowwise" else "fp8"]["tokens_per_s"] / bf16,
+    })
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def cpu_has_amx() -> bool:
+    return "amx_tile" in Path("/proc/cpuinfo").read_text()
 
 
 if __name__ == "__main__":

@@ -94,9 +94,12 @@ def rowwise_kernel_class() -> type:
                 return False, "aisrl's row-wise FP8 kernel is for CPU"
             return True, None
 
-        def apply_scaled_mm(self, **kwargs) -> torch.Tensor:
+        def apply_scaled_mm(self, *, A: torch.Tensor, As: torch.Tensor, **kwargs) -> torch.Tensor:
             type(self).calls += 1
-            return super().apply_scaled_mm(**kwargs)
+            pad = A.shape[0] - As.shape[0]  # vLLM pads the FP8 input to >= 17 rows, not its token scales
+            if As.numel() > 1 and pad > 0:
+                As = torch.cat([As.reshape(-1, 1), As.new_ones(pad, 1)])
+            return super().apply_scaled_mm(A=A, As=As, **kwargs)
 
     return RowWiseCPUFP8Kernel
 
