@@ -26,9 +26,10 @@ class CorrectionService:
         return self.logger.wandb_run_id
 
     def process(self, step: int, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
-        """Weights for the global batch; metrics streamed now; a dump every ``report.dump_every`` steps."""
+        """Weights for the global batch (AIS's omega when on); metrics streamed now (``ais/...`` every
+        step); a dump every ``report.dump_every`` steps (with ``advantage``, for the report's AIS)."""
         mu, old, mask = arrays["rollout_logp"], arrays["train_logp"], arrays["response_mask"]
-        result = self.core.process(mu, old, mask, arrays["lag"])
+        result = self.core.process(mu, old, mask, arrays["lag"], arrays.get("advantage"))
         self.logger.stream(step, result.metrics)
         if self.logger.should_dump(step):
             dump = dict(arrays)

@@ -49,6 +49,8 @@ def batch_arrays(groups: list[RolloutGroup], batch, proximal_NT: np.ndarray, ver
         "rollout_logp": resp["behaviour_logp"], "train_logp": proximal_NT.astype(np.float32),
         "response_mask": resp["response_mask"], "response_ids": resp["response_ids"],
         "lag": (version - batch.policy_version_B).astype(np.int32), "reward": batch.rewards_B,
+        # the advantage each response carries into the loss: the learner's own (collate_groups)
+        "advantage": batch.advantages_B.astype(np.float32),
         "uid": np.array(batch.uids), "prompt_text": np.array([g.prompt.text for g in groups for _ in g.completions]),
         "response_text": np.array([c.response_text for c in completions]),
     }

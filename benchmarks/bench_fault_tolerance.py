@@ -52,11 +52,11 @@ SIM = ["prompts_per_step=8", "rollout.group_size=4", "model.warm_start_steps=0",
        "report.console=false", "report.dump_every=0", "checkpoint_every=0"]
 RESUME = ["seed=3", "async.max_lag=0", "rollout.num_workers=1", "prompts_per_step=8", "rollout.group_size=4",
           "rollout.prompts_per_call=4", "model.warm_start_steps=20", "learner.warmup_steps=8", "learner.lr=3e-3",
-          "correction.method.type=token-tis", "correction.ais.enabled=true", "correction.ais.warmup_batches=3",
+          "correction.method.type=token-tis", "correction.ais.enabled=true",
           "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=2"]
 COMPARED = ("learner/loss", "learner/entropy", "learner/weight_mean", "learner/lr", "learner/grad_norm",
             "reward/mean", "reward/std", "mismatch/kl_k1", "mismatch/ess_seq", "correction/keep_token_frac",
-            "ais/alpha", "ais/severity", "ais/s_ref", "tokens/trained")
+            "ais/alpha", "ais/alpha_raw", "ais/bias", "ais/severity", "tokens/trained")
 """What a resumed run must reproduce (``tests/test_resume_exact.py`` uses the same settings and metrics)."""
 
 

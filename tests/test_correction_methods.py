@@ -1,4 +1,4 @@
-"""Correction weights and their statistics (spec section 2), derived by hand."""
+"""Correction weights, keep masks and their statistics (spec section 2), derived by hand."""
 
 import math
 
@@ -17,9 +17,12 @@ from system.config.correction import (
 )
 from system.correction import (
     METHOD_REGISTRY,
+    CorrectionMethod,
     compute_log_ratios,
     compute_weights,
+    compute_weights_and_keep,
     default_method_configs,
+    keep_mask,
     method_statistics,
 )
 
@@ -80,6 +83,28 @@ M = (math.exp(-0.5) + 2 + 1 + 1) / 4  # token-tis mean over the 4 valid tokens
 )
 def test_weights_by_hand(method, want):
     np.testing.assert_allclose(weights(method), want, rtol=1e-12, atol=0)
+    # no weight underflows here: the keep mask is exactly where w > 0
+    assert keep_mask(hand_ratios(), method).tolist() == (np.array(want) > 0).tolist()
+
+
+def test_keep_mask_is_the_decision_not_w_positive(monkeypatch):
+    r = hand_ratios()
+    # a TIS-like method whose weights underflow to 0 still rejects nothing ...
+    monkeypatch.setitem(
+        METHOD_REGISTRY, "token-tis", CorrectionMethod("token", lambda r, m: torch.zeros_like(r.rho_BT))
+    )
+    w, k = compute_weights_and_keep(r, TokenTIS())
+    assert w.tolist() == [[0.0] * 3] * 2 and torch.equal(k, r.valid_BT)
+    # ... and a masking method's decision stands whatever its weights are
+    monkeypatch.setitem(
+        METHOD_REGISTRY,
+        "seq-mis",
+        CorrectionMethod("sequence", lambda r, m: torch.zeros(2, dtype=torch.float64), METHOD_REGISTRY["seq-mis"].keep),
+    )
+    assert keep_mask(r, SeqMIS(hi=1.5)).tolist() == [[False] * 3, [True, False, False]]
+    assert keep_mask(r, SeqMIS()).tolist() == [[True] * 3, [True, False, False]]
+    # veto 0.9: d = -0.5 < log 0.9 drops row 0
+    assert keep_mask(r, SeqMIS(veto=0.9)).tolist() == [[False] * 3, [True, False, False]]
 
 
 def test_registry_covers_every_config_type_and_defaults_are_the_spec_defaults():

@@ -1,11 +1,12 @@
 """Properties of the correction core over generated batches (spec sections 0-3).
 
-- no mismatch (mu == old): every method's weight is exactly 1, AIS alpha_raw is 0;
+- no mismatch (mu == old): every method's weight is exactly 1 and keeps every valid token,
+  AIS alpha_raw is 0 (the AIS v2 properties are in test_correction_ais.py);
 - padding (masked columns / rows full of garbage, NaN included) and the order of the
   responses change no statistic;
 - log-probs down to -1e4, differences far beyond the clamp and NaN / +-inf inputs keep
   every output finite (or None), and non-finite inputs are counted;
-- omega never exceeds max(1, max w).
+- omega lies between min(1, w) and max(1, w) where kept, and is 0 elsewhere.
 """
 
 import math
@@ -23,8 +24,10 @@ from system.correction import (
     compute_diagnostics,
     compute_log_ratios,
     compute_weights,
+    compute_weights_and_keep,
     default_method_configs,
     method_statistics,
+    mix_weights,
 )
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -86,14 +89,14 @@ def test_no_mismatch_gives_weight_one_for_every_method_and_zero_alpha_raw(batch)
     r = compute_log_ratios(mu, mu.copy(), mask)
     for name, method in METHODS.items():
         for variant in (method, method.model_copy(update={"self_normalize": True, "veto": 1e-4})):
-            w = compute_weights(r, variant)
-            assert torch.equal(w, r.valid_BT.to(w.dtype)), (
-                name
-            )  # exactly 1 where valid, 0 elsewhere
-    ais = AdaptiveIS(AISConfig(warmup_batches=2))
-    for _ in range(4):
-        assert ais.update(ais_diagnostics(r))["alpha_raw"] == 0.0
-    assert ais.alpha == 0.0
+            w, k = compute_weights_and_keep(r, variant)
+            assert torch.equal(w, r.valid_BT.to(w.dtype)), name  # exactly 1 where valid, 0 elsewhere
+            assert torch.equal(k, r.valid_BT), name
+            ais = AdaptiveIS(AISConfig())
+            advantages = torch.linspace(-1.0, 1.0, mu.shape[0])
+            for _ in range(4):
+                assert ais.update(r, w, k, advantages).metrics["alpha_raw"] == 0.0
+            assert ais.alpha == 0.0
 
 
 @SETTINGS
@@ -140,11 +143,11 @@ def test_extreme_and_non_finite_inputs_keep_every_output_finite(batch):
 
 @SETTINGS
 @given(batches(specials=True), st.floats(0.0, 1.0))
-def test_omega_is_bounded_by_max_of_one_and_w(batch, alpha):
+def test_omega_lies_between_one_and_w_where_kept(batch, alpha):
     mu, old, mask = batch
     r = compute_log_ratios(mu, old, mask)
     for method in METHODS.values():
-        w = compute_weights(r, method)
-        omega = AdaptiveIS.omega(w, r.valid_BT, alpha)
-        bound = max(1.0, w.max().item()) if w.numel() else 1.0
-        assert (omega <= bound).all() and (omega >= 0).all() and (omega[~r.valid_BT] == 0).all()
+        w, k = compute_weights_and_keep(r, method)
+        omega = mix_weights(w, k, alpha)
+        assert (omega[~k] == 0).all() and not (k & ~r.valid_BT).any()
+        assert (omega <= w.clamp(min=1.0)).all() and (omega[k] >= w[k].clamp(max=1.0)).all()

@@ -60,7 +60,8 @@ def uninterrupted(loopback_ray, tmp_path_factory) -> tuple[Path, list[dict]]:
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(uninterrupted, tmp_path):
     _, full = uninterrupted
     assert all(k in full[0] for k in COMPARED), [k for k in COMPARED if k not in full[0]]
-    assert full[1]["ais/s_ref"] is None and full[2]["ais/s_ref"] is not None  # S_ref from batches 1-3
+    # AIS v2: alpha_0 = 0 and beta = 0.5, so the first alpha is half the first alpha_raw
+    assert full[0]["ais/alpha"] == 0.5 * full[0]["ais/alpha_raw"]
     run = tmp_path / "stopped"
     first = train(run, 3)
     assert [compared(r) for r in first] == [compared(r) for r in full[:3]]  # the run itself is deterministic
@@ -138,6 +139,8 @@ def test_a_stale_part_changes_the_resumed_run(part, uninterrupted, tmp_path):
     the run with that message.)
     """
     source, full = uninterrupted
+    if part == "ais":  # the AIS state (the alpha EMA) after step 2 must differ from the one after step 4
+        assert full[1]["ais/alpha"] != full[3]["ais/alpha"], "alpha equal at steps 2 and 4: nothing to swap"
     run = tmp_path / "run"
     ckpt, donor = resume_copy(source, run, keep_step=4)
     VARIANTS[part](ckpt, donor, tmp_path)

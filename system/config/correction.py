@@ -90,16 +90,16 @@ METHOD_TYPES: tuple[str, ...] = ("none", "token-tis", "icepop", "seq-tis", "seq-
 
 
 class AISConfig(StrictModel):
+    """AIS version 2 (spec section 3; the alpha rule is our reconstruction from the paper's abstract)."""
+
     enabled: bool = False
-    """Mix the uncorrected and the corrected gradient with the adaptive coefficient alpha (spec section 3)."""
-    warmup_batches: int = Field(default=10, ge=1)
-    """K: batches whose mean severity becomes S_ref; alpha is 0 during them."""
-    k_s: float = Field(default=2.0, gt=1.0)
-    """Severity multiple of S_ref at which the gate saturates."""
-    beta: float = Field(default=0.9, ge=0.0, lt=1.0)
-    """EMA coefficient of alpha."""
+    """Apply ``omega = k (1 + alpha (w - 1))`` instead of the method's w (alpha is computed and logged either way)."""
+    beta: float = Field(default=0.5, ge=0.0, lt=1.0)
+    """EMA coefficient of alpha: ``alpha = beta * alpha_prev + (1 - beta) * alpha_raw``, alpha_0 = 0."""
     c: float = Field(default=2.0, gt=0.0)
-    """Truncation cap used by the reliability and variance diagnostics."""
+    """Truncation cap of the reliability R (it sets n_eff = n R) and variance diagnostics."""
+    per_lag: bool = False
+    """One alpha (and EMA) per lag bucket, applied to that bucket's sequences, instead of one per batch."""
 
 
 class CorrectionConfig(StrictModel):

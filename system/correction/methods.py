@@ -8,13 +8,18 @@
 
 The result is detached, >= 0, 0 at every non-valid token, in ``ratios.weight_dtype``.
 
+``compute_weights_and_keep`` also returns the method's keep mask ``k`` (bool [B, T]): the
+valid tokens the method did not reject (seq-mis / icepop / geo-rs outside their thresholds,
+and the veto). It is the method's decision, not ``w > 0``: none and token-tis / seq-tis keep
+every valid token. AIS (section 3) mixes only where ``k`` is 1.
+
 Shapes: B = responses in the batch, T = padded response length.
 """
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -29,8 +34,15 @@ from system.config.correction import (
     TokenTIS,
 )
 from system.correction.ratios import LogRatios
-from system.correction.sequence_is import geo_rs_weights_B, seq_mis_weights_B, seq_tis_weights_B
+from system.correction.sequence_is import (
+    geo_rs_keep_B,
+    geo_rs_weights_B,
+    seq_mis_keep_B,
+    seq_mis_weights_B,
+    seq_tis_weights_B,
+)
 from system.correction.token_is import (
+    icepop_keep_BT,
     icepop_weights_BT,
     no_correction_weights_BT,
     token_tis_weights_BT,
@@ -39,19 +51,30 @@ from system.correction.token_is import (
 
 @dataclass(frozen=True)
 class CorrectionMethod:
-    """One registry entry: whether it weights tokens ([B, T]) or sequences ([B]), and how."""
+    """One registry entry: whether it weights tokens ([B, T]) or sequences ([B]), how, and
+    which it keeps (a bool at the same level; None = it rejects nothing)."""
 
     level: Literal["token", "sequence"]
     weights: Callable[[LogRatios, MethodConfig], torch.Tensor]
+    keep: Callable[[LogRatios, MethodConfig], torch.Tensor] | None = None
+
+
+class MethodWeights(NamedTuple):
+    """A method's weights and its keep mask, both [B, T] and 0 / False at every non-valid token."""
+
+    w_BT: torch.Tensor
+    """Detached weights >= 0 in ``ratios.weight_dtype``."""
+    keep_BT: torch.Tensor
+    """bool: the valid tokens the method (and the veto) did not reject."""
 
 
 METHOD_REGISTRY: dict[str, CorrectionMethod] = {
     "none": CorrectionMethod("token", no_correction_weights_BT),
     "token-tis": CorrectionMethod("token", token_tis_weights_BT),
-    "icepop": CorrectionMethod("token", icepop_weights_BT),
+    "icepop": CorrectionMethod("token", icepop_weights_BT, icepop_keep_BT),
     "seq-tis": CorrectionMethod("sequence", seq_tis_weights_B),
-    "seq-mis": CorrectionMethod("sequence", seq_mis_weights_B),
-    "geo-rs": CorrectionMethod("sequence", geo_rs_weights_B),
+    "seq-mis": CorrectionMethod("sequence", seq_mis_weights_B, seq_mis_keep_B),
+    "geo-rs": CorrectionMethod("sequence", geo_rs_weights_B, geo_rs_keep_B),
 }
 """Correction methods keyed by the config's ``type``."""
 
@@ -84,18 +107,40 @@ def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correct
     return torch.where(ratios.valid_BT, w_B[:, None], 0.0)
 
 
-def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
-    """The detached correction weight of every token (w_BT), 0 where not valid."""
+def _registry_entry(method: MethodConfig) -> CorrectionMethod:
     entry = METHOD_REGISTRY.get(method.type)
     if entry is None:
         raise ValueError(
             f"unknown correction method {method.type!r}; known: {sorted(METHOD_REGISTRY)}"
         )
+    return entry
+
+
+def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
+    """The detached correction weight of every token (w_BT), 0 where not valid."""
+    entry = _registry_entry(method)
     if entry.level == "token":
         w_BT = _token_weights_BT(ratios, method, entry)
     else:
         w_BT = _sequence_weights_BT(ratios, method, entry)
     return w_BT.to(ratios.weight_dtype)
+
+
+def keep_mask(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
+    """The method's keep mask k (bool [B, T]): valid, not rejected by the method, not vetoed."""
+    entry = _registry_entry(method)
+    keep_BT = ratios.valid_BT
+    if entry.keep is not None:
+        decision = entry.keep(ratios, method)
+        keep_BT = keep_BT & (decision if entry.level == "token" else decision[:, None])
+    if method.veto is not None:
+        keep_BT = keep_BT & ~_vetoed_B(ratios, method.veto)[:, None]
+    return keep_BT
+
+
+def compute_weights_and_keep(ratios: LogRatios, method: MethodConfig) -> MethodWeights:
+    """``compute_weights`` and ``keep_mask`` together."""
+    return MethodWeights(compute_weights(ratios, method), keep_mask(ratios, method))
 
 
 def default_method_configs() -> dict[str, MethodConfig]:

@@ -26,21 +26,30 @@ def seq_tis_weights_B(ratios: LogRatios, method: SeqTIS) -> torch.Tensor:
     return torch.where(ratios.seq_valid_B, ratios.rho_seq_B.clamp(max=method.c), 0.0)
 
 
-def seq_mis_weights_B(ratios: LogRatios, method: SeqMIS) -> torch.Tensor:
-    """Sequence ratio if ``log lo <= L <= log hi``, else 0 (one-sided when lo is unset)."""
+def seq_mis_keep_B(ratios: LogRatios, method: SeqMIS) -> torch.Tensor:
+    """seq-mis's decision: the response is a sequence and ``log lo <= L <= log hi`` (one-sided when lo is unset)."""
     log_ratio_B = ratios.seq_logratio_B
     keep_B = ratios.seq_valid_B & (log_ratio_B <= math.log(method.hi))
     if method.lo is not None:
         keep_B &= log_ratio_B >= math.log(method.lo)
-    return torch.where(keep_B, ratios.rho_seq_B, 0.0)
+    return keep_B
 
 
-def geo_rs_weights_B(ratios: LogRatios, method: GeoRS) -> torch.Tensor:
-    """1 if the geometric-mean log-ratio ``L / T`` lies in ``[log lo, log hi]``, else 0."""
+def seq_mis_weights_B(ratios: LogRatios, method: SeqMIS) -> torch.Tensor:
+    """Sequence ratio if ``log lo <= L <= log hi``, else 0 (one-sided when lo is unset)."""
+    return torch.where(seq_mis_keep_B(ratios, method), ratios.rho_seq_B, 0.0)
+
+
+def geo_rs_keep_B(ratios: LogRatios, method: GeoRS) -> torch.Tensor:
+    """geo-rs's decision: the response is a sequence and ``log lo <= L / T <= log hi``."""
     mean_log_ratio_B = ratios.seq_logratio_B / ratios.num_valid_B.clamp(min=1)
-    keep_B = (
+    return (
         ratios.seq_valid_B
         & (mean_log_ratio_B >= math.log(method.lo))
         & (mean_log_ratio_B <= math.log(method.hi))
     )
-    return keep_B.to(torch.float64)
+
+
+def geo_rs_weights_B(ratios: LogRatios, method: GeoRS) -> torch.Tensor:
+    """1 if the geometric-mean log-ratio ``L / T`` lies in ``[log lo, log hi]``, else 0."""
+    return geo_rs_keep_B(ratios, method).to(torch.float64)

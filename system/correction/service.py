@@ -1,10 +1,15 @@
 """The correction service's core: per global batch, diagnostics + the configured method's weights + AIS.
 
 Per step: ``LogRatios`` once from (mu, old, mask); every section 1 diagnostic (also by lag);
-the method's weights and statistics; AIS's three diagnostics and its state update (the
-mixing ``omega = 1 + alpha (w - 1)`` is applied only when ``correction.ais.enabled``);
-metrics streamed to the sink as soon as they exist, under ``mismatch/``, ``correction/``
-and ``ais/``. The caller writes batch dumps (``system.report.dump``) from the same arrays.
+the method's weights w and keep mask k; AIS (version 2, our reconstruction, spec section 3)
+from w, k and the advantages: its diagnostics and its state update every step, and the
+mixing ``omega = k (1 + alpha (w - 1))`` applied only when ``correction.ais.enabled``.
+Metrics, returned for the caller to stream: ``mismatch/...``, ``mismatch_by_lag/...``,
+``ais/...`` (severity, reliability, variance_amplification, bias, noise, alpha_raw, alpha,
+and ``ais/by_lag/<lag>/...`` with ``per_lag``), and the section 2 statistics of the APPLIED
+weights under ``correction/...`` (omega when AIS is on, w otherwise), with those of the
+method's own w under ``method_before_ais/...`` when AIS is on. The caller writes batch dumps
+(``system.report.dump``) from the same arrays.
 """
 
 from dataclasses import dataclass
@@ -18,9 +23,10 @@ from system.correction import (
     ais_diagnostics,
     compute_diagnostics,
     compute_log_ratios,
-    compute_weights,
+    compute_weights_and_keep,
     diagnostics_by_lag_of,
     method_statistics,
+    mix_weights,
 )
 
 BY_LAG_KEYS = ("n_sequences", "kl_k1", "kl_k3", "abs_diff_mean", "frac_outside_5x")
@@ -50,25 +56,35 @@ class CorrectionCore:
         self.ais = AdaptiveIS(cfg.ais)
 
     def process(self, behaviour_BT: np.ndarray, proximal_BT: np.ndarray, mask_BT: np.ndarray,
-                lag_B: np.ndarray) -> CorrectionResult:
-        """Weights and metrics of one global batch (advances the AIS state once)."""
+                lag_B: np.ndarray, advantage_B: np.ndarray | None = None) -> CorrectionResult:
+        """Weights and metrics of one global batch (advances the AIS state once).
+
+        ``advantage_B`` (float [B]) is what each response carries into the loss; AIS needs it.
+        Without it AIS is skipped (its values None, its state untouched), which is refused
+        when ``correction.ais.enabled``.
+        """
         ratios = compute_log_ratios(torch.tensor(behaviour_BT), torch.tensor(proximal_BT),
                                     torch.tensor(mask_BT))
-        w_BT = compute_weights(ratios, self.cfg.method)
+        w_BT, keep_BT = compute_weights_and_keep(ratios, self.cfg.method)
         metrics = flatten("mismatch", compute_diagnostics(ratios))
-        metrics.update(flatten("correction", method_statistics(ratios, w_BT)))
-        ais_state = self.ais.update(ais_diagnostics(ratios, c=self.cfg.ais.c))
-        metrics.update(flatten("ais", ais_state))
+        applied_BT = w_BT
+        if advantage_B is None:
+            if self.cfg.ais.enabled:
+                raise ValueError("correction.ais.enabled needs the advantages of the batch ('advantage')")
+            none = dict.fromkeys(("bias", "noise", "alpha_raw", "alpha"))
+            metrics.update(flatten("ais", {**ais_diagnostics(ratios, self.cfg.ais.c), **none}))
+        else:
+            ais = self.ais.update(ratios, w_BT, keep_BT, torch.as_tensor(advantage_B), torch.as_tensor(lag_B))
+            metrics.update(flatten("ais", ais.metrics))
+            if self.cfg.ais.enabled:
+                applied_BT = mix_weights(w_BT, keep_BT, ais.alpha_B)
+                metrics.update(flatten("method_before_ais", method_statistics(ratios, w_BT)))
         metrics["ais/enabled"] = int(self.cfg.ais.enabled)
-        if self.cfg.ais.enabled:
-            w_BT = self.ais.omega(w_BT, ratios.valid_BT, ais_state["alpha"])
+        metrics.update(flatten("correction", method_statistics(ratios, applied_BT)))
         by_lag = diagnostics_by_lag_of(ratios, torch.tensor(lag_B))
         for lag, diag in by_lag.items():
             metrics.update({f"mismatch_by_lag/{lag}/{k}": diag[k] for k in BY_LAG_KEYS})
-        metrics["correction/applied_weight_mean"] = (
-            float(w_BT[ratios.valid_BT].double().mean()) if ratios.num_tokens else None
-        )
-        return CorrectionResult(w_BT.detach().to(torch.float32).numpy(), metrics,
+        return CorrectionResult(applied_BT.detach().to(torch.float32).numpy(), metrics,
                                 ratios.rho_BT[ratios.valid_BT].numpy())
 
     def state_dict(self) -> dict:

@@ -5,7 +5,9 @@
     icepop:     w = rho if log lo <= d <= log hi else 0            [lo = 0.5, hi = 5]
 
 The icepop band is tested in log space on the raw d (not on the ±20-clamped dc), so the
-clamp never changes a decision. Each function returns a float64 [B, T] weight, 0 where not valid.
+clamp never changes a decision. Each ``*_weights_BT`` returns a float64 [B, T] weight, 0 where
+not valid; icepop's decision is ``icepop_keep_BT`` (bool [B, T]), the keep mask ``k`` of AIS
+(section 3). none and token-tis reject nothing.
 
 Shapes: B = responses in the batch, T = padded response length.
 """
@@ -28,7 +30,12 @@ def token_tis_weights_BT(ratios: LogRatios, method: TokenTIS) -> torch.Tensor:
     return ratios.rho_BT.clamp(max=method.c)
 
 
+def icepop_keep_BT(ratios: LogRatios, method: IcePop) -> torch.Tensor:
+    """icepop's decision: a valid token with ``log lo <= d <= log hi``."""
+    in_band_BT = (ratios.d_BT >= math.log(method.lo)) & (ratios.d_BT <= math.log(method.hi))
+    return ratios.valid_BT & in_band_BT
+
+
 def icepop_weights_BT(ratios: LogRatios, method: IcePop) -> torch.Tensor:
     """Token ratio inside the band ``[lo, hi]``, 0 outside."""
-    in_band_BT = (ratios.d_BT >= math.log(method.lo)) & (ratios.d_BT <= math.log(method.hi))
-    return torch.where(in_band_BT, ratios.rho_BT, 0.0)
+    return torch.where(icepop_keep_BT(ratios, method), ratios.rho_BT, 0.0)

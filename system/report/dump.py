@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 REQUIRED = ("rollout_logp", "train_logp", "response_mask")
-OPTIONAL_ROW = ("lag", "reward", "uid", "prompt_text", "response_text")
+OPTIONAL_ROW = ("lag", "reward", "advantage", "uid", "prompt_text", "response_text")
 OPTIONAL_GRID = ("response_ids", "token_text")
 
 
@@ -25,6 +25,7 @@ class BatchDump:
     lag: np.ndarray  # int32 [N] (all 0 when absent)
     has_lag: bool
     reward: np.ndarray | None = None  # float32 [N]
+    advantage: np.ndarray | None = None  # float32 [N] (what each response carried into the loss)
     uid: np.ndarray | None = None  # str [N]
     prompt_text: np.ndarray | None = None
     response_text: np.ndarray | None = None
@@ -80,6 +81,7 @@ def load_dump(path: str | Path) -> BatchDump:
         lag=(lag if lag is not None else np.zeros(n)).astype(np.int32),
         has_lag=lag is not None,
         reward=arrays["reward"].astype(np.float32) if "reward" in arrays else None,
+        advantage=arrays["advantage"].astype(np.float32) if "advantage" in arrays else None,
         uid=arrays.get("uid"),
         prompt_text=arrays.get("prompt_text"),
         response_text=arrays.get("response_text"),

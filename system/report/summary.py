@@ -6,6 +6,7 @@ import torch
 from system.correction import (
     LogRatios,
     ais_diagnostics,
+    ais_estimate,
     compute_diagnostics,
     compute_log_ratios,
     compute_weights,
@@ -38,7 +39,9 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
     """Every key of section 1 at the top level, plus ``ais``, ``methods`` and (with lags) ``by_lag``."""
     ratios = ratios if ratios is not None else dump_ratios(dump)
     summary = dict(compute_diagnostics(ratios))
-    summary["ais"] = ais_diagnostics(ratios)
+    # AIS v2 bias / noise / alpha_raw of the default method (seq-mis, hi = 3); null without advantages
+    seq_mis = default_method_configs()["seq-mis"]
+    summary["ais"] = {**ais_diagnostics(ratios), **ais_estimate(ratios, seq_mis, dump.advantage)}
     summary["methods"] = methods_table(ratios)
     if dump.has_lag:
         summary["by_lag"] = diagnostics_by_lag_of(ratios, torch.from_numpy(dump.lag.astype(np.int64)))
