@@ -105,18 +105,20 @@ def report(
     dump: Path = typer.Argument(..., help="A batch dump (.npz, CORRECTION_SPEC.md section 6)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for summary.json, samples.json, report.html."),
 ) -> None:
-    """Write the mismatch report of one batch dump."""
-    from system.report.mismatch_report import write_report
+    """Write the mismatch report of one batch dump.
+
+    Exit 2 with a message naming the file and the key on a dump that cannot be used (not an
+    .npz archive, a missing key, mismatched shapes, no rows, log-probs > 0, a negative lag).
+    A batch without a valid token (all masked, or every log-prob non-finite) is legal: the
+    report is written with every diagnostic null, and the exit code is 0.
+    """
+    from system.report.mismatch_report import summary_line, write_report
 
     try:
         summary = write_report(dump, out)
     except DumpError as exc:
         _fail(str(exc))
-    console.print(
-        f"[green]report written[/] to {out}/report.html: {summary['n_sequences']} sequences, "
-        f"{summary['n_tokens']} tokens, kl_k1 {summary['kl_k1']:.3g}, "
-        f"seq-mis keeps {summary['methods']['seq-mis']['keep_seq_frac']:.1%} of sequences"
-    )
+    console.print(f"[green]report written[/] to {out}/report.html: {summary_line(summary)}", highlight=False)
 
 
 @app.command("demo-dump")

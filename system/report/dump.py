@@ -1,6 +1,7 @@
 """Batch dumps (``CORRECTION_SPEC.md`` section 6): one ``.npz`` per dumped step, validated on load."""
 
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,16 +43,72 @@ def _check_shape(name: str, arr: np.ndarray, want: tuple[int, ...], path: str) -
         raise DumpError(f"{path}: key {name!r} has shape {arr.shape}, expected {want}")
 
 
+LOGP_TOLERANCE = 1e-3
+"""A masked-in log-prob above this (a probability > 1 beyond rounding) refuses the dump."""
+
+
+def _read_npz(p: str) -> dict[str, np.ndarray]:
+    """Every array of the archive, never unpickling (``allow_pickle=False``)."""
+    if not zipfile.is_zipfile(p):
+        raise DumpError(f"{p}: not an .npz archive (a batch dump is a zip of .npy arrays written by "
+                        "numpy.savez; text, pickle and single .npy files are not dumps)")
+    arrays = {}
+    try:
+        with np.load(p, allow_pickle=False) as npz:
+            for key in npz.files:
+                try:
+                    arrays[key] = npz[key]
+                except ValueError as exc:
+                    if "allow_pickle" not in str(exc):
+                        raise
+                    raise DumpError(f"{p}: key {key!r} is an object array, which only unpickling could "
+                                    "read; store strings as unicode arrays (np.asarray(values, dtype=str))"
+                                    ) from None
+    except DumpError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DumpError(f"{p}: not a readable .npz batch dump ({exc})") from None
+    return arrays
+
+
+def _check_logp(key: str, values: np.ndarray, mask: np.ndarray, path: str) -> None:
+    """Refuse finite masked-in log-probs > LOGP_TOLERANCE (NaN / +-inf are counted, not refused)."""
+    bad = (values > LOGP_TOLERANCE) & (mask != 0)
+    if not bad.any():
+        return
+    bad &= np.isfinite(values)
+    count = int(bad.sum())
+    if count == 0:
+        return
+    rows, cols = np.nonzero(bad)
+    worst = int(np.argmax(values[rows, cols]))
+    raise DumpError(
+        f"{path}: key {key!r} has {count} masked-in value(s) > 0 (largest {float(values[rows[worst], cols[worst]]):.6g} "
+        f"at row {rows[worst]}, position {cols[worst]}); a log-probability is <= 0 "
+        f"(tolerance {LOGP_TOLERANCE:g})"
+    )
+
+
+def _check_lag(lag: np.ndarray, path: str) -> None:
+    """Refuse a non-integer or negative lag (learner version minus behaviour version is >= 0)."""
+    if not np.issubdtype(lag.dtype, np.integer):
+        whole = np.issubdtype(lag.dtype, np.floating) and bool(np.all(np.isfinite(lag) & (lag == np.round(lag))))
+        if not whole:
+            raise DumpError(f"{path}: key 'lag' must hold integers, got dtype {lag.dtype}")
+    negative = np.flatnonzero(lag < 0)
+    if negative.size:
+        raise DumpError(
+            f"{path}: key 'lag' has {negative.size} negative value(s) (first {lag[negative[0]]} at row "
+            f"{negative[0]}); a lag (learner version minus behaviour version) is >= 0"
+        )
+
+
 def load_dump(path: str | Path) -> BatchDump:
     """Read and validate a dump; raises DumpError naming the file and the offending key."""
     p = str(path)
     if not Path(p).is_file():
         raise DumpError(f"{p}: no such file")
-    try:
-        npz = np.load(p, allow_pickle=False)
-        arrays = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise DumpError(f"{p}: not a readable .npz batch dump ({exc})") from None
+    arrays = _read_npz(p)
     for key in REQUIRED:
         if key not in arrays:
             raise DumpError(f"{p}: missing required key {key!r} (have {sorted(arrays)})")
@@ -71,9 +128,12 @@ def load_dump(path: str | Path) -> BatchDump:
     mask = arrays["response_mask"]
     if mask.dtype != np.bool_ and not np.isin(mask, (0, 1)).all():
         raise DumpError(f"{p}: key 'response_mask' must hold only 0/1")
-    if not mask.astype(bool).any():
-        raise DumpError(f"{p}: empty batch: 'response_mask' selects no token")
+    # A mask that selects no token is a legal batch: the report says so, with null statistics.
+    for key in ("rollout_logp", "train_logp"):
+        _check_logp(key, arrays[key], mask, p)
     lag = arrays.get("lag")
+    if lag is not None:
+        _check_lag(lag, p)
     return BatchDump(
         rollout_logp=mu.astype(np.float32, copy=False),
         train_logp=arrays["train_logp"].astype(np.float32, copy=False),
@@ -90,6 +150,16 @@ def load_dump(path: str | Path) -> BatchDump:
     )
 
 
+def _storable(path, key: str, value) -> np.ndarray:
+    """``value`` as an array that loads without pickle: object arrays (of str) become unicode arrays."""
+    arr = np.asarray(value)
+    if arr.dtype == object:
+        if not all(isinstance(v, str) for v in arr.flat):
+            raise DumpError(f"{path}: key {key!r} is an object array; only one of str can be stored")
+        arr = arr.astype(str)
+    return arr
+
+
 def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
     """Write a dump atomically (temp file, then rename); keys as in section 6."""
     missing = [k for k in REQUIRED if k not in arrays]
@@ -98,7 +168,7 @@ def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items() if v is not None})
+    np.savez_compressed(tmp, **{k: _storable(path, k, v) for k, v in arrays.items() if v is not None})
     tmp.replace(out)
     return out
 

@@ -1,34 +1,69 @@
-"""The mismatch report of one batch dump: ``summary.json``, ``samples.json`` and ``report.html``."""
+"""The mismatch report of one batch dump: ``summary.json``, ``samples.json`` and ``report.html``.
 
-import json
+Bounded in memory and output: the per-token work is vectorised over the ``[N, T]`` arrays
+(a few float64 copies of them at the peak, no python object per token), figures are drawn
+from binned counts, and ``samples.json`` holds token tables for the ``worst_k`` worst
+responses only (``samples.py``). Both JSON files are strict JSON: undefined values are
+``null``, never ``NaN``.
+
+A dump whose mask selects no valid token (all masked out, or every masked-in log-prob
+non-finite) is a legal batch: the report is written with every diagnostic ``null`` and a
+notice on the page, and the command exits 0. Only an unreadable or malformed dump
+(``DumpError``) is refused.
+"""
+
 from pathlib import Path
 
 import numpy as np
 
-from system.report import plots
+from system.report import plots, strict_json
 from system.report.dump import load_dump
 from system.report.html_page import render_page
-from system.report.samples import build_samples
+from system.report.samples import DEFAULT_WORST_K, build_samples
 from system.report.summary import build_summary, dump_ratios
 
 
-def write_report(dump_path: str | Path, out_dir: str | Path) -> dict:
-    """Write the three report files into ``out_dir``; return the summary. Raises DumpError on bad input."""
+def _figures(ratios, summary: dict) -> dict[str, str]:
+    """The page's four figures (none when there is no valid token)."""
+    if summary["n_tokens"] == 0:
+        return {}
+    valid = ratios.valid_BT.numpy()
+    dc = ratios.dc_BT.numpy()[valid]
+    figures = {"ratio_hist": plots.ratio_histogram(dc)}
+    del dc
+    mu = ratios.behaviour_BT.numpy()[valid]
+    old = ratios.proximal_BT.numpy()[valid]
+    figures["prob_diff"] = plots.prob_diff_histogram(np.abs(np.exp(old) - np.exp(mu)))
+    figures["density"] = plots.logprob_density(mu, old, summary["logp_pearson"])
+    figures["keep_by_len"] = plots.keep_by_length(summary["methods"])
+    return figures
+
+
+def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFAULT_WORST_K) -> dict:
+    """Write the three report files into ``out_dir``; return the summary (JSON-ready, None where
+    undefined). ``worst_k``: responses whose full token tables go into samples.json. Raises
+    DumpError on bad input."""
     dump = load_dump(dump_path)
     ratios = dump_ratios(dump)
-    summary = build_summary(dump, ratios)
-    samples = build_samples(dump, ratios)
-    valid = ratios.valid_BT.numpy()
-    mu, old = dump.rollout_logp[valid], dump.train_logp[valid]
-    figures = {
-        "ratio_hist": plots.ratio_histogram(ratios.dc_BT.numpy()[valid]),
-        "prob_diff": plots.prob_diff_histogram(np.abs(np.exp(old.astype(np.float64)) - np.exp(mu.astype(np.float64)))),
-        "scatter": plots.logprob_scatter(mu, old, summary["logp_pearson"]),
-        "keep_by_len": plots.keep_by_length(summary["methods"]),
-    }
+    summary = strict_json.jsonable(build_summary(dump, ratios))
+    samples = build_samples(dump, ratios, worst_k=worst_k)
+    figures = _figures(ratios, summary)
+    del ratios, dump
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "samples.json").write_text(json.dumps(samples))
-    (out / "report.html").write_text(render_page(str(dump_path), summary, samples, figures))
+    strict_json.write(out / "summary.json", summary, indent=2)
+    strict_json.write(out / "samples.json", samples, sanitize=False, separators=(",", ":"))
+    (out / "report.html").write_text(render_page(str(dump_path), summary, samples, figures), encoding="utf-8")
     return summary
+
+
+def summary_line(summary: dict) -> str:
+    """One line for the console; says so when there is no valid token (every diagnostic null)."""
+    if summary["n_tokens"] == 0:
+        return (f"no valid tokens ({summary['nonfinite_tokens']} masked-in tokens non-finite): "
+                "every diagnostic is null")
+    kept = summary["methods"]["seq-mis"]["keep_seq_frac"]
+    kl = summary["kl_k1"]
+    return (f"{summary['n_sequences']} sequences, {summary['n_tokens']} tokens, "
+            f"kl_k1 {'n/a' if kl is None else format(kl, '.3g')}, "
+            f"seq-mis keeps {'n/a' if kept is None else format(kept, '.1%')} of sequences")

@@ -1,59 +1,142 @@
-"""``samples.json``: per sequence its headline numbers and a per-token table (column-oriented)."""
+"""``samples.json``: a compact table of every response and full token tables of the worst ones.
+
+Layout (``"layout": "aisrl.samples/2"``)::
+
+    {"layout": ..., "worst_by": "mean_abs_diff", "worst_k": K, "n_rows": N,
+     "sequences": {"index": [...], "uid": [...], "reward": [...], "lag": [...], "length": [...],
+                   "nonfinite_tokens": [...], "seq_logratio": [...], "mean_abs_diff": [...],
+                   "kept_seq_mis": [...]},                      # one entry per dump row, row order
+     "worst": [{"index", "uid", "reward", "lag", "length", "nonfinite_tokens", "seq_logratio",
+                "mean_abs_diff", "kept_seq_mis", ["prompt_text", "response_text",]
+                "tokens": {"position", "valid", "rollout_logp", "train_logp", "diff",
+                           "p_rollout", "p_train", "ratio", "token" | "token_id"}}, ...]}
+
+``sequences`` is columnar (one list per field, ``pandas.DataFrame(samples["sequences"])``
+loads it). ``length`` is ``T_i`` (valid tokens); ``seq_logratio`` is ``L_i``;
+``mean_abs_diff`` is the mean of ``|old - mu|`` over the valid tokens; ``kept_seq_mis`` says
+whether the default method (seq-mis, hi = 3) keeps the response. All three are ``null`` for a
+row with no valid token, and so is a non-finite reward.
+
+``worst``: the at most ``K`` (default 64) responses with the largest ``mean_abs_diff``, worst
+first, ties by row index; rows without a valid token are never among them. Each carries its
+per-token table over the masked-in positions (``valid`` is false, and ``diff`` / ``ratio``
+``null``, at a token excluded for a non-finite log-prob). Only these K rows get token tables, so
+the file is bounded by ``N`` + ``K * T`` values whatever the batch size.
+"""
 
 import numpy as np
+import torch
 
-from system.correction import LogRatios
+from system.correction import LogRatios, compute_weights, default_method_configs
 from system.report.dump import BatchDump
+
+LAYOUT = "aisrl.samples/2"
+DEFAULT_WORST_K = 64
+WORST_BY = "mean_abs_diff"
+_DIGITS = 6
 
 
 def _col(values: np.ndarray) -> list:
-    """Rounded floats, with non-finite values as None (JSON has no NaN)."""
-    out = np.round(values.astype(np.float64), 6).tolist()
-    if not np.isfinite(values).all():
-        out = [v if np.isfinite(v) else None for v in out]
+    """Rounded floats as a list, non-finite values as None (JSON has no NaN)."""
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    out = np.round(np.where(finite, values, 0.0), _DIGITS).tolist()
+    if not finite.all():
+        out = [v if ok else None for v, ok in zip(out, finite.tolist(), strict=True)]
     return out
 
 
-def sequence_order(dump: BatchDump, ratios: LogRatios) -> tuple[np.ndarray, np.ndarray]:
-    """(mean |diff| per sequence over valid tokens, row order from worst to best)."""
-    valid = ratios.valid_BT.numpy()
-    absd = np.abs(ratios.d_BT.numpy().astype(np.float64))
-    counts = valid.sum(1)
-    mean_abs = np.where(counts > 0, (absd * valid).sum(1) / np.maximum(counts, 1), 0.0)
-    return mean_abs, np.argsort(-mean_abs, kind="stable")
+def sequence_columns(dump: BatchDump, ratios: LogRatios) -> dict[str, np.ndarray]:
+    """Per dump row (numpy, length N): the columns of ``samples["sequences"]``; NaN where undefined."""
+    length = ratios.num_valid_B.numpy()
+    has_tokens = length > 0
+    sum_abs = ratios.d_BT.abs().sum(dim=1).numpy()
+    mean_abs = np.where(has_tokens, sum_abs / np.maximum(length, 1), np.nan)
+    seq_logratio = np.where(has_tokens, ratios.seq_logratio_B.numpy(), np.nan)
+    w_BT = compute_weights(ratios, default_method_configs()["seq-mis"])
+    kept = ((w_BT > 0) & ratios.valid_BT).any(dim=1).numpy()
+    n = length.shape[0]
+    return {
+        "index": np.arange(n),
+        "uid": dump.uid.astype(str) if dump.uid is not None else np.arange(n).astype(str),
+        "reward": dump.reward if dump.reward is not None else np.full(n, np.nan),
+        "lag": dump.lag,
+        "length": length,
+        "nonfinite_tokens": ratios.nonfinite_B.numpy(),
+        "seq_logratio": seq_logratio,
+        "mean_abs_diff": mean_abs,
+        "kept_seq_mis": np.where(has_tokens, kept.astype(np.float64), np.nan),
+    }
 
 
-def build_samples(dump: BatchDump, ratios: LogRatios) -> list[dict]:
-    """One record per response, worst mean |diff| first; per-token columns over masked positions."""
-    mean_abs, order = sequence_order(dump, ratios)
-    valid = ratios.valid_BT.numpy()
-    rho = ratios.rho_BT.numpy()
-    records = []
-    for i in order:
-        cols = np.flatnonzero(dump.response_mask[i])
-        mu, old = dump.rollout_logp[i, cols], dump.train_logp[i, cols]
-        diff = old - mu
-        tokens = {
+def worst_rows(columns: dict[str, np.ndarray], k: int) -> np.ndarray:
+    """Row indices of the at most ``k`` largest ``mean_abs_diff``, worst first, ties by index."""
+    mean_abs = columns["mean_abs_diff"]
+    rows = np.flatnonzero(np.isfinite(mean_abs))
+    order = rows[np.argsort(-mean_abs[rows], kind="stable")]
+    return order[: max(k, 0)]
+
+
+def _columns_json(columns: dict[str, np.ndarray]) -> dict[str, list]:
+    kept = columns["kept_seq_mis"]
+    return {
+        "index": columns["index"].tolist(),
+        "uid": columns["uid"].tolist(),
+        "reward": _col(columns["reward"]),
+        "lag": columns["lag"].tolist(),
+        "length": columns["length"].tolist(),
+        "nonfinite_tokens": columns["nonfinite_tokens"].tolist(),
+        "seq_logratio": _col(columns["seq_logratio"]),
+        "mean_abs_diff": _col(columns["mean_abs_diff"]),
+        "kept_seq_mis": [None if np.isnan(v) else bool(v) for v in kept.tolist()],
+    }
+
+
+def token_table(dump: BatchDump, ratios: LogRatios, row: int) -> dict[str, list]:
+    """Column-oriented per-token table of one response over its masked-in positions."""
+    cols = np.flatnonzero(dump.response_mask[row])
+    mu = dump.rollout_logp[row, cols].astype(np.float64)
+    old = dump.train_logp[row, cols].astype(np.float64)
+    valid = ratios.valid_BT[row].numpy()[cols]
+    rho = ratios.rho_BT[row].numpy()[cols]
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(valid, old - mu, np.nan)
+        table = {
             "position": cols.tolist(),
-            "valid": valid[i, cols].tolist(),
+            "valid": valid.tolist(),
             "rollout_logp": _col(mu),
             "train_logp": _col(old),
             "diff": _col(diff),
-            "p_rollout": _col(np.exp(mu.astype(np.float64))),
-            "p_train": _col(np.exp(old.astype(np.float64))),
-            "ratio": _col(np.where(valid[i, cols], rho[i, cols], np.nan)),
+            "p_rollout": _col(np.exp(mu)),
+            "p_train": _col(np.exp(old)),
+            "ratio": _col(np.where(valid, rho, np.nan)),
         }
-        if dump.token_text is not None:
-            tokens["token"] = dump.token_text[i, cols].tolist()
-        elif dump.response_ids is not None:
-            tokens["token_id"] = dump.response_ids[i, cols].tolist()
-        records.append({
-            "index": int(i),
-            "uid": str(dump.uid[i]) if dump.uid is not None else str(i),
-            "reward": float(dump.reward[i]) if dump.reward is not None else None,
-            "lag": int(dump.lag[i]),
-            "length": int(valid[i].sum()),
-            "mean_abs_diff": float(mean_abs[i]),
-            "tokens": tokens,
-        })
-    return records
+    if dump.token_text is not None:
+        table["token"] = dump.token_text[row, cols].astype(str).tolist()
+    elif dump.response_ids is not None:
+        table["token_id"] = dump.response_ids[row, cols].tolist()
+    return table
+
+
+def build_samples(dump: BatchDump, ratios: LogRatios, worst_k: int = DEFAULT_WORST_K) -> dict:
+    """The ``samples.json`` object (see the module docstring); JSON-ready, no NaN anywhere."""
+    with torch.no_grad():
+        columns = sequence_columns(dump, ratios)
+    table = _columns_json(columns)
+    worst = []
+    for row in worst_rows(columns, worst_k).tolist():
+        record = {key: values[row] for key, values in table.items()}
+        for key in ("prompt_text", "response_text"):
+            values = getattr(dump, key)
+            if values is not None:
+                record[key] = str(values[row])
+        record["tokens"] = token_table(dump, ratios, row)
+        worst.append(record)
+    return {
+        "layout": LAYOUT,
+        "worst_by": WORST_BY,
+        "worst_k": worst_k,
+        "n_rows": len(table["index"]),
+        "sequences": table,
+        "worst": worst,
+    }
