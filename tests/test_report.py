@@ -73,7 +73,8 @@ def test_report_on_a_hand_sized_dump(tmp_path):
     assert set(s["methods"]) == {"none", "token-tis", "icepop", "seq-tis", "seq-mis", "geo-rs"}
     # seq-mis (hi = 3): L = 1 (e^1 <= 3, kept) and -0.5 (kept) -> both kept.
     assert s["methods"]["seq-mis"]["keep_seq_frac"] == 1.0
-    assert {"severity", "reliability", "variance_amplification"} <= set(s["ais"])
+    assert set(s["ais"]) == {"severity", "reliability", "variance_amplification", "bias", "noise", "alpha_raw"}
+    assert s["ais"]["alpha_raw"] is None  # no advantages in this dump
     # samples.json: every row in the columnar table, in row order.
     seqs = samples["sequences"]
     assert set(seqs) == SEQUENCE_COLUMNS and samples["n_rows"] == 2
@@ -298,3 +299,27 @@ def test_extreme_mismatch_stays_finite(tmp_path):
     assert s["nonfinite_tokens"] == 2 and "by_lag" not in s
     assert all(np.isfinite(s[k]) for k in SECTION1 if s[k] is not None)
 
+
+def test_report_ais_bias_noise_alpha_raw_of_seq_mis_from_the_advantages(tmp_path):
+    # AIS v2 (CORRECTION_SPEC.md section 3) for seq-mis, hi = 3, worked out by hand:
+    # rho_seq = [2, 4, 0.5, 1] (row 1 rejected: 4 > 3), T = [1, 1, 2, 2], A = [1, -1, -1, 1]
+    # d_i = A_i / T_i * sum_t k (w - 1) = [1, 0, 0.5, 0]: b = 3/8, s2 = 11/64;
+    # R = ESS of min(rho_seq, 2) = [2, 2, .5, 1] = 30.25 / 37, n_eff = 4 R = 121/37;
+    # noise2 = s2 / n_eff = 37/704; b^2 = 99/704 -> alpha_raw = (99 - 37) / 99 = 62/99.
+    d = np.array([[np.log(2.0), 0.0], [np.log(4.0), 0.0], [np.log(0.5), 0.0], [0.0, 0.0]])
+    mu = np.full((4, 2), -3.0)
+    arrays = {"rollout_logp": mu.astype(np.float32), "train_logp": (mu + d).astype(np.float32),
+              "response_mask": np.array([[1, 0], [1, 0], [1, 1], [1, 1]], bool)}
+    result, out = _report(tmp_path, {**arrays, "advantage": np.array([1, -1, -1, 1], np.float32)})
+    assert result.exit_code == 0, result.output
+    ais = json.loads((out / "summary.json").read_text())["ais"]
+    assert ais["bias"] == pytest.approx(3 / 8, rel=1e-5)
+    assert ais["noise"] == pytest.approx(np.sqrt(37 / 704), rel=1e-5)
+    assert ais["alpha_raw"] == pytest.approx(62 / 99, rel=1e-5)
+    assert load_dump(tmp_path / "step_000001.npz").advantage.dtype == np.float32
+    # without the optional key the three are null
+    result, out = _report(tmp_path / "without", arrays)
+    assert result.exit_code == 0, result.output
+    ais = json.loads((out / "summary.json").read_text())["ais"]
+    assert (ais["bias"], ais["noise"], ais["alpha_raw"]) == (None, None, None)
+    assert ais["severity"] is not None
