@@ -28,17 +28,22 @@ def test_auto_takes_rowwise_where_channelwise_is_pathological():
     d = choose_fp8_kernel("auto", AMX)
     assert d.kernel == "rowwise"
     assert d.fp8_vs_bf16 == pytest.approx(0.22 / 1.7)  # the chosen (row-wise) speed relative to BF16
-    # 0.13x BF16 is below SLOW_FP8_RATIO: the warning says what to do
-    assert d.warning is not None and "rollout.quantization=bf16" in d.warning and "0.13x" in d.warning
-    assert "fp8_kernel=rowwise" not in d.warning  # already row-wise: no such advice
+    assert d.warning is None  # 0.13x >= SLOW_FP8_RATIO (0.1)
+    slow = choose_fp8_kernel("auto", MatmulProbe(512, 256, 768, bf16_ms=0.22, channelwise_ms=1700.0, rowwise_ms=4.4))
+    assert slow.kernel == "rowwise" and slow.fp8_vs_bf16 == pytest.approx(0.05)
+    # 0.05x BF16 is below SLOW_FP8_RATIO: the warning says what to do
+    assert slow.warning is not None and "rollout.quantization=bf16" in slow.warning and "0.05x" in slow.warning
+    assert "fp8_kernel=rowwise" not in slow.warning  # already row-wise: no such advice
 
 
 def test_auto_keeps_vllms_kernel_where_both_run_alike():
     d = choose_fp8_kernel("auto", EPYC)  # 3.5 / 3.3 = 1.06 < ROWWISE_MIN_GAIN
     assert d.kernel == "vllm"
     assert d.fp8_vs_bf16 == pytest.approx(0.95 / 3.5)
-    assert d.warning is not None and "rollout.fp8_kernel=rowwise" in d.warning
-    assert choose_fp8_kernel("auto", FAST).warning is None  # 1.0 / 1.2 = 0.83 >= 0.5
+    assert d.warning is None  # 0.27x >= 0.1
+    assert choose_fp8_kernel("auto", FAST).warning is None  # 1.0 / 1.2 = 0.83
+    forced = choose_fp8_kernel("vllm", AMX)  # 0.22 / 1700: far below, with the advice to switch
+    assert forced.warning is not None and "rollout.fp8_kernel=rowwise" in forced.warning
 
 
 def test_gain_threshold_is_inclusive():
