@@ -1,5 +1,6 @@
 """Start or join the Ray cluster; a private local cluster binds to 127.0.0.1 with no public dashboard."""
 
+import logging
 import os
 
 import ray
@@ -17,6 +18,7 @@ def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> N
         join(cfg.address, runtime_env=runtime_env)
         return
     use_loopback_only()
+    quiet_workers()
     ray.init(
         address="local",
         num_cpus=cfg.num_cpus if cfg.num_cpus is not None else max(num_cpus, 1),
@@ -26,7 +28,30 @@ def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> N
         _node_ip_address="127.0.0.1",
         runtime_env=runtime_env,
         log_to_driver=True,
+        logging_level=logging.INFO if verbose() else logging.ERROR,
     )
+
+
+QUIET_ENV = {
+    "PYTHONWARNINGS": "ignore",  # Python warnings (FutureWarning, DeprecationWarning) of libraries
+    "TORCH_CPP_LOG_LEVEL": "ERROR",  # torch's C++ warnings (NUMA binding, ...)
+    "TQDM_DISABLE": "1",  # progress bars (weight loading in transformers and vLLM)
+    "TRANSFORMERS_VERBOSITY": "error",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+}
+"""Environment of a private cluster's processes (inherited from this driver) unless ``AISRL_VERBOSE=1``
+(``aisrl train --verbose``): the console keeps aisrl's own lines, errors and tracebacks."""
+
+
+def verbose() -> bool:
+    return os.environ.get("AISRL_VERBOSE", "") not in ("", "0")
+
+
+def quiet_workers() -> None:
+    """Set :data:`QUIET_ENV` (values the user set win) before a private cluster starts."""
+    if not verbose():
+        for key, value in QUIET_ENV.items():
+            os.environ.setdefault(key, value)
 
 
 def join(address: str, **init_kwargs) -> None:

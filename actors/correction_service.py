@@ -21,6 +21,7 @@ class CorrectionService:
         self.logger = RunLogger(run_dir, cfg.report, json.loads(dump_config(cfg)), wandb_run_id)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.run_dir = Path(run_dir)
+        self._undumped: tuple[int, dict, np.ndarray] | None = None  # the last batch, until dumped
 
     def wandb_run_id(self) -> str | None:
         return self.logger.wandb_run_id
@@ -31,18 +32,27 @@ class CorrectionService:
         mu, old, mask = arrays["rollout_logp"], arrays["train_logp"], arrays["response_mask"]
         result = self.core.process(mu, old, mask, arrays["lag"], arrays.get("advantage"))
         self.logger.stream(step, result.metrics)
+        self._undumped = (step, arrays, result.token_ratios)
         if self.logger.should_dump(step):
-            dump = dict(arrays)
-            dump["token_text"] = token_text_grid(self.tokenizer.convert_ids_to_tokens,
-                                                 arrays["response_ids"], mask)
-            self.logger.dump(step, dump, result.token_ratios)
+            self._dump_undumped()
         return result.weights_BT, result.metrics
+
+    def _dump_undumped(self) -> None:
+        step, arrays, token_ratios = self._undumped
+        dump = dict(arrays)
+        dump["token_text"] = token_text_grid(self.tokenizer.convert_ids_to_tokens,
+                                             arrays["response_ids"], arrays["response_mask"])
+        self.logger.dump(step, dump, token_ratios)
+        self._undumped = None
 
     def finish_step(self, step: int, metrics: dict) -> dict:
         return self.logger.finish_step(step, metrics)
 
     def write_report(self) -> str | None:
-        """The HTML report of the last dump, into ``<run>/report`` (None if no dump was written)."""
+        """The HTML report of the last step, into ``<run>/report``: the last step is dumped now if
+        ``report.dump_every`` skipped it, so every run that trained a step has a dump and a report."""
+        if self._undumped is not None:
+            self._dump_undumped()
         if self.logger.last_dump is None:
             dumps = sorted((self.run_dir / "dumps").glob("step_*.npz"))
             if not dumps:

@@ -74,7 +74,7 @@ class CorrectionCore:
             none = dict.fromkeys(("bias", "noise", "alpha_raw", "alpha"))
             metrics.update(flatten("ais", {**ais_diagnostics(ratios, self.cfg.ais.c), **none}))
         else:
-            ais = self.ais.update(ratios, w_BT, keep_BT, torch.as_tensor(advantage_B), torch.as_tensor(lag_B))
+            ais = self.ais.update(ratios, w_BT, keep_BT, torch.tensor(advantage_B), torch.tensor(lag_B))
             metrics.update(flatten("ais", ais.metrics))
             if self.cfg.ais.enabled:
                 applied_BT = mix_weights(w_BT, keep_BT, ais.alpha_B)

@@ -24,6 +24,7 @@ same global normalisers; the policy version advances once per batch.
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from system.config.run import RunConfig
 from system.learner import checkpoint, distributed
@@ -108,6 +109,15 @@ class LearnerCore:
         return export_weights(self.model, self._policy_version)
 
     def save_checkpoint(self, path: str) -> None:
+        """Write a DCP checkpoint (collective); a model with a non-finite parameter on any rank is
+        refused on every rank (:class:`NonFiniteModelError`), so no checkpoint ever holds one."""
+        local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.model.parameters()]
+        bad = torch.tensor([float(sum(int((~torch.isfinite(t)).sum()) for t in local))], device=self.device)
+        if dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item() > 0:
+            raise NonFiniteModelError(f"refusing to checkpoint policy version {self._policy_version} to {path}: "
+                                      "the model has non-finite parameters (the run diverged)")
         counters = {"policy_version": self._policy_version, "optimizer_step": self.optimizer_step}
         checkpoint.save_checkpoint(path, self.model, self.optimizer, self.scheduler, counters)
 
@@ -132,4 +142,8 @@ class LearnerCore:
         return self._proximal[1]
 
 
-__all__ = ["LearnerCore", "LossNormalisers"]
+class NonFiniteModelError(RuntimeError):
+    """The learner's parameters are no longer finite: the run diverged."""
+
+
+__all__ = ["LearnerCore", "LossNormalisers", "NonFiniteModelError"]

@@ -200,6 +200,7 @@ class VLLMEngine:
             distributed_executor_backend="uni",
             logprobs_mode="processed_logprobs",
             trust_remote_code=trust_remote_code,
+            use_tqdm_on_load=os.environ.get("AISRL_VERBOSE", "") not in ("", "0"),
             **memory,
         )
 
