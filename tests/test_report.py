@@ -4,10 +4,13 @@ Expected values come from hand arithmetic (in comments) or from a few lines of p
 written here, never from the code under test.
 """
 
+import base64
 import json
 import math
 import pickle
+import struct
 import tomllib
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from actors.cli import app
+from system.report import plots
 from system.report.demo_dump import make_demo_dump
 from system.report.dump import DumpError, load_dump, save_dump
 from system.report.mismatch_report import write_report
@@ -105,7 +109,7 @@ def test_report_matches_numpy_on_a_demo_dump(tmp_path):
     assert s["abs_diff_median"] == pytest.approx(np.median(np.abs(d)), rel=1e-5)
     rho = np.exp(np.clip(d, -20, 20))
     assert s["ess_token"] == pytest.approx(rho.sum() ** 2 / (d.size * (rho**2).sum()), rel=1e-5)
-    assert page.count("data:image/png;base64,") == 4
+    assert page.count('<svg class="chart"') == 4 and "</svg>" in page  # inline charts, no image files
     assert "http://" not in page and "https://" not in page and "<script" not in page
     assert "<link" not in page and "src=\"http" not in page
     assert "seq-mis" in page and "By policy lag" in page
@@ -164,7 +168,7 @@ def test_a_batch_without_valid_tokens_reports_nulls(tmp_path, case):
     assert all(d["kl_k1"] is None for d in s["by_lag"].values())
     assert samples["worst"] == [] and samples["n_rows"] == 6
     assert samples["sequences"]["mean_abs_diff"] == [None] * 6
-    assert "No valid tokens" in page and "data:image/png" not in page
+    assert "No valid tokens" in page and "<svg" not in page
 
 
 def test_summary_is_strict_json_with_nan_rewards(tmp_path):
@@ -191,6 +195,43 @@ def test_page_escapes_dump_text(tmp_path):
     assert "<script" not in page and "<img src=x" not in page and "<b>u</b>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;b&gt;u&lt;/b&gt;" in page and "&lt;/td&gt;&lt;script&gt;" in page
+
+
+def test_density_counts_match_numpy_histogram2d():
+    rng = np.random.default_rng(7)
+    mu = -rng.exponential(1.0, 5000)
+    old = np.minimum(mu + rng.normal(0.0, 0.3, 5000), 0.0)
+    counts, lo = plots.density_counts(mu, old, bins=32)
+    # numpy reference: range [lo, 0] from the 0.1% quantiles (at most -1), outliers in the edge bins
+    want_lo = min(np.quantile(mu, 1e-3), np.quantile(old, 1e-3), -1.0)
+    edges = np.linspace(want_lo, 0.0, 33)
+    want, _, _ = np.histogram2d(np.clip(old, want_lo, 0.0), np.clip(mu, want_lo, 0.0), bins=[edges, edges])
+    assert lo == pytest.approx(want_lo) and counts.sum() == 5000
+    np.testing.assert_array_equal(counts, want)
+
+
+def test_ratio_histogram_counts_every_token():
+    dc = np.random.default_rng(3).normal(0.0, 1.0, 2000)
+    chart = plots.ratio_histogram(dc)
+    assert chart["counts"].sum() == 2000 and len(chart["counts"]) == 120
+    assert {t["label"] for t in chart["xticks"]} >= {"0.2", "0.5", "1", "2", "5"}
+
+
+def test_png_encoder_round_trips():
+    pixels = np.random.default_rng(1).integers(0, 256, (5, 7, 4), dtype=np.uint8)
+    png = base64.b64decode(plots.png_rgba(pixels))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(png):  # a minimal PNG reader: length, tag, data, CRC of tag + data
+        (length,) = struct.unpack(">I", png[pos:pos + 4])
+        tag, data = png[pos + 4:pos + 8], png[pos + 8:pos + 8 + length]
+        assert struct.unpack(">I", png[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(tag + data)
+        chunks[tag] = data
+        pos += 12 + length
+    assert struct.unpack(">IIBBBBB", chunks[b"IHDR"]) == (7, 5, 8, 6, 0, 0, 0)
+    rows = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(5, 1 + 7 * 4)
+    assert (rows[:, 0] == 0).all()  # filter type 0 (none) on every row
+    np.testing.assert_array_equal(rows[:, 1:].reshape(5, 7, 4), pixels)
 
 
 def test_template_is_package_data():

@@ -94,7 +94,7 @@ def _scalars(section: dict) -> dict:
 
 
 def render_page(source: str, summary: dict, samples: dict, figures: dict[str, str]) -> str:
-    """The page for ``summary`` (summary.json), ``samples`` (samples.json) and base64 PNG ``figures``
+    """The page for ``summary`` (summary.json), ``samples`` (samples.json) and ``figures``
     (keys ``ratio_hist``, ``prob_diff``, ``density``, ``keep_by_len``; empty for no valid tokens)."""
     worst = [{**seq, "rows": token_rows(seq["tokens"])} for seq in samples["worst"][:MAX_TABLES]]
     return _environment().get_template(TEMPLATE).render(

@@ -12,9 +12,12 @@ notice on the page, and the command exits 0. Only an unreadable or malformed dum
 (``DumpError``) is refused.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from system.report import plots, strict_json
 from system.report.dump import load_dump
@@ -22,17 +25,36 @@ from system.report.html_page import render_page
 from system.report.samples import DEFAULT_WORST_K, build_samples
 from system.report.summary import build_summary, dump_ratios
 
+REPORT_THREADS = 1
+"""Torch threads while the report runs (restored after). Its torch work is a few memory-bound
+passes over the batch; on a shared 2-core machine a second OpenMP thread cost more than it gave
+(1M tokens: 2.8-3.2 s on one thread vs 2.9-4.5 s on two under load; 10M: 9.4 s vs 10.6 s)."""
 
-def _figures(ratios, summary: dict) -> dict[str, str]:
-    """The page's four figures (none when there is no valid token)."""
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _valid_values(x_BT: torch.Tensor, valid: np.ndarray, all_valid: bool) -> np.ndarray:
+    """The values at valid tokens as a flat array (a view when every token is valid)."""
+    return x_BT.numpy().reshape(-1) if all_valid else x_BT.numpy()[valid]
+
+
+def _figures(ratios, summary: dict) -> dict[str, dict]:
+    """The page's four charts (none when there is no valid token)."""
     if summary["n_tokens"] == 0:
         return {}
     valid = ratios.valid_BT.numpy()
-    dc = ratios.dc_BT.numpy()[valid]
-    figures = {"ratio_hist": plots.ratio_histogram(dc)}
-    del dc
-    mu = ratios.behaviour_BT.numpy()[valid]
-    old = ratios.proximal_BT.numpy()[valid]
+    all_valid = summary["n_tokens"] == valid.size
+    figures = {"ratio_hist": plots.ratio_histogram(_valid_values(ratios.dc_BT, valid, all_valid))}
+    mu = _valid_values(ratios.behaviour_BT, valid, all_valid)
+    old = _valid_values(ratios.proximal_BT, valid, all_valid)
     figures["prob_diff"] = plots.prob_diff_histogram(np.abs(np.exp(old) - np.exp(mu)))
     figures["density"] = plots.logprob_density(mu, old, summary["logp_pearson"])
     figures["keep_by_len"] = plots.keep_by_length(summary["methods"])
@@ -44,10 +66,11 @@ def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFA
     undefined). ``worst_k``: responses whose full token tables go into samples.json. Raises
     DumpError on bad input."""
     dump = load_dump(dump_path)
-    ratios = dump_ratios(dump)
-    summary = strict_json.jsonable(build_summary(dump, ratios))
-    samples = build_samples(dump, ratios, worst_k=worst_k)
-    figures = _figures(ratios, summary)
+    with _torch_threads(REPORT_THREADS), torch.no_grad():
+        ratios = dump_ratios(dump)
+        summary = strict_json.jsonable(build_summary(dump, ratios))
+        samples = build_samples(dump, ratios, worst_k=worst_k)
+        figures = _figures(ratios, summary)
     del ratios, dump
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

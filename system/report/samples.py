@@ -25,7 +25,6 @@ the file is bounded by ``N`` + ``K * T`` values whatever the batch size.
 """
 
 import numpy as np
-import torch
 
 from system.correction import LogRatios, compute_weights, default_method_configs
 from system.report.dump import BatchDump
@@ -120,8 +119,7 @@ def token_table(dump: BatchDump, ratios: LogRatios, row: int) -> dict[str, list]
 
 def build_samples(dump: BatchDump, ratios: LogRatios, worst_k: int = DEFAULT_WORST_K) -> dict:
     """The ``samples.json`` object (see the module docstring); JSON-ready, no NaN anywhere."""
-    with torch.no_grad():
-        columns = sequence_columns(dump, ratios)
+    columns = sequence_columns(dump, ratios)
     table = _columns_json(columns)
     worst = []
     for row in worst_rows(columns, worst_k).tolist():
