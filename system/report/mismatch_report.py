@@ -12,6 +12,7 @@ notice on the page, and the command exits 0. Only an unreadable or malformed dum
 (``DumpError``) is refused.
 """
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,8 +69,10 @@ def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFA
     dump = load_dump(dump_path)
     with _torch_threads(REPORT_THREADS), torch.no_grad():
         ratios = dump_ratios(dump)
-        summary = strict_json.jsonable(build_summary(dump, ratios))
         samples = build_samples(dump, ratios, worst_k=worst_k)
+        # The token grids served only the worst rows' tables: free them before the summary's peak.
+        dump = dataclasses.replace(dump, token_text=None, response_ids=None)
+        summary = strict_json.jsonable(build_summary(dump, ratios))
         figures = _figures(ratios, summary)
     del ratios, dump
     out = Path(out_dir)
