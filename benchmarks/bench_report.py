@@ -105,6 +105,8 @@ def main() -> None:
         return
     from harness import emit
 
+    from system.report.mismatch_report import REPORT_THREADS
+
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_report_") as tmp:
         for size in args.sizes.split(","):
@@ -120,7 +122,8 @@ def main() -> None:
                          "loadavg_before": [round(v, 2) for v in load], **result})
             print(json.dumps(runs[-1]), file=sys.stderr)
             dump.unlink()
-    emit("report_scaling_cpu", {"runs": runs, "targets": {"1M": {"seconds": 3.0, "peak_mb": 500}}},
+    emit("report_scaling_cpu", {"report_torch_threads": REPORT_THREADS, "runs": runs,
+                                "targets": {"1M": {"seconds": 3.0, "peak_mb": 500}}},
          save=not args.no_save)
 
 
