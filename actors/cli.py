@@ -7,7 +7,7 @@ import ray
 import typer
 from rich.console import Console
 
-from system.config import ConfigError, RunConfig, dump_config, resolve_config
+from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
 from system.report.demo_dump import make_demo_dump
 from system.report.dump import DumpError, save_dump
 
@@ -47,19 +47,20 @@ def load_run_config(args: list[str], resume: Path | None) -> RunConfig:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     args: list[str] = typer.Argument(None, help="Presets (configs/*.yaml, applied left to right) and dotted.key=value overrides."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the resolved config and the placement plan; start nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help='Validate, print {"config": resolved config, "placement": plan} as one JSON object; start nothing.'),
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete checkpoint."),
 ) -> None:
     """Train: rollout workers, FSDP2 learner and correction service on Ray (a private local cluster unless ray.address is set)."""
     try:
         cfg = load_run_config(args or [], resume)
+        check_output_dir(cfg.output_dir, "output_dir")
     except ConfigError as exc:
         _fail(str(exc))
     if dry_run:
         from actors.placement import describe_plan, plan_placement
 
-        print(dump_config(cfg))
-        print(json.dumps({"placement": describe_plan(plan_placement(cfg, None))}, indent=2))
+        plan = describe_plan(plan_placement(cfg, None))
+        print(json.dumps({"config": cfg.model_dump(mode="json", by_alias=True), "placement": plan}, indent=2))
         return
     from actors.trainer import Trainer
 
@@ -114,6 +115,10 @@ def report(
     """
     from system.report.mismatch_report import summary_line, write_report
 
+    try:
+        check_output_dir(out, "--out")
+    except ConfigError as exc:
+        _fail(str(exc))
     try:
         summary = write_report(dump, out)
     except DumpError as exc:

@@ -1,10 +1,34 @@
-"""The strict base model every config section derives from."""
+"""The strict base model every config section derives from.
 
-from pydantic import BaseModel, ConfigDict
+Numbers are strict in every section, here once: a float field refuses ``inf`` and ``nan``
+(``allow_inf_nan=False``), an int or float field refuses a boolean (YAML's ``true`` would
+otherwise become 1), and an int must fit in 64 bits (seeds and counts reach numpy and torch).
+Strings from YAML or dotted overrides (``1e-3``) still convert to numbers as before.
+"""
+
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+INT64_MAX = 2**63 - 1
+
+
+def _is_number_type(annotation: Any) -> bool:
+    """True for ``int``, ``float`` and unions / ``Annotated`` wrappers holding one (not ``bool``)."""
+    if annotation in (int, float):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        args = typing.get_args(annotation)
+        return any(_is_number_type(a) for a in (args[:1] if origin is typing.Annotated else args))
+    return False
 
 
 class StrictModel(BaseModel):
-    """Frozen, unknown keys rejected, attribute docstrings become field descriptions."""
+    """Frozen, unknown keys rejected, attribute docstrings become field descriptions, strict numbers."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -12,4 +36,32 @@ class StrictModel(BaseModel):
         use_attribute_docstrings=True,
         validate_default=True,
         populate_by_name=True,
+        allow_inf_nan=False,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, data: Any) -> Any:
+        # A model-level check: pydantic allows no field "before" validator on a union's ``type``.
+        if not isinstance(data, dict):
+            return data
+        errors = []
+        for name, field in cls.model_fields.items():
+            for key in {name, field.alias or name}:
+                value = data.get(key)
+                if isinstance(value, bool) and _is_number_type(field.annotation):
+                    errors.append(InitErrorDetails(
+                        type=PydanticCustomError("bool_not_number", "expected a number, got the boolean {value}",
+                                                 {"value": str(value).lower()}),
+                        loc=(key,), input=value,
+                    ))
+        if errors:  # raised as a ValidationError so that each error sits at its field (supported by pydantic-core)
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, value: Any) -> Any:
+        if type(value) is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise PydanticCustomError("int64_range", "integer out of the signed 64-bit range")
+        return value

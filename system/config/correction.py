@@ -2,11 +2,18 @@
 
 Defaults follow ``CORRECTION_SPEC.md`` section 2 and 3. The default method is ``seq-mis``
 with ``hi = 3``.
+
+A run's config (``CorrectionConfig``) also refuses thresholds that make no sense for a
+correction: a band ``[lo, hi]`` that does not hold the on-policy ratio 1 strictly inside
+(it would reject sequences or tokens whose ratio is 1 up to noise), or a truncation cap
+``c < 1`` (it would truncate the on-policy ratio itself). The method classes alone accept
+them, so that tests of the weight formulas can build any band.
 """
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from system.config.base import StrictModel
 
@@ -16,6 +23,21 @@ class _MethodBase(StrictModel):
     """Catastrophe veto: drop a whole sequence if any token has ``d < log(veto)``; unset = off (1e-4 when used)."""
     self_normalize: bool = False
     """Divide the weights by their mean over valid tokens (token methods) or sequences (sequence methods)."""
+
+    def threshold_problems(self) -> dict[str, str]:
+        """Field -> why its threshold would make this method reject or truncate the on-policy ratio 1."""
+        problems = {}
+        c = getattr(self, "c", None)
+        if c is not None and c < 1.0:
+            problems["c"] = f"{self.type} c ({c}) must be >= 1: a truncation cap below 1 truncates the on-policy ratio 1 itself"
+        lo, hi = getattr(self, "lo", None), getattr(self, "hi", None)
+        if hi is not None and hi <= 1.0:
+            problems["hi"] = (f"{self.type} hi ({hi}) must be > 1: the kept band must hold the on-policy ratio 1 "
+                              f"(hi <= 1 rejects every ratio just above 1)")
+        if lo is not None and lo >= 1.0:
+            problems["lo"] = (f"{self.type} lo ({lo}) must be < 1: the kept band must hold the on-policy ratio 1 "
+                              f"(lo >= 1 rejects every ratio just below 1)")
+        return problems
 
 
 class NoCorrection(_MethodBase):
@@ -40,8 +62,8 @@ class IcePop(_MethodBase):
 
     @model_validator(mode="after")
     def _ordered(self) -> "IcePop":
-        if self.lo > self.hi:
-            raise ValueError(f"lo ({self.lo}) must be <= hi ({self.hi})")
+        if self.lo >= self.hi:
+            raise ValueError(f"lo ({self.lo}) must be < hi ({self.hi})")
         return self
 
 
@@ -62,8 +84,8 @@ class SeqMIS(_MethodBase):
 
     @model_validator(mode="after")
     def _ordered(self) -> "SeqMIS":
-        if self.lo is not None and self.lo > self.hi:
-            raise ValueError(f"lo ({self.lo}) must be <= hi ({self.hi})")
+        if self.lo is not None and self.lo >= self.hi:
+            raise ValueError(f"lo ({self.lo}) must be < hi ({self.hi})")
         return self
 
 
@@ -77,8 +99,8 @@ class GeoRS(_MethodBase):
 
     @model_validator(mode="after")
     def _ordered(self) -> "GeoRS":
-        if self.lo > self.hi:
-            raise ValueError(f"lo ({self.lo}) must be <= hi ({self.hi})")
+        if self.lo >= self.hi:
+            raise ValueError(f"lo ({self.lo}) must be < hi ({self.hi})")
         return self
 
 
@@ -105,5 +127,17 @@ class AISConfig(StrictModel):
 class CorrectionConfig(StrictModel):
     method: MethodConfig = Field(default_factory=SeqMIS)
     """The importance-sampling correction applied to the policy loss (default seq-mis, hi = 3)."""
+
     ais: AISConfig = Field(default_factory=AISConfig)
     """Adaptive importance sampling on top of the method."""
+
+    @model_validator(mode="after")
+    def _meaningful_thresholds(self) -> "CorrectionConfig":
+        problems = self.method.threshold_problems()
+        if problems:  # a ValidationError, so that each error sits at its field (correction.method.hi)
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                InitErrorDetails(type=PydanticCustomError("meaningless_threshold", message),
+                                 loc=("method", field), input=getattr(self.method, field))
+                for field, message in problems.items()
+            ])
+        return self

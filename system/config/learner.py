@@ -55,5 +55,7 @@ class LearnerConfig(StrictModel):
     """How per-token losses are reduced (spec section 5)."""
     cpu_threads: int = Field(default=1, ge=1)
     """torch intra-op threads of each rank when it runs on CPU."""
+    max_nonfinite_steps: int = Field(default=3, ge=0)
+    """Consecutive steps whose loss or gradient is non-finite that are skipped before the run stops with an error."""
     loss: LossConfig = Field(default_factory=PPOLossConfig)
     """The policy-gradient surrogate."""

@@ -3,6 +3,11 @@
 A later layer deep-merges into the earlier ones, except that a mapping whose ``type`` changes
 replaces the earlier mapping whole (switching ``correction.method.type`` drops the old
 method's thresholds instead of failing on them).
+
+The dotted overrides form one layer: they are first gathered into one nested mapping, so their
+order does not matter (``correction.method.hi=2 correction.method.type=icepop`` is an icepop
+with hi = 2, as is the reverse). A key given twice takes its last value; an override that sets
+a key below another override's non-mapping value is an error.
 """
 
 import json
@@ -37,10 +42,16 @@ def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
 def read_preset(path: str | Path) -> dict[str, Any]:
     """Load one YAML preset as a mapping, naming the file on any error."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"preset {str(p)!r}: no such file")
     try:
-        data = yaml.safe_load(p.read_text())
+        if not p.is_file():
+            raise ConfigError(f"preset {str(p)!r}: no such file")
+        text = p.read_text()
+    except (OSError, ValueError) as exc:  # unreadable, a name too long, not UTF-8
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"preset {str(p)!r}: cannot read it: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"preset {str(p)!r}: invalid YAML: {exc}") from exc
     if data is None:
@@ -50,8 +61,8 @@ def read_preset(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def parse_override(text: str) -> dict[str, Any]:
-    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}``, the value parsed as YAML."""
+def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
+    """``a.b.c=value`` -> ``(("a", "b", "c"), value)``, the value parsed as YAML."""
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected dotted.key=value")
@@ -59,9 +70,40 @@ def parse_override(text: str) -> dict[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
-    for part in reversed(key.split(".")):
+    return tuple(key.split(".")), value
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}``, the value parsed as YAML."""
+    key, value = _split_override(text)
+    for part in reversed(key):
         value = {part: value}
     return value
+
+
+def combine_overrides(overrides: list[str]) -> dict[str, Any]:
+    """All dotted overrides as one nested mapping, independent of their order (see the module doc).
+
+    Shorter keys go in first, so that ``a={b: 1}`` with ``a.b=2`` gives ``b = 2`` in either order.
+    """
+    by_key: dict[tuple[str, ...], tuple[Any, str]] = {}
+    for text in overrides:
+        key, value = _split_override(text)
+        by_key[key] = (value, text)  # the same key again: the last value wins
+    combined: dict[str, Any] = {}
+    for key in sorted(by_key, key=len):
+        value, text = by_key[key]
+        node = combined
+        for depth in range(1, len(key)):
+            node = node.setdefault(key[depth - 1], {})
+            if not isinstance(node, dict):
+                other = next(by_key[key[:d]][1] for d in range(depth, 0, -1) if key[:d] in by_key)
+                raise ConfigError(
+                    f"override {text!r} sets a key below {'.'.join(key[:depth])}, "
+                    f"which override {other!r} makes {node!r}, not a mapping"
+                )
+        node[key[-1]] = value
+    return combined
 
 
 def _describe(exc: ValidationError) -> str:
@@ -77,8 +119,7 @@ def resolve_config(presets: list[str | Path] = (), overrides: list[str] = ()) ->
     merged: dict[str, Any] = RunConfig().model_dump(mode="json", by_alias=True)
     for path in presets:
         merged = _merge(merged, read_preset(path))
-    for text in overrides:
-        merged = _merge(merged, parse_override(text))
+    merged = _merge(merged, combine_overrides(list(overrides)))
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as exc:

@@ -13,11 +13,11 @@ from system.config.rollout import RolloutConfig
 
 
 class RunConfig(StrictModel):
-    seed: int = 0
-    """Seed of every random generator of the run."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of every random generator of the run (numpy refuses negative seeds)."""
     max_steps: int = Field(default=150, ge=1)
     """Learner steps (policy versions) to train."""
-    output_dir: str = "runs/default"
+    output_dir: str = Field(default="runs/default", min_length=1)
     """Run directory: config, metrics, dumps, report, checkpoints."""
     prompts_per_step: int = Field(default=64, ge=1)
     """Prompts per training batch; the batch holds ``prompts_per_step * rollout.group_size`` sequences."""
