@@ -254,6 +254,12 @@ def test_template_is_package_data():
         (lambda a: a["train_logp"].__setitem__((3, 0), 2e-3), "train_logp"),
         (lambda a: a["lag"].__setitem__(2, -1), "lag"),
         (lambda a: a.__setitem__("lag", a["lag"].astype(np.float32) + 0.5), "lag"),
+        (lambda a: a.__setitem__("lag", a["lag"].astype(np.int64) + 2**31), "lag"),  # would wrap in int32
+        # text or complex numbers under a numeric key: refused by key, not a traceback from astype
+        (lambda a: a.__setitem__("reward", np.full(8, "1x")), "reward"),
+        (lambda a: a.__setitem__("advantage", np.zeros(8, np.complex64)), "advantage"),
+        (lambda a: a.__setitem__("response_ids", a["response_ids"].astype(np.float32)), "response_ids"),
+        (lambda a: a.__setitem__("uid", np.zeros(8, np.complex64)), "uid"),
     ],
 )
 def test_bad_dumps_fail_naming_the_key_without_traceback(tmp_path, mutate, needle):
@@ -315,6 +321,17 @@ def test_not_a_dump(tmp_path):
     result = runner.invoke(app, ["report", str(objects), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "'uid'" in said(result) and "object array" in said(result)
     assert not marker.exists()
+
+
+def test_byte_strings_are_decoded_with_invalid_bytes_replaced(tmp_path):
+    arrays = make_demo_dump(4, 3, seed=0)
+    arrays["uid"] = np.array([b"\xff", b"ok", "é".encode(), b"a"], dtype="S2")
+    arrays["token_text"] = np.where(arrays["response_mask"], b"\xfe", b"")
+    result, out = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output
+    samples = strict_load(out / "samples.json")
+    assert samples["sequences"]["uid"] == ["\ufffd", "ok", "é", "a"]  # U+FFFD replaces an invalid byte
+    assert set(samples["worst"][0]["tokens"]["token"]) == {"\ufffd"}
 
 
 def test_save_dump_stores_strings_as_unicode(tmp_path):

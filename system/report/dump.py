@@ -89,6 +89,25 @@ def _check_logp(key: str, values: np.ndarray, mask: np.ndarray, path: str) -> No
     )
 
 
+_NUMBER_KINDS = {"reward": "biuf", "advantage": "biuf", "response_ids": "iu"}
+"""numpy dtype kinds each optional numeric key may hold (b bool, i/u integers, f floats)."""
+_TEXT_KEYS = ("uid", "prompt_text", "response_text", "token_text")
+
+
+def _check_kinds(arrays: dict[str, np.ndarray], path: str) -> None:
+    """Refuse optional keys of the wrong kind; decode byte strings (UTF-8, invalid bytes replaced) in place."""
+    for key, kinds in _NUMBER_KINDS.items():
+        if key in arrays and arrays[key].dtype.kind not in kinds:
+            want = "integers" if kinds == "iu" else "real numbers"
+            raise DumpError(f"{path}: key {key!r} must hold {want}, got dtype {arrays[key].dtype}")
+    for key in (k for k in _TEXT_KEYS if k in arrays):
+        kind = arrays[key].dtype.kind
+        if kind == "S":
+            arrays[key] = np.char.decode(arrays[key], "utf-8", errors="replace")
+        elif kind not in "Ubiuf":
+            raise DumpError(f"{path}: key {key!r} must hold text (a unicode array), got dtype {arrays[key].dtype}")
+
+
 def _check_lag(lag: np.ndarray, path: str) -> None:
     """Refuse a non-integer or negative lag (learner version minus behaviour version is >= 0)."""
     if not np.issubdtype(lag.dtype, np.integer):
@@ -101,6 +120,8 @@ def _check_lag(lag: np.ndarray, path: str) -> None:
             f"{path}: key 'lag' has {negative.size} negative value(s) (first {lag[negative[0]]} at row "
             f"{negative[0]}); a lag (learner version minus behaviour version) is >= 0"
         )
+    if lag.size and lag.max() > np.iinfo(np.int32).max:
+        raise DumpError(f"{path}: key 'lag' holds {lag.max()}, beyond int32")
 
 
 def load_dump(path: str | Path) -> BatchDump:
@@ -131,6 +152,7 @@ def load_dump(path: str | Path) -> BatchDump:
     # A mask that selects no token is a legal batch: the report says so, with null statistics.
     for key in ("rollout_logp", "train_logp"):
         _check_logp(key, arrays[key], mask, p)
+    _check_kinds(arrays, p)
     lag = arrays.get("lag")
     if lag is not None:
         _check_lag(lag, p)
