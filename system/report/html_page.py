@@ -1,4 +1,4 @@
-"""``report.html``: one self-contained page (inline CSS, images as data URIs, no network).
+"""``report.html``: one self-contained page (inline CSS, inline SVG charts, no network).
 
 Rendered from ``templates/report.html.j2`` with Jinja2 autoescaping on: every string that
 comes from the dump (uid, prompt and response text, token text, the file name) is escaped by
