@@ -1,6 +1,7 @@
 """The ``aisrl`` command line: ``train``, ``report`` and ``demo-dump``."""
 
 import json
+import os
 from pathlib import Path
 
 import ray
@@ -49,6 +50,8 @@ def train(
     args: list[str] = typer.Argument(None, help="Presets (configs/*.yaml, applied left to right) and dotted.key=value overrides."),
     dry_run: bool = typer.Option(False, "--dry-run", help='Validate, print {"config": resolved config, "placement": plan} as one JSON object; start nothing.'),
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete checkpoint."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start a new run in an output_dir that holds one, deleting the old run's files."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' own logs, warnings and progress bars (Ray, vLLM, torch)."),
 ) -> None:
     """Train: rollout workers, FSDP2 learner and correction service on Ray (a private local cluster unless ray.address is set)."""
     try:
@@ -62,11 +65,15 @@ def train(
         plan = describe_plan(plan_placement(cfg, None))
         print(json.dumps({"config": cfg.model_dump(mode="json", by_alias=True), "placement": plan}, indent=2))
         return
+    if verbose:
+        os.environ["AISRL_VERBOSE"] = "1"
     from actors.trainer import Trainer
 
     trainer = None
     try:
-        trainer = Trainer(cfg, resume=resume is not None)
+        if resume is not None and overwrite:
+            raise ValueError("--resume continues a run and --overwrite replaces it: pass one of them")
+        trainer = Trainer(cfg, resume=resume is not None, overwrite=overwrite)
         last = trainer.run()
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))

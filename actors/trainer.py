@@ -56,26 +56,45 @@ def batch_arrays(groups: list[RolloutGroup], batch, proximal_NT: np.ndarray, ver
     }
 
 
+class TrainingDivergedError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss, gradient or log-prob."""
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, resume: bool = False, rollout_cls=RolloutWorker, learner_cls=LearnerRank) -> None:
+    def __init__(self, cfg: RunConfig, resume: bool = False, rollout_cls=RolloutWorker, learner_cls=LearnerRank,
+                 overwrite: bool = False) -> None:
         """``rollout_cls`` / ``learner_cls``: the actor classes of the two roles (real by default;
-        benchmarks that isolate orchestration overhead pass simulated ones)."""
+        benchmarks that isolate orchestration overhead pass simulated ones). A new run (no
+        ``resume``) refuses an ``output_dir`` that holds a run unless ``overwrite``."""
         self.cfg = cfg
         self.actor_classes = (rollout_cls, learner_cls)
         self.run_dir = Path(cfg.output_dir)
+        self.ckpt, saved = None, {}
+        if not resume:
+            run_state.check_new_run_dir(self.run_dir, overwrite)
+        else:
+            self.ckpt, saved, skipped = run_state.usable_run_checkpoint(self.run_dir)
+            for reason in skipped:
+                log.warning("checkpoint %s; falling back to an older one", reason)
+            if self.ckpt is None:
+                raise run_state.CheckpointError(
+                    f"--resume: no usable checkpoint under {self.run_dir / 'checkpoints'}"
+                    + (f" ({'; '.join(skipped)})" if skipped else ""))
+            dropped = run_state.trim_metrics(self.run_dir, saved["step"])
+            if dropped:
+                log.warning("resuming at step %d: dropped %d metrics records written after that checkpoint",
+                            saved["step"], dropped)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(dump_config(cfg))
         self.model_dir = str(resolve_model_dir(cfg))
-        self.ckpt = run_state.latest_run_checkpoint(self.run_dir) if resume else None
-        if resume and self.ckpt is None:
-            raise ValueError(f"--resume: no complete checkpoint under {self.run_dir / 'checkpoints'}")
-        saved = run_state.load_controller_state(self.ckpt) if self.ckpt else {}
         self.step = saved.get("step", 0)
+        self.nonfinite_streak = 0  # consecutive steps with a non-finite loss, gradient or log-prob
         try:
             self._build(saved)
         except BaseException:
             self.shutdown()  # whatever started before the failure (learner ranks, service, workers)
             raise
+        # written once the run is accepted: a refused --resume leaves the directory as it was
+        (self.run_dir / "config.json").write_text(dump_config(cfg))
 
     def _build(self, saved: dict) -> None:
         cfg = self.cfg
@@ -99,15 +118,25 @@ class Trainer:
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0])
         started = self.pool.start(cfg.rollout.num_workers)
         schemes = {s.worker_id: s.quantization for s in started}
-        log.warning("rollout workers up: requested %s, running %s", cfg.rollout.quantization, schemes)
-        (self.run_dir / "rollout_workers.json").write_text(
-            json.dumps({"requested": cfg.rollout.quantization, "running": schemes}, indent=1))
+        kernels = {s.worker_id: s.fp8_kernel for s in started if s.fp8_kernel is not None}
+        log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, schemes,
+                    "".join(f" ({w}: FP8 kernel {k['kernel']}, {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)"
+                            for w, k in kernels.items()))
+        (self.run_dir / "rollout_workers.json").write_text(json.dumps(
+            {"requested": cfg.rollout.quantization, "running": schemes, "fp8_kernel": kernels}, indent=1))
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
         self.control = create_control(self.run_dir, cfg.rollout.num_workers)
         self.rollout.control = self.control
 
     def _restore(self, saved: dict) -> None:
-        version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
+        try:
+            version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            message = " ".join(str(cause).split())[-300:]
+            raise run_state.CheckpointError(
+                f"{run_state.learner_dir(self.ckpt)}: the learner half failed to load "
+                f"({type(cause).__name__}: {message})") from None
         if version != saved["step"]:
             raise ValueError(f"{self.ckpt}: learner at version {version} but controller at step {saved['step']}")
         self.sampler.load_state_dict(saved["sampler"])
@@ -161,6 +190,7 @@ class Trainer:
         t3 = time.perf_counter()
         norms = loss_normalisers(arrays["response_mask"], arrays["rollout_logp"], arrays["train_logp"])
         learner_metrics = self.learners.train_step(batch_ref, ray.put(weights), norms)
+        self._check_finite(arrays, learner_metrics)
         t4 = time.perf_counter()
         self.state.publish(version + 1, self.transport.publish(self.learners, version + 1))
         t5 = time.perf_counter()
@@ -186,13 +216,36 @@ class Trainer:
                                     "reward/mean": metrics["reward/mean"]})
         return ray.get(self.service.finish_step.remote(self.step, metrics))
 
+    def _check_finite(self, arrays: dict, learner_metrics: dict) -> None:
+        """Count the step as non-finite when the learner skipped it (non-finite gradient), its loss is
+        not finite, or it recomputed non-finite log-probs where the rollout's are finite (a diverged
+        model); stop the run after ``learner.max_nonfinite_steps`` such steps in a row."""
+        mask = arrays["response_mask"].astype(bool) & np.isfinite(arrays["rollout_logp"])
+        bad_proximal = int((mask & ~np.isfinite(arrays["train_logp"])).sum())
+        learner_metrics["nonfinite_proximal_tokens"] = bad_proximal
+        loss = learner_metrics.get("loss", 0.0)
+        nonfinite = learner_metrics.get("skipped_step", 0.0) > 0 or bad_proximal > 0 or not np.isfinite(loss)
+        self.nonfinite_streak = self.nonfinite_streak + 1 if nonfinite else 0
+        limit = self.cfg.learner.max_nonfinite_steps
+        if self.nonfinite_streak > limit:
+            raise TrainingDivergedError(
+                f"training diverged: {self.nonfinite_streak} consecutive steps with a non-finite loss, gradient "
+                f"or log-prob (step {self.step + 1}: loss {loss}, grad_norm {learner_metrics.get('grad_norm')}, "
+                f"{bad_proximal} non-finite proximal log-probs; learner.max_nonfinite_steps={limit}). "
+                f"Lower learner.lr (or tighten learner.grad_clip); no checkpoint was written after the "
+                "divergence")
+
     def _rollout_rate(self) -> float:
         """Generated tokens per second since the previous step."""
         now, tokens = time.perf_counter(), self.state.generated_tokens
         (t_prev, n_prev), self._rate_mark = self._rate_mark, (now, tokens)
         return (tokens - n_prev) / max(now - t_prev, 1e-9)
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
+        """Checkpoint both halves; a step that was non-finite is not checkpointed (None)."""
+        if self.nonfinite_streak:
+            log.warning("step %d had a non-finite loss, gradient or log-prob: not checkpointed", self.step)
+            return None
         ckpt = run_state.checkpoint_dir(self.run_dir, self.step)
         self.learners.save_checkpoint(run_state.learner_dir(ckpt))
         with self.state.cond:

@@ -9,8 +9,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 from typer.testing import CliRunner
@@ -26,12 +29,43 @@ SMALL = ["prompts_per_step=4", "rollout.group_size=4", "rollout.prompts_per_call
 FAKE_KEY = "fake-wandb-key-" + "5ecre7" * 5  # planted: must appear in no artefact or log
 
 
-def aisrl(*args: str, cache: Path) -> subprocess.CompletedProcess:
+def aisrl(*args: str, cache: Path, rc: int = 0, listeners: set | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess; with ``listeners``, collect (process, address) of every listening
+    socket in the run's whole process tree (Ray, learner ranks, vLLM, service, W&B) while it runs."""
     env = {**os.environ, "AISRL_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "WANDB_API_KEY": FAKE_KEY}
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", *args]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True)
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            if listeners is not None:
+                listeners |= listening_sockets(proc.pid)
+            time.sleep(0.25)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        stdout.seek(0)
+        stderr.seek(0)
+        out = subprocess.CompletedProcess(cmd, proc.returncode, stdout.read(), stderr.read())
+    assert out.returncode == rc, out.stdout[-3000:] + out.stderr[-6000:]
     return out
+
+
+def listening_sockets(pid: int) -> set[tuple[str, str, int]]:
+    """(name, ip, port) of the sockets in LISTEN state of ``pid`` and all its descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for p in procs:
+        try:
+            found |= {(p.name(), c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN}
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 def records(run: Path) -> list[dict]:
@@ -45,8 +79,12 @@ def cache(tmp_path_factory) -> Path:
 
 def test_train_three_steps_then_resume(tmp_path, cache):
     run = tmp_path / "run"
-    first = aisrl("train", "max_steps=3", f"output_dir={run}", *SMALL, cache=cache)
+    listeners: set = set()
+    first = aisrl("train", "max_steps=3", f"output_dir={run}", *SMALL, cache=cache, listeners=listeners)
     assert FAKE_KEY not in first.stdout + first.stderr
+    # every socket the run listened on is on loopback (the README's promise for private clusters)
+    assert len(listeners) >= 3, listeners  # at least Ray's GCS, raylet and the learner's rendezvous
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, ip, _ in listeners), sorted(listeners)
     leaks = [p for p in run.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
     assert leaks == []
 
@@ -61,13 +99,20 @@ def test_train_three_steps_then_resume(tmp_path, cache):
         assert all(k in r for k in required), [k for k in required if k not in r]
         assert r["policy_version"] == r["step"]
         assert r["staleness/lag_max"] <= 1  # async.max_lag defaults to 1
-    assert sorted(p.name for p in (run / "dumps").iterdir()) == ["step_000002.npz"]
+    # dump_every=2, and the last step is always dumped (a run shorter than dump_every has a report too)
+    assert sorted(p.name for p in (run / "dumps").iterdir()) == ["step_000002.npz", "step_000003.npz"]
     assert {p.name for p in (run / "report").iterdir()} == {"summary.json", "samples.json", "report.html"}
     assert (run / "checkpoints" / "step_00000003" / "controller.pkl").is_file()
     assert list((run / "wandb").glob("offline-run-*"))
     ledger = json.loads((run / "ledger.json").read_text())
     assert ledger["trained"] == 3 * 4 and ledger["duplicates"] == 0
     assert ledger["issued"] == ledger["trained"] + ledger["dropped"] + ledger["in_flight"] + ledger["buffered"]
+
+    # a new run into the same directory is refused and touches nothing
+    before = {p: p.read_bytes() for p in (run / "config.json", run / "metrics.jsonl", run / "ledger.json")}
+    refused = aisrl("train", "max_steps=2", f"output_dir={run}", *SMALL, cache=cache, rc=2)
+    assert "already holds a run" in refused.stderr and "--resume" in refused.stderr
+    assert {p: p.read_bytes() for p in before} == before
 
     aisrl("train", "--resume", str(run), "max_steps=5", cache=cache)
     recs = records(run)
@@ -82,6 +127,19 @@ def test_synchronous_mode_trains_only_fresh_samples(tmp_path, cache):
     aisrl("train", "max_steps=3", "async.max_lag=0", f"output_dir={run}", "checkpoint_every=0",
           *[a for a in SMALL if not a.startswith("checkpoint_every")], cache=cache)
     assert [r["staleness/lag_max"] for r in records(run)] == [0, 0, 0]
+
+
+def test_a_diverged_run_stops_with_an_error_and_no_non_finite_checkpoint(tmp_path, cache):
+    """lr = 1e30 makes the first update overflow: the next steps have a NaN gradient (skipped) or
+    NaN log-probs; after max_nonfinite_steps = 1 such step the run fails (exit 1) at step 3. Step 2
+    is not checkpointed (non-finite); step 1's checkpoint is (its parameters are huge but finite,
+    which the learner checks before every save)."""
+    run = tmp_path / "diverged"
+    out = aisrl("train", "max_steps=6", f"output_dir={run}", "learner.lr=1e30", "learner.max_nonfinite_steps=1",
+                *[a for a in SMALL if not a.startswith("checkpoint_every")], "checkpoint_every=1", cache=cache, rc=1)
+    assert "training diverged: 2 consecutive steps" in " ".join(out.stderr.split())
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001"]
+    assert [r["step"] for r in records(run)] == [1, 2]  # step 3 raised before its record
 
 
 @pytest.mark.parametrize(

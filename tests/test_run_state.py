@@ -100,3 +100,24 @@ def test_learner_half_problems(tmp_path):
     assert "trainer.json is unreadable" in checkpoint_problems(learner)[0]
     (ckpt / "learner" / "trainer.json").write_text("{}")
     assert "lacks counters or scheduler" in checkpoint_problems(learner)[0]
+
+
+def test_a_refused_resume_touches_nothing(tmp_path):
+    """``--resume`` of a directory without a usable checkpoint exits 2 before anything starts,
+    and leaves config.json as it was (the new overrides are not written)."""
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+    from system.config import RunConfig, dump_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 3}))
+    (run / "config.json").write_text(saved)
+    make_checkpoint(run, 2)
+    (run_state.checkpoint_dir(run, 2) / "controller.pkl").write_bytes(b"\x80\x04")  # truncated
+    result = CliRunner().invoke(app, ["train", "--resume", str(run), "max_steps=9"])
+    assert result.exit_code == 2, result.output
+    assert "no usable checkpoint" in " ".join(result.output.split())
+    assert "controller.pkl is truncated" in " ".join(result.output.split())
+    assert (run / "config.json").read_text() == saved
