@@ -46,7 +46,11 @@ class LearnerConfig(StrictModel):
     micro_batch_size: int = Field(default=128, ge=1)
     """Sequences per forward/backward on each rank."""
     updates_per_batch: int = Field(default=1, ge=1)
-    """Optimiser steps taken on each batch (PPO epochs x minibatches); the policy version still advances by one."""
+    """PPO epochs: passes over each batch, each of ``mini_batches`` optimiser steps; the policy version still
+    advances by one per batch. The PPO / CTPO clip acts only from the second step on a batch (spec section 5)."""
+    mini_batches: int = Field(default=1, ge=1)
+    """Optimiser steps per epoch: each is a contiguous slice of every rank's shard (at most one row apart in
+    size), its loss normalised by that mini-batch's valid tokens / sequences over all ranks."""
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """FSDP2 ``MixedPrecisionPolicy`` parameter dtype (gradients are reduced in float32)."""
     advantage: Literal["grpo", "dr-grpo"] = "grpo"

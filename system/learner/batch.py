@@ -148,3 +148,18 @@ def micro_batch_slices(num_sequences: int, micro_batch_size: int) -> list[slice]
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     starts = range(0, num_sequences, micro_batch_size)
     return [slice(s, min(s + micro_batch_size, num_sequences)) for s in starts]
+
+
+def mini_batch_slices(num_sequences: int, mini_batches: int) -> list[slice]:
+    """``mini_batches`` consecutive row slices covering ``num_sequences`` rows, sizes differing by at most 1
+    (the first ``num_sequences % mini_batches`` slices hold one row more). Every slice is non-empty."""
+    if mini_batches < 1:
+        raise ValueError(f"mini_batches must be >= 1, got {mini_batches}")
+    if num_sequences < mini_batches:
+        raise ValueError(
+            f"a shard of {num_sequences} sequences cannot be split into {mini_batches} mini-batches; "
+            "lower learner.mini_batches or raise prompts_per_step x group_size"
+        )
+    size, extra = divmod(num_sequences, mini_batches)
+    bounds = [k * size + min(k, extra) for k in range(mini_batches + 1)]
+    return [slice(bounds[k], bounds[k + 1]) for k in range(mini_batches)]

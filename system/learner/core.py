@@ -17,9 +17,12 @@ for the same shard (checked by uid), or takes them explicitly. Shards must have 
 on all ranks (``shard_batch`` guarantees it): FSDP2 runs one collective per micro-batch.
 
 Decisions: one rank still builds a 1-rank process group (one code path for FSDP2, DCP and
-the export). ``updates_per_batch`` = full-batch epochs: each update uses the whole shard,
-the same proximal log-probs (the PPO clip then bounds ``cur/old``), the same weights and the
-same global normalisers; the policy version advances once per batch.
+the export). ``updates_per_batch`` x ``mini_batches`` optimiser steps per batch: epochs over
+the batch, each of ``mini_batches`` steps on consecutive row slices of every rank's shard
+(``step.train_updates``). Every update uses the same proximal log-probs (the PPO clip then
+bounds ``cur/old`` from the second update on), the same weights, and the normalisers of its
+mini-batch over all ranks (the global ones with one mini-batch); the policy version advances
+once per batch.
 """
 
 import numpy as np
@@ -33,7 +36,7 @@ from system.learner.export import export_weights
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.model import build_fsdp_model
 from system.learner.optim import build_optimizer, build_scheduler
-from system.learner.step import LossNormalisers, train_step
+from system.learner.step import LossNormalisers, train_updates
 from system.weight_payload import WeightPayload
 
 
@@ -84,21 +87,21 @@ class LearnerCore:
         normalisers: LossNormalisers,
         proximal_logp: np.ndarray | None = None,
     ) -> dict[str, float]:
-        """``updates_per_batch`` optimiser steps on this shard; the policy version advances by one.
+        """``updates_per_batch`` x ``mini_batches`` optimiser steps on this shard; the policy version
+        advances by one.
 
-        ``weights`` is this shard's ``[B_shard, T]`` block of the correction weights. Metrics are
-        those of the last update, global over ranks.
+        ``weights`` is this shard's ``[B_shard, T]`` block of the correction weights;
+        ``normalisers`` the global batch's counts. Metrics are global over ranks: means over the
+        updates, ``last/<key>`` on the last update (``step_metrics.combine_updates``).
         """
         shard = shard_tensors(batch_shard, self.device)
         old_BT = self._proximal_for(batch_shard, proximal_logp)
         w_BT = torch.tensor(np.asarray(weights, dtype=np.float32), device=self.device)
-        metrics: dict[str, float] = {}
-        for _ in range(self.cfg.updates_per_batch):
-            metrics = train_step(
-                self.model, self.optimizer, self.scheduler, shard, old_BT, w_BT,
-                normalisers, self.cfg, self.temperature,
-            )
-            self.optimizer_step += int(metrics["skipped_step"] == 0.0)
+        metrics = train_updates(
+            self.model, self.optimizer, self.scheduler, shard, old_BT, w_BT,
+            normalisers, self.cfg, self.temperature,
+        )
+        self.optimizer_step += int(metrics["updates"] - metrics["skipped_updates"])
         self._policy_version += 1
         self._proximal = None
         metrics["policy_version"] = float(self._policy_version)

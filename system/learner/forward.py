@@ -6,7 +6,7 @@ the shard's response view. The proximal recompute and the training forward use t
 micro-batches and the same trimming, so on the first update ``cur - old`` is exactly 0.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -32,6 +32,11 @@ class ShardTensors:
     @property
     def num_sequences(self) -> int:
         return int(self.input_ids_BS.shape[0])
+
+    def rows(self, index: slice) -> "ShardTensors":
+        """The sub-shard of rows ``index`` (views, no copy); keeps S and T of the shard."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ShardTensors(**{k: v[index] if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
 
 def shard_tensors(batch: LearnerBatch, device: torch.device) -> ShardTensors:

@@ -12,6 +12,11 @@ ranks, so each rank back-propagates ``R * L[r, m]``:  (1/R) sum_r R sum_m grad L
 Valid tokens (spec section 0): response tokens whose behaviour and proximal log-probs are both
 finite; everything else is replaced by 0 before any arithmetic and excluded from the loss.
 A non-finite global gradient norm skips the optimiser step (every rank sees the same norm).
+
+Mini-batches (``train_updates``): with ``learner.mini_batches`` = M, each epoch takes M steps;
+step k trains on the k-th contiguous row slice of every rank's shard, so "the global batch"
+above becomes the union of those slices over the ranks, and ``N_tok`` / ``N_seq`` are counted
+on it alone (all-reduced once per batch; still before any weight masks a token).
 """
 
 from dataclasses import dataclass
@@ -23,10 +28,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from system.config.learner import LearnerConfig
-from system.learner.batch import micro_batch_slices
+from system.learner.batch import micro_batch_slices, mini_batch_slices
 from system.learner.forward import ShardTensors, response_logprobs
 from system.learner.policy_loss import policy_token_loss
-from system.learner.step_metrics import MetricSums
+from system.learner.step_metrics import MetricSums, combine_updates
 from system.losses.aggregation import aggregate
 
 
@@ -49,6 +54,22 @@ def loss_normalisers(
         )
     valid_NT = response_mask_NT.astype(bool) & np.isfinite(behaviour_logp_NT) & np.isfinite(proximal_logp_NT)
     return LossNormalisers(int(valid_NT.sum()), int((valid_NT.sum(axis=1) >= 1).sum()))
+
+
+def mini_batch_normalisers(
+    shard: ShardTensors, proximal_logp_BT: torch.Tensor, slices: list[slice]
+) -> list[LossNormalisers]:
+    """The normalisers of each mini-batch: mini-batch k is the rows ``slices[k]`` of EVERY rank's
+    shard, so its counts are this shard's counts of those rows summed over all ranks (one
+    all-reduce; collective: call on every rank with the same number of slices). The valid
+    tokens are counted before any weight masks a token, as ``loss_normalisers`` does."""
+    valid_BT = valid_tokens(shard.response_mask_BT, shard.behaviour_logp_BT, proximal_logp_BT)
+    counts_K2 = torch.stack([
+        torch.stack([valid_BT[rows].sum(), (valid_BT[rows].sum(dim=1) >= 1).sum()]) for rows in slices
+    ]).to(torch.int64)
+    if dist.is_initialized():
+        dist.all_reduce(counts_K2, op=dist.ReduceOp.SUM)
+    return [LossNormalisers(int(tok), int(seq)) for tok, seq in counts_K2.tolist()]
 
 
 def valid_tokens(response_mask_BT: torch.Tensor, *logps_BT: torch.Tensor) -> torch.Tensor:
@@ -116,3 +137,51 @@ def train_step(
     metrics = sums.reduce()
     metrics.update(grad_norm=float(grad_norm), lr=float(lr), skipped_step=float(not stepped))
     return metrics
+
+
+def train_updates(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    shard: ShardTensors,
+    proximal_logp_BT: torch.Tensor,
+    weights_BT: torch.Tensor,
+    normalisers: LossNormalisers,
+    cfg: LearnerConfig,
+    temperature: float,
+) -> dict[str, float]:
+    """Every optimiser step of one batch: ``cfg.updates_per_batch`` epochs, each of ``cfg.mini_batches``
+    steps on consecutive row slices of this shard (the same slices in every epoch, mini-batch k
+    being slice k of every rank's shard). Collective: call on every rank.
+
+    ``normalisers`` are the global batch's counts. With one mini-batch they are used as given;
+    with several, each mini-batch's are counted over its own global rows
+    (``mini_batch_normalisers``) and must add up to ``normalisers`` (else ValueError: the counts
+    do not belong to this batch). Every update uses the same proximal log-probs and weights, so
+    the PPO / CTPO clip can act from the second update on (spec section 5). Metrics:
+    ``combine_updates`` (means over the updates, ``last/<key>`` of the last update).
+    """
+    expected = tuple(shard.response_mask_BT.shape)
+    for name, t in (("proximal log-probs", proximal_logp_BT), ("weights", weights_BT)):
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} have shape {tuple(t.shape)}, expected the shard's [B, T] = {expected}")
+    slices = mini_batch_slices(shard.num_sequences, cfg.mini_batches)
+    if len(slices) == 1:
+        norms = [normalisers]
+    else:
+        norms = mini_batch_normalisers(shard, proximal_logp_BT, slices)
+        total = (sum(n.num_valid_tokens for n in norms), sum(n.num_sequences for n in norms))
+        if total != (normalisers.num_valid_tokens, normalisers.num_sequences):
+            raise ValueError(
+                f"the mini-batches hold {total[0]} valid tokens in {total[1]} sequences but the batch's "
+                f"normalisers say {normalisers.num_valid_tokens} in {normalisers.num_sequences}: "
+                "they were not computed from this batch and these proximal log-probs"
+            )
+    per_update = []
+    for _ in range(cfg.updates_per_batch):
+        for rows, norm in zip(slices, norms, strict=True):
+            per_update.append(train_step(
+                model, optimizer, scheduler, shard.rows(rows), proximal_logp_BT[rows], weights_BT[rows],
+                norm, cfg, temperature,
+            ))
+    return combine_updates(per_update, epochs=cfg.updates_per_batch)

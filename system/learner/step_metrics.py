@@ -10,7 +10,21 @@ Reported (global over the batch):
     loss/<key>         = token-weighted mean of the surrogate's scalar stats (clip fractions ...):
                          sum_m stat[m] * n_valid[m] / num_valid_tokens
 
-The last line takes the surrogate's scalar stats to be means over the micro-batch's valid
+``combine_updates`` merges the metrics of every optimiser update of one batch (epochs x
+mini-batches, ``learner.updates_per_batch`` x ``learner.mini_batches``):
+
+    <key>              the mean over the updates: token-weighted (by each update's
+                       num_valid_tokens) for per-token means (entropy, weight_mean,
+                       keep_token_frac, loss/<stat> such as loss/clip_frac), plain for the
+                       per-update values (loss, grad_norm, lr, skipped_step: any skipped
+                       update makes it > 0, a non-finite one makes loss / grad_norm non-finite)
+    num_valid_tokens, num_sequences   the whole batch's (summed over the mini-batches of one epoch)
+    last/<key>         the same metric on the last update alone (the PPO clip acts only from
+                       the second update: with two updates, loss/clip_frac is about half of
+                       last/loss/clip_frac)
+    updates, skipped_updates          optimiser updates attempted / skipped (non-finite gradient)
+
+The line on loss/<key> above takes the surrogate's scalar stats to be means over the micro-batch's valid
 tokens (``None`` when it has none: weight 0). Keys starting with ``num_`` are counts and are
 left out (``num_valid_tokens`` covers them), as are non-scalar stats such as CTPO's
 ``*_by_pos`` buckets, whose per-bucket denominators are not reported.
@@ -91,4 +105,30 @@ def _scalar_stats(stats: dict) -> dict[str, float]:
             out[key] = float(value.detach())
         elif isinstance(value, int | float) and not isinstance(value, bool):
             out[key] = float(value)
+    return out
+
+
+_TOKEN_MEANS = ("entropy", "weight_mean", "keep_token_frac")
+"""Per-token means besides ``loss/<stat>``: averaged over updates by their valid tokens."""
+_COUNTS = ("num_valid_tokens", "num_sequences")
+
+
+def combine_updates(per_update: list[dict[str, float]], epochs: int) -> dict[str, float]:
+    """The metrics of one batch from those of its updates, in order (see the module docstring)."""
+    if not per_update or epochs < 1 or len(per_update) % epochs:
+        raise ValueError(f"{len(per_update)} updates do not make {epochs} equal epochs")
+    n_B = [max(0.0, m["num_valid_tokens"]) for m in per_update]
+    n_total = sum(n_B)
+    out: dict[str, float] = {}
+    for key in per_update[-1]:
+        values = [m[key] for m in per_update]
+        if key in _COUNTS:
+            out[key] = sum(values) / epochs
+        elif key in _TOKEN_MEANS or key.startswith("loss/"):
+            out[key] = sum(v * n for v, n in zip(values, n_B, strict=True)) / n_total if n_total else 0.0
+        else:
+            out[key] = sum(values) / len(values)
+    out.update({f"last/{key}": value for key, value in per_update[-1].items()})
+    out["updates"] = float(len(per_update))
+    out["skipped_updates"] = float(sum(m.get("skipped_step", 0.0) for m in per_update))
     return out

@@ -1,0 +1,195 @@
+"""Several optimiser updates per batch (epochs x mini-batches), one process, plain unsharded model.
+
+Why the clip needs a second update (spec section 5): the first update's ``cur`` is computed
+with the weights that produced ``old``, through the same micro-batches, so ``r = exp(cur - old)``
+is exactly 1 and ``clip(r)`` never differs from ``r``. Only after an optimiser step can ``r`` leave
+``[1 - eps_lo, 1 + eps_hi] = [0.8, 1.28]``.
+
+How large the learning rate must be for that: Adam's first step moves EVERY parameter by
+exactly ``lr`` (bias-corrected ``m / sqrt(v) = g / |g| = sign(g)``), whatever the gradient's
+scale, so neither ``grad_clip`` nor the loss normaliser shrinks it. A token's log-prob then
+moves by ``d = sum_j d logp / d theta_j * lr * sign(g_j)``, at most ``lr * |grad logp|_1``. The
+clip acts on a token with ``A > 0`` once ``d > log 1.28 = 0.247``, with ``A < 0`` once
+``d < log 0.8 = -0.223``. The tiny model (about 2e4 parameters) has ``|grad logp|_1`` of order
+1e2, but the batch's tokens pull the shared weights in different directions, so the realised
+``|d|`` is smaller: measured, ``lr = 1e-3`` moves the largest ``|log r|`` of the 31 valid tokens
+to 0.20 (< 0.247: the clip never acts), ``lr = 1e-2`` to 0.85 (about 16 of 31 clipped). The
+tests use ``lr = 1e-2``: about 3.4x past the bound on the largest token.
+"""
+
+import numpy as np
+import pytest
+import torch
+from test_learner_step import (
+    TEMPERATURE,
+    make_batch,
+    make_weights,
+    reference_step,
+    save_tiny_model,
+)
+from transformers import Qwen2ForCausalLM
+
+from system.config.learner import CTPOLossConfig, LearnerConfig, PPOLossConfig
+from system.learner.batch import collate_groups, mini_batch_slices, shard_batch
+from system.learner.forward import proximal_logprobs, shard_tensors
+from system.learner.optim import build_optimizer, build_scheduler
+from system.learner.step import (
+    LossNormalisers,
+    loss_normalisers,
+    mini_batch_normalisers,
+    train_step,
+    train_updates,
+)
+from system.learner.step_metrics import combine_updates
+from system.types import Completion, Prompt, RolloutGroup
+
+LR = 1e-2  # see the module docstring: moves |log r| past log 1.28 after one Adam step
+
+
+def _setup(tmp_path, **cfg_kwargs):
+    cfg = LearnerConfig(num_ranks=1, lr=LR, micro_batch_size=5, param_dtype="float32", **cfg_kwargs)
+    model = Qwen2ForCausalLM.from_pretrained(save_tiny_model(tmp_path / "m"))
+    opt = build_optimizer(model, cfg)
+    batch = make_batch()
+    shard = shard_tensors(batch, torch.device("cpu"))
+    old_BT = proximal_logprobs(model, shard, cfg.micro_batch_size, TEMPERATURE)
+    arrays = batch.response_arrays()
+    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+    w_BT = torch.from_numpy(make_weights(batch))
+    return cfg, model, opt, build_scheduler(opt, cfg), batch, shard, old_BT, w_BT, norms
+
+
+def test_mini_batch_slices_are_contiguous_and_balanced():
+    assert mini_batch_slices(10, 3) == [slice(0, 4), slice(4, 7), slice(7, 10)]
+    assert mini_batch_slices(4, 1) == [slice(0, 4)]
+    assert mini_batch_slices(4, 4) == [slice(k, k + 1) for k in range(4)]
+    with pytest.raises(ValueError, match="cannot be split into 3 mini-batches"):
+        mini_batch_slices(2, 3)
+    with pytest.raises(ValueError, match=">= 1"):
+        mini_batch_slices(2, 0)
+
+
+def _hand_batch():
+    """8 responses of known lengths (2 groups of 4); one NaN behaviour log-prob (row 2, t = 1)."""
+    lengths = [3, 0, 2, 4, 1, 5, 2, 3]
+    groups = []
+    for g in range(2):
+        completions = []
+        for k in range(4):
+            n = lengths[4 * g + k]
+            mu = np.full(n, -0.5, np.float32)
+            if (g, k) == (0, 2):
+                mu[1] = np.nan
+            completions.append(Completion(f"p{g}", k, np.array([1, 2]), np.arange(1, n + 1), mu, "", float(k), 0))
+        groups.append(RolloutGroup(Prompt(f"p{g}", "", ""), tuple(completions), 0))
+    return collate_groups(groups, scale_advantages_by_std=True)
+
+
+def test_mini_batch_normalisers_by_hand():
+    """2 ranks x 4 rows, 2 mini-batches: mini-batch k = rows 2k, 2k+1 of EACH rank's shard.
+
+    Valid tokens per row (after the NaN behaviour token of row 2 and the NaN proximal token of
+    row 5, t = 0): [3, 0, 1, 4 | 1, 4, 2, 3]. Mini-batch 0 = rows {0, 1, 4, 5}: 3 + 0 + 1 + 4 = 8
+    tokens in 3 sequences (row 1 is empty); mini-batch 1 = rows {2, 3, 6, 7}: 1 + 4 + 2 + 3 = 10
+    tokens in 4 sequences. They add up to the whole batch's 18 tokens in 7 sequences.
+    """
+    batch = _hand_batch()
+    old_NT = np.full((batch.num_sequences, batch.num_response_tokens), -0.4, np.float32)
+    old_NT[5, 0] = np.nan
+    per_rank = []
+    for rank in range(2):
+        shard = shard_tensors(shard_batch(batch, rank, 2), torch.device("cpu"))
+        slices = mini_batch_slices(shard.num_sequences, 2)
+        per_rank.append(mini_batch_normalisers(shard, torch.from_numpy(old_NT[4 * rank: 4 * rank + 4]), slices))
+    # what the all-reduce over the ranks adds up (no process group here: each rank's own counts)
+    summed = [LossNormalisers(a.num_valid_tokens + b.num_valid_tokens, a.num_sequences + b.num_sequences)
+              for a, b in zip(*per_rank, strict=True)]
+    assert per_rank[0] == [LossNormalisers(3, 1), LossNormalisers(5, 2)]
+    assert per_rank[1] == [LossNormalisers(5, 2), LossNormalisers(5, 2)]
+    assert summed == [LossNormalisers(8, 3), LossNormalisers(10, 4)]
+    arrays = batch.response_arrays()
+    assert loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_NT) == LossNormalisers(18, 7)
+
+
+def test_mini_batches_match_the_naive_reference(tmp_path):
+    """2 epochs x 2 mini-batches of 6 rows (micro-batches of 5 inside): each update equals the naive
+    step on its rows alone, normalised by that mini-batch's valid tokens."""
+    cfg, model, opt, sched, batch, shard, old_BT, w_BT, norms = _setup(tmp_path, updates_per_batch=2, mini_batches=2)
+    ref = Qwen2ForCausalLM.from_pretrained(tmp_path / "m")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr, weight_decay=0.0)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    metrics = train_updates(model, opt, sched, shard, old_BT, w_BT, norms, cfg, TEMPERATURE)
+    ref_losses, ref_norms = [], []
+    for _ in range(2):
+        for rows in (slice(0, 6), slice(6, 12)):
+            loss, norm = reference_step(ref, ref_opt, batch.rows(rows), old_BT[rows].numpy(), w_BT[rows].numpy(),
+                                        cfg.grad_clip)
+            ref_losses.append(loss)
+            ref_norms.append(norm)
+    assert metrics["updates"] == 4 and metrics["skipped_updates"] == 0 and metrics["skipped_step"] == 0
+    assert metrics["last/loss"] == pytest.approx(ref_losses[-1], rel=1e-5, abs=1e-7)
+    assert metrics["loss"] == pytest.approx(np.mean(ref_losses), rel=1e-5, abs=1e-7)
+    assert metrics["last/grad_norm"] == pytest.approx(ref_norms[-1], rel=1e-5)
+    assert metrics["grad_norm"] == pytest.approx(np.mean(ref_norms), rel=1e-5)
+    # the whole batch's counts, not one mini-batch's
+    assert (metrics["num_valid_tokens"], metrics["num_sequences"]) == (norms.num_valid_tokens, norms.num_sequences)
+    assert metrics["last/num_valid_tokens"] < norms.num_valid_tokens
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        if name.endswith("k_proj.bias"):  # exact gradient 0, see test_learner_step
+            bound = 1.01 * cfg.lr * 4
+            assert (p - initial[name]).abs().max() <= bound and (q - initial[name]).abs().max() <= bound, name
+            continue
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-3 * cfg.lr, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_normalisers_of_another_batch_are_refused(tmp_path):
+    cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, mini_batches=2)
+    wrong = LossNormalisers(norms.num_valid_tokens + 1, norms.num_sequences)
+    with pytest.raises(ValueError, match="not computed from this batch"):
+        train_updates(model, opt, sched, shard, old_BT, w_BT, wrong, cfg, TEMPERATURE)
+    with pytest.raises(ValueError, match="weights have shape"):
+        train_updates(model, opt, sched, shard, old_BT, w_BT[:-1], norms, cfg, TEMPERATURE)
+
+
+@pytest.mark.parametrize("loss_cfg, clip_keys", [
+    (PPOLossConfig(), ("clip_frac_low", "clip_frac_high")),
+    (CTPOLossConfig(), ("clip_frac_low", "clip_frac_high", "clip_frac_dual")),
+])
+def test_the_clip_acts_from_the_second_update(tmp_path, loss_cfg, clip_keys):
+    """Update 1: r == 1, no clip; update 2 (same batch, same old): the clip acts. ``train_updates``
+    reports the mean over both updates (token-weighted: half the second's) and ``last/``."""
+    cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, loss=loss_cfg)
+    first = train_step(model, opt, sched, shard, old_BT, w_BT, norms, cfg, TEMPERATURE)
+    second = train_step(model, opt, sched, shard, old_BT, w_BT, norms, cfg, TEMPERATURE)
+    assert first["loss/ratio_mean"] == 1.0
+    assert all(first[f"loss/{k}"] == 0.0 for k in clip_keys)
+    assert sum(second[f"loss/{k}"] for k in clip_keys) > 0.0
+    if loss_cfg.type == "ppo":
+        assert first["loss/clip_frac"] == 0.0 and second["loss/clip_frac"] > 0.0
+        assert second["loss/clip_frac"] == pytest.approx(second["loss/clip_frac_low"] + second["loss/clip_frac_high"])
+
+    cfg2, model2, opt2, sched2, _, shard2, old2, w2, norms2 = _setup(tmp_path / "again", loss=loss_cfg,
+                                                                      updates_per_batch=2)
+    both = train_updates(model2, opt2, sched2, shard2, old2, w2, norms2, cfg2, TEMPERATURE)
+    for k in clip_keys:
+        assert both[f"last/loss/{k}"] == pytest.approx(second[f"loss/{k}"])
+        assert both[f"loss/{k}"] == pytest.approx((first[f"loss/{k}"] + second[f"loss/{k}"]) / 2)
+    assert both["last/loss"] == pytest.approx(second["loss"], rel=1e-6)
+    assert both["updates"] == 2
+
+
+def test_combine_updates_by_hand():
+    """Token means weighted by each update's tokens, per-update values plainly, counts per epoch."""
+    def update(n, clip, loss, skipped=0.0):
+        return {"loss": loss, "num_valid_tokens": n, "num_sequences": 1.0, "entropy": 1.0, "grad_norm": 2.0,
+                "lr": 0.1, "skipped_step": skipped, "loss/clip_frac": clip}
+    # 2 epochs x 2 mini-batches of 10 and 30 tokens
+    per_update = [update(10, 0.0, 1.0), update(30, 0.2, 2.0), update(10, 0.4, 3.0, 1.0), update(30, 0.6, 4.0)]
+    out = combine_updates(per_update, epochs=2)
+    assert out["loss/clip_frac"] == pytest.approx((0 * 10 + 0.2 * 30 + 0.4 * 10 + 0.6 * 30) / 80)
+    assert out["loss"] == pytest.approx(2.5)
+    assert out["skipped_step"] == 0.25 and out["skipped_updates"] == 1.0 and out["updates"] == 4.0
+    assert out["num_valid_tokens"] == 40 and out["num_sequences"] == 2
+    assert out["last/loss/clip_frac"] == 0.6 and out["last/num_valid_tokens"] == 30
+    with pytest.raises(ValueError, match="equal epochs"):
+        combine_updates(per_update[:3], epochs=2)
