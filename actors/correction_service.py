@@ -1,6 +1,7 @@
 """The correction service actor: one per job, owns the run's metric sinks (JSONL, W&B) and the dumps."""
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,9 @@ class CorrectionService:
         mu, old, mask = arrays["rollout_logp"], arrays["train_logp"], arrays["response_mask"]
         result = self.core.process(mu, old, mask, arrays["lag"], arrays.get("advantage"))
         self.logger.stream(step, result.metrics)
+        if result.alarm:  # drift alarm (correction.alarm): one console line, a W&B alert rate-limited per cause
+            logging.getLogger(__name__).warning("step %d: %s", step, result.alarm)
+            self.logger.wandb.alert(f"aisrl drift alarm: {result.alarm_cause}", result.alarm, step=step)
         self._undumped = (step, arrays, result.token_ratios)
         if self.logger.should_dump(step):
             self._dump_undumped()

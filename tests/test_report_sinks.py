@@ -69,3 +69,32 @@ def test_wandb_unreachable_is_said_once_and_training_goes_on(tmp_path, monkeypat
         sink.close()
     assert sink.failed and sink.run is None
     assert sum("W&B failed" in r.message for r in caplog.records) == 1
+
+
+class _AlertRun:
+    """Records ``alert`` calls; raises while ``broken``."""
+
+    def __init__(self):
+        self.alerts, self.broken = [], False
+
+    def alert(self, title, text, level=None, wait_duration=None):
+        if self.broken:
+            raise RuntimeError("alerts are off")
+        self.alerts.append((title, text))
+
+
+def test_wandb_alert_is_rate_limited_per_title_and_never_raises(tmp_path, caplog):
+    sink = WandbSink("disabled", "aisrl-test", tmp_path, {})
+    assert sink.alert("drift: staleness", "x", step=1) is False  # no run: nothing to alert
+    sink.run = run = _AlertRun()
+    sent = [sink.alert("drift: staleness", f"step {s}", step=s) for s in (1, 5, 10, 11, 21)]
+    assert sent == [True, False, False, True, True]  # at most one per title within 10 steps
+    assert sink.alert("drift: lag-0 mismatch", "other cause", step=5) is True  # another title: its own limit
+    assert sink.alert("drift: staleness", "no step", step=None) is True  # without a step: not limited
+    assert [t for _, t in run.alerts] == ["step 1", "step 11", "step 21", "other cause", "no step"]
+    run.broken = True
+    with caplog.at_level(logging.WARNING):
+        assert sink.alert("drift: staleness", "a", step=40) is False
+        assert sink.alert("drift: staleness", "b", step=41) is False  # a failed alert does not start the limit
+    assert sum("W&B alert failed" in r.message for r in caplog.records) == 1
+    assert sink.run is run and not sink.failed  # the run keeps logging

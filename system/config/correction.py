@@ -124,12 +124,30 @@ class AISConfig(StrictModel):
     """One alpha (and EMA) per lag bucket, applied to that bucket's sequences, instead of one per batch."""
 
 
+class AlarmConfig(StrictModel):
+    """Drift alarm of the correction service (``system/correction/alarm.py``): a one-line warning and a W&B
+    alert naming the likely cause (lag-0 mismatch vs staleness) when a threshold is crossed."""
+
+    enabled: bool = True
+    """Check the thresholds every step (metric ``mismatch/alarm`` is 0 or 1 either way; 0 when disabled)."""
+    kl_k1_max: float = Field(default=0.5, gt=0.0)
+    """Fire when ``mismatch/kl_k1`` (mean ``mu - old`` over valid tokens) is above this; lag 0's kl above half
+    of it points to quantization/kernels."""
+    ess_seq_min: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Fire when ``mismatch/ess_seq`` (sequence-level ESS fraction of the ratios) is below this."""
+    keep_seq_frac_min: float = Field(default=0.8, ge=0.0, le=1.0)
+    """Fire when ``correction/keep_seq_frac`` (responses the applied weights keep) is below this."""
+
+
 class CorrectionConfig(StrictModel):
     method: MethodConfig = Field(default_factory=SeqMIS)
     """The importance-sampling correction applied to the policy loss (default seq-mis, hi = 3)."""
 
     ais: AISConfig = Field(default_factory=AISConfig)
     """Adaptive importance sampling on top of the method."""
+
+    alarm: AlarmConfig = Field(default_factory=AlarmConfig)
+    """Drift alarm on kl_k1, ess_seq and the kept fraction, with its likely cause from the lag split."""
 
     @model_validator(mode="after")
     def _meaningful_thresholds(self) -> "CorrectionConfig":

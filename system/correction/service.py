@@ -8,8 +8,10 @@ Metrics, returned for the caller to stream: ``mismatch/...``, ``mismatch_by_lag/
 ``ais/...`` (severity, reliability, variance_amplification, bias, noise, alpha_raw, alpha,
 and ``ais/by_lag/<lag>/...`` with ``per_lag``), and the section 2 statistics of the APPLIED
 weights under ``correction/...`` (omega when AIS is on, w otherwise), with those of the
-method's own w under ``method_before_ais/...`` when AIS is on. The caller writes batch dumps
-(``system.report.dump``) from the same arrays.
+method's own w under ``method_before_ais/...`` when AIS is on, and ``mismatch/alarm`` (0/1
+every step: ``system.correction.alarm.drift_alarm`` on the metrics above, whose one-line message
+and likely cause come back in the result for the caller to print and alert). The caller writes
+batch dumps (``system.report.dump``) from the same arrays.
 """
 
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from system.correction import (
     method_statistics,
     mix_weights,
 )
+from system.correction.alarm import drift_alarm, likely_cause
 
 BY_LAG_KEYS = ("n_sequences", "kl_k1", "kl_k3", "abs_diff_mean", "frac_outside_5x")
 
@@ -37,6 +40,8 @@ class CorrectionResult:
     weights_BT: np.ndarray  # float32, 0 at invalid tokens
     metrics: dict[str, float | int | None]
     token_ratios: np.ndarray  # float64, exp(dc) of every valid token (the W&B histogram)
+    alarm: str | None = None  # the drift alarm's one-line message when it fired (metrics["mismatch/alarm"] == 1)
+    alarm_cause: str | None = None  # its likely cause (alarm.CAUSE_*), the key of its rate-limited W&B alert
 
 
 def flatten(prefix: str, values: dict) -> dict[str, float | int | None]:
@@ -84,8 +89,10 @@ class CorrectionCore:
         by_lag = diagnostics_by_lag_of(ratios, torch.tensor(lag_B))
         for lag, diag in by_lag.items():
             metrics.update({f"mismatch_by_lag/{lag}/{k}": diag[k] for k in BY_LAG_KEYS})
+        metrics["mismatch/alarm"], alarm = drift_alarm(metrics, self.cfg.alarm)
         return CorrectionResult(applied_BT.detach().to(torch.float32).numpy(), metrics,
-                                ratios.rho_BT[ratios.valid_BT].numpy())
+                                ratios.rho_BT[ratios.valid_BT].numpy(), alarm,
+                                likely_cause(metrics, self.cfg.alarm) if alarm else None)
 
     def state_dict(self) -> dict:
         return {"ais": self.ais.state_dict()}

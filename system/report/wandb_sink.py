@@ -14,6 +14,8 @@ import wandb
 from system.report.sinks import NullSink
 
 log = logging.getLogger(__name__)
+ALERT_EVERY_STEPS = 10
+"""Default rate limit of ``WandbSink.alert``: at most one alert per title within this many steps."""
 
 
 class WandbSink(NullSink):
@@ -23,6 +25,8 @@ class WandbSink(NullSink):
         self.run = None
         self.failed = False
         self._run_id = resume_id
+        self._alerted: dict[str, int] = {}  # alert title -> step of its last alert
+        self._alert_failed = False
         if mode == "disabled":
             return
         try:
@@ -69,6 +73,27 @@ class WandbSink(NullSink):
     def log_table(self, step, name, columns, rows):
         if self.run is not None:
             self._call("log a table", {name: wandb.Table(columns=columns, data=rows)}, step)
+
+    def alert(self, title: str, text: str, step: int | None = None, min_steps: int = ALERT_EVERY_STEPS) -> bool:
+        """A W&B alert (``wandb.alert`` on this run, level WARN); True when sent. Rate limit: one per
+        ``title`` (use one title per cause) within ``min_steps`` steps. Never raises: a failure is
+        said once and later alerts are still tried (the run keeps logging either way)."""
+        if self.run is None:
+            return False
+        last = self._alerted.get(title)
+        if step is not None and last is not None and step - last < min_steps:
+            return False
+        try:
+            self.run.alert(title=title, text=text, level=wandb.AlertLevel.WARN)
+        except Exception as exc:  # noqa: BLE001 - an alert is a courtesy, never a failure of the run
+            if not self._alert_failed:
+                log.warning("W&B alert failed (%s: %s); the alarm stays in the console and metrics.jsonl",
+                            type(exc).__name__, exc)
+            self._alert_failed = True
+            return False
+        if step is not None:
+            self._alerted[title] = step
+        return True
 
     def close(self):
         if self.run is not None:

@@ -1,0 +1,114 @@
+"""Drift alarm: one line when the train-inference mismatch crosses a threshold, with its likely cause.
+
+Inputs are the correction service's metrics of one step (``CorrectionCore.process``):
+
+    kl      = mismatch/kl_k1                  mean(mu - old) over valid tokens (spec section 1)
+    ess     = mismatch/ess_seq                sequence-level ESS fraction of rho_seq
+    keep    = correction/keep_seq_frac        responses the APPLIED weights keep (omega with AIS)
+    kl_L    = mismatch_by_lag/<L>/kl_k1       the same kl on the responses of lag L only
+
+It fires (1) when any of
+
+    kl > alarm.kl_k1_max        ess < alarm.ess_seq_min        keep < alarm.keep_seq_frac_min
+
+holds; a value that is None (empty batch) or missing is not checked. The likely cause comes from
+the lag split, with ``K = alarm.kl_k1_max``:
+
+    lag-0 high    kl_0 exists and (kl_0 > K / 2, or kl > 0 and kl_0 >= 0.5 * kl): the policy that
+                  generated and the one that scores disagree with NO staleness, so the mismatch
+                  comes from the rollout engine itself (quantization, kernels, sampling precision)
+    grows         at least two lags, and the least-squares slope of kl_L against L is > 0
+                  (each lag one point)
+
+    lag-0 high and not grows  -> "lag-0 mismatch"       (quantization/kernels)
+    grows and not lag-0 high  -> "staleness"            (mismatch grows with lag; lag 0 small)
+    both                      -> "lag-0 mismatch + staleness"
+    neither                   -> "undetermined"         (one lag without lag 0, or flat in lag
+                                                          with a small lag 0)
+
+The message is one line: the crossed thresholds, the cause, and kl_k1 by lag.
+"""
+
+import math
+import re
+
+from system.config.correction import AlarmConfig
+
+CAUSE_LAG0 = "lag-0 mismatch"
+CAUSE_STALENESS = "staleness"
+CAUSE_BOTH = "lag-0 mismatch + staleness"
+CAUSE_UNDETERMINED = "undetermined"
+_EXPLAIN = {
+    CAUSE_LAG0: "quantization/kernels: the mismatch is there without staleness",
+    CAUSE_STALENESS: "kl grows with lag while lag 0 is small: lower async.max_lag or correct harder",
+    CAUSE_BOTH: "quantization/kernels at lag 0, growing further with lag",
+    CAUSE_UNDETERMINED: "the lag split cannot tell",
+}
+_BY_LAG = re.compile(r"^mismatch_by_lag/(-?\d+)/kl_k1$")
+
+
+def _number(metrics: dict, key: str) -> float | None:
+    value = metrics.get(key)
+    if value is None or isinstance(value, bool):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def kl_by_lag(metrics: dict) -> dict[int, float]:
+    """``{lag: kl_k1}`` from the ``mismatch_by_lag/<lag>/kl_k1`` metrics (None values left out), by lag."""
+    out = {}
+    for key in metrics:
+        match = _BY_LAG.match(key)
+        if match:
+            value = _number(metrics, key)
+            if value is not None:
+                out[int(match.group(1))] = value
+    return dict(sorted(out.items()))
+
+
+def _slope(by_lag: dict[int, float]) -> float:
+    lags, kls = list(by_lag), list(by_lag.values())
+    mean_l, mean_k = sum(lags) / len(lags), sum(kls) / len(kls)
+    var = sum((lag - mean_l) ** 2 for lag in lags)
+    return sum((lag - mean_l) * (k - mean_k) for lag, k in zip(lags, kls, strict=True)) / var
+
+
+def likely_cause(metrics: dict, cfg: AlarmConfig) -> str:
+    """One of ``CAUSE_*`` from the lag split of kl_k1 (rules in the module docstring)."""
+    by_lag = kl_by_lag(metrics)
+    kl = _number(metrics, "mismatch/kl_k1")
+    kl0 = by_lag.get(0)
+    lag0_high = kl0 is not None and (kl0 > cfg.kl_k1_max / 2 or (kl is not None and kl > 0 and kl0 >= 0.5 * kl))
+    grows = len(by_lag) >= 2 and _slope(by_lag) > 0
+    if lag0_high and grows:
+        return CAUSE_BOTH
+    if lag0_high:
+        return CAUSE_LAG0
+    if grows:
+        return CAUSE_STALENESS
+    return CAUSE_UNDETERMINED
+
+
+def drift_alarm(metrics: dict, cfg: AlarmConfig) -> tuple[int, str | None]:
+    """``(1, one-line message)`` when a threshold is crossed, else ``(0, None)``; ``(0, None)`` when
+    ``cfg.enabled`` is false. Pure: reads ``metrics`` only (rules in the module docstring)."""
+    if not cfg.enabled:
+        return 0, None
+    kl = _number(metrics, "mismatch/kl_k1")
+    ess = _number(metrics, "mismatch/ess_seq")
+    keep = _number(metrics, "correction/keep_seq_frac")
+    crossed = []
+    if kl is not None and kl > cfg.kl_k1_max:
+        crossed.append(f"kl_k1 {kl:.4g} > {cfg.kl_k1_max:g}")
+    if ess is not None and ess < cfg.ess_seq_min:
+        crossed.append(f"ess_seq {ess:.4g} < {cfg.ess_seq_min:g}")
+    if keep is not None and keep < cfg.keep_seq_frac_min:
+        crossed.append(f"keep_seq_frac {keep:.4g} < {cfg.keep_seq_frac_min:g}")
+    if not crossed:
+        return 0, None
+    cause = likely_cause(metrics, cfg)
+    by_lag = kl_by_lag(metrics)
+    lags = " ".join(f"{lag}:{value:.4g}" for lag, value in by_lag.items()) or "none"
+    return 1, (f"drift alarm: {', '.join(crossed)}; likely cause: {cause} ({_EXPLAIN[cause]}); "
+               f"kl_k1 by lag {lags}")
