@@ -43,7 +43,10 @@ class RolloutConfig(StrictModel):
     temperature: float = Field(default=1.0, gt=0.0)
     """Sampling temperature; the learner divides its logits by the same value."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass (1 = off); the learner's log-probs apply the same truncation."""
+    top_k: int = Field(default=0, ge=0)
+    """Sample among the ``top_k`` most probable tokens (0 = off, vLLM's convention); the learner's
+    log-probs apply the same truncation (before top-p, as vLLM does)."""
     max_new_tokens: int = Field(default=6, ge=1)
     """Longest response, in tokens (the tiny task's answers take at most ``num_digits + 2``)."""
     prompts_per_call: int = Field(default=32, ge=1)

@@ -34,6 +34,7 @@ from system.learner import checkpoint, distributed
 from system.learner.batch import LearnerBatch
 from system.learner.export import export_weights
 from system.learner.forward import proximal_logprobs, shard_tensors
+from system.learner.logprobs import Sampling
 from system.learner.model import build_fsdp_model
 from system.learner.optim import build_optimizer, build_scheduler
 from system.learner.step import LossNormalisers, train_updates
@@ -57,7 +58,10 @@ class LearnerCore:
                 f"world_size {world_size} differs from learner.num_ranks {run_cfg.learner.num_ranks}"
             )
         self.cfg = run_cfg.learner
-        self.temperature = run_cfg.rollout.temperature
+        r = run_cfg.rollout
+        self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
+        """The rollout's temperature, top-p and top-k: ``old`` and ``cur`` are log-probs of the
+        distribution vLLM sampled from (spec section 0)."""
         self.rank, self.world_size = rank, world_size
         self.device = distributed.init_process_group(rank, world_size, master_port, master_addr)
         trust = getattr(run_cfg.model, "trust_remote_code", False)
@@ -76,7 +80,7 @@ class LearnerCore:
     def compute_proximal_logprobs(self, batch_shard: LearnerBatch) -> np.ndarray:
         """float32 ``old[B_shard, T]`` with the current weights (response view, 0 past each response)."""
         shard = shard_tensors(batch_shard, self.device)
-        old_BT = proximal_logprobs(self.model, shard, self.cfg.micro_batch_size, self.temperature)
+        old_BT = proximal_logprobs(self.model, shard, self.cfg.micro_batch_size, self.sampling)
         self._proximal = (batch_shard.uids, old_BT)
         return old_BT.cpu().numpy()
 
@@ -99,7 +103,7 @@ class LearnerCore:
         w_BT = torch.tensor(np.asarray(weights, dtype=np.float32), device=self.device)
         metrics = train_updates(
             self.model, self.optimizer, self.scheduler, shard, old_BT, w_BT,
-            normalisers, self.cfg, self.temperature,
+            normalisers, self.cfg, self.sampling,
         )
         self.optimizer_step += int(metrics["updates"] - metrics["skipped_updates"])
         self._policy_version += 1

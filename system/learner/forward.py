@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from system.learner.batch import LearnerBatch, gather_response, micro_batch_slices
-from system.learner.logprobs import token_logprobs, token_logprobs_and_entropy
+from system.learner.logprobs import Sampling, token_logprobs, token_logprobs_and_entropy
 
 
 @dataclass(frozen=True)
@@ -59,28 +59,33 @@ def shard_tensors(batch: LearnerBatch, device: torch.device) -> ShardTensors:
 
 
 def response_logprobs(
-    model: nn.Module, shard: ShardTensors, rows: slice, temperature: float, with_entropy: bool
+    model: nn.Module, shard: ShardTensors, rows: slice, sampling: float | Sampling, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logp_BT, entropy_BT or None)`` of the micro-batch ``rows``, from one trimmed forward."""
+    """``(logp_BT, entropy_BT or None)`` of the micro-batch ``rows``, from one trimmed forward.
+
+    ``sampling``: the rollout's temperature, top-p and top-k (a bare number is a temperature
+    without truncation); ``logp`` is ``-inf`` at tokens outside the top-k / top-p set.
+    """
+    s = Sampling.of(sampling)
     start_B, len_B = shard.response_start_B[rows], shard.response_len_B[rows]
     width = int((start_B + len_B).max())
     ids_BS = shard.input_ids_BS[rows, :width]
     mask_BS = shard.attention_mask_BS[rows, :width]
     T = shard.num_response_tokens
     if with_entropy:
-        logp_BS, entropy_BS = token_logprobs_and_entropy(model, ids_BS, mask_BS, temperature)
+        logp_BS, entropy_BS = token_logprobs_and_entropy(model, ids_BS, mask_BS, s.temperature, s.top_p, s.top_k)
         return gather_response(logp_BS, start_B, len_B, T), gather_response(entropy_BS, start_B, len_B, T)
-    logp_BS = token_logprobs(model, ids_BS, mask_BS, temperature)
+    logp_BS = token_logprobs(model, ids_BS, mask_BS, s.temperature, s.top_p, s.top_k)
     return gather_response(logp_BS, start_B, len_B, T), None
 
 
 @torch.no_grad()
 def proximal_logprobs(
-    model: nn.Module, shard: ShardTensors, micro_batch_size: int, temperature: float
+    model: nn.Module, shard: ShardTensors, micro_batch_size: int, sampling: float | Sampling
 ) -> torch.Tensor:
     """fp32 ``old_BT`` of the whole shard with the current weights (no grad). Collective under FSDP."""
     pieces = [
-        response_logprobs(model, shard, rows, temperature, with_entropy=False)[0]
+        response_logprobs(model, shard, rows, sampling, with_entropy=False)[0]
         for rows in micro_batch_slices(shard.num_sequences, micro_batch_size)
     ]
     return torch.cat(pieces, dim=0)

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from system.config.learner import LearnerConfig
 from system.learner.batch import micro_batch_slices, mini_batch_slices
 from system.learner.forward import ShardTensors, response_logprobs
+from system.learner.logprobs import Sampling
 from system.learner.policy_loss import policy_token_loss
 from system.learner.step_metrics import MetricSums, combine_updates
 from system.losses.aggregation import aggregate
@@ -104,9 +105,11 @@ def train_step(
     weights_BT: torch.Tensor,
     normalisers: LossNormalisers,
     cfg: LearnerConfig,
-    temperature: float,
+    sampling: float | Sampling,
 ) -> dict[str, float]:
-    """One optimiser step; returns metrics reduced over all ranks. Collective: call on every rank."""
+    """One optimiser step; returns metrics reduced over all ranks. Collective: call on every rank.
+
+    ``sampling``: the rollout's temperature, top-p and top-k (``forward.response_logprobs``)."""
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     if proximal_logp_BT.shape != shard.response_mask_BT.shape:
         raise ValueError(
@@ -120,7 +123,7 @@ def train_step(
     sums = MetricSums(proximal_logp_BT.device)
     optimizer.zero_grad(set_to_none=True)
     for rows in micro_batch_slices(shard.num_sequences, cfg.micro_batch_size):
-        cur_BT, entropy_BT = response_logprobs(model, shard, rows, temperature, with_entropy=True)
+        cur_BT, entropy_BT = response_logprobs(model, shard, rows, sampling, with_entropy=True)
         loss_BT, stats = policy_token_loss(
             cur_BT, old_BT[rows], shard.advantages_B[rows], w_BT[rows], valid_BT[rows], cfg.loss
         )
@@ -148,7 +151,7 @@ def train_updates(
     weights_BT: torch.Tensor,
     normalisers: LossNormalisers,
     cfg: LearnerConfig,
-    temperature: float,
+    sampling: float | Sampling,
 ) -> dict[str, float]:
     """Every optimiser step of one batch: ``cfg.updates_per_batch`` epochs, each of ``cfg.mini_batches``
     steps on consecutive row slices of this shard (the same slices in every epoch, mini-batch k
@@ -182,6 +185,6 @@ def train_updates(
         for rows, norm in zip(slices, norms, strict=True):
             per_update.append(train_step(
                 model, optimizer, scheduler, shard.rows(rows), proximal_logp_BT[rows], weights_BT[rows],
-                norm, cfg, temperature,
+                norm, cfg, sampling,
             ))
     return combine_updates(per_update, epochs=cfg.updates_per_batch)

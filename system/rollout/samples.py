@@ -1,7 +1,8 @@
 """What the engine returns for one prompt: its token ids and ``n`` sampled responses.
 
 ``behaviour_logprobs`` are vLLM's *processed* log-probs of the sampled tokens: after
-temperature (and top-p, when ``top_p < 1``), i.e. log mu of the distribution actually sampled.
+temperature (and top-k / top-p, renormalised over the kept tokens), i.e. log mu of the
+distribution actually sampled.
 They may hold ``-inf``/``nan`` (e.g. a token outside an FP8 model's support); they are kept
 as they are, and the correction core masks non-finite values. A response may be only an
 end-of-sequence token (``text == ""``).

@@ -10,7 +10,8 @@ caches its environment once an engine exists. The CPU KV cache is sized with
 ``VLLM_CPU_KVCACHE_SPACE``, which still overrides it when set.
 
 Log-probs are vLLM's ``processed_logprobs``: of the distribution actually sampled (after
-temperature and top-p), which is what the learner recomputes with logits / temperature.
+temperature, top-k and top-p, renormalised over the kept tokens), which is what the learner
+recomputes (``system.learner.logprobs``: logits / temperature, the same truncation).
 On CPU vLLM sets torch to one intra-op thread in the process that builds an engine.
 
 ``vllm.LLM`` is imported when the first engine is built, not with this module: its import
@@ -212,8 +213,11 @@ class VLLMEngine:
         top_p: float,
         max_new_tokens: int,
         seed: int | Sequence[int] | None = None,
+        top_k: int = 0,
     ) -> list[PromptSamples]:
         """``n`` samples for each prompt, in prompt order; ``seed`` makes the call reproducible.
+
+        ``top_k`` 0 is off (vLLM's ``SamplingParams`` convention; it also takes -1).
 
         ``seed`` is one int for the call (prompt ``i`` then samples with ``seed + i * n``, so
         repeated prompts in one call still get independent samples) or one seed per prompt
@@ -227,8 +231,8 @@ class VLLMEngine:
             if len(seeds) != len(prompts):
                 raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         params = [
-            SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                           logprobs=0, seed=s)
+            SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
+                           max_tokens=max_new_tokens, logprobs=0, seed=s)
             for s in seeds
         ]
         outputs = self.llm.generate(list(prompts), params, use_tqdm=False)

@@ -83,7 +83,7 @@ class RolloutWorkerCore:
         started = time.perf_counter()
         samples = self.engine.generate(
             [p.text for p in prompts], n=r.group_size, temperature=r.temperature, top_p=r.top_p,
-            max_new_tokens=r.max_new_tokens,
+            max_new_tokens=r.max_new_tokens, top_k=r.top_k,
             seed=[prompt_seed(self.cfg.seed, p.prompt_id, self._policy_version) for p in prompts],
         )
         generated = time.perf_counter()
