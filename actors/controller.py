@@ -1,12 +1,21 @@
 """The controller: two loops joined by the trajectory buffer.
 
-    rollout loop (thread)                         train loop (caller's thread)
-    ─────────────────────                         ────────────────────────────
+    rollout loop (thread)                         train loop (caller's thread), one step
+    ─────────────────────                         ──────────────────────────────────────
     sampler ─prompts─▶ idle worker (admitted)     buffer.take(B, version k)  (stale groups dropped)
-    worker ─groups─▶ ledger.mark_generated        ─▶ learners: proximal log-probs old   [N, T]
-            ─▶ buffer.add                          ─▶ correction service: weights, metrics, dumps
-    newer weights? push before the next generate   ─▶ learners: train step; version k+1
-                                                   ─▶ export weights ─▶ published for the rollout loop
+    worker ─groups─▶ ledger.mark_generated        ─▶ collate, ray.put(batch)
+            ─▶ buffer.add                          ─▶ ONE call to the learner group (every rank):
+    newer weights? push before the next generate        proximal log-probs, all-gather; rank 0 ─▶
+                                                        correction service (weights, metrics, dumps;
+                                                        it reads the batch from the object store);
+                                                        broadcast weights, update, export (version k+1)
+                                                   ◀── rank 0: metrics + object-store ref of the weights
+                                                   ─▶ publish the ref for the rollout loop
+                                                   ─▶ step record to the service (not awaited)
+
+The driver makes one blocking call per step (``LearnerGroup.step``); no token array passes
+through it after the batch is put, and the record reaches the sinks while the next step runs
+(Ray runs one caller's calls to an actor in order, so a later checkpoint sees every record).
 
 Admission (``async.max_lag``): a generate call is sent to a worker holding version ``v`` only
 if the step that will consume its groups, ``k = steps_started + (buffered + in flight) // B``,
@@ -18,7 +27,6 @@ import logging
 import threading
 import time
 
-import numpy as np
 import ray
 
 from actors.placement import follow_target, rollout_capacity
@@ -241,8 +249,3 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
                 state.cond.notify_all()  # admission may now let an idle worker generate
                 return groups, time.perf_counter() - started
             state.cond.wait(timeout=1.0)
-
-
-def lag_stats(groups: list[RolloutGroup], learner_version: int) -> dict[str, float]:
-    lags = np.array([learner_version - g.policy_version for g in groups for _ in g.completions])
-    return {"staleness/lag_mean": float(lags.mean()), "staleness/lag_max": int(lags.max())}

@@ -13,6 +13,7 @@ from system.correction.service import CorrectionCore
 from system.report.dump import token_text_grid
 from system.report.mismatch_report import write_report
 from system.report.run_logger import RunLogger
+from system.types import CorrectionInput, StepRecord
 
 
 @ray.remote
@@ -22,35 +23,35 @@ class CorrectionService:
         self.logger = RunLogger(run_dir, cfg.report, json.loads(dump_config(cfg)), wandb_run_id)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.run_dir = Path(run_dir)
-        self._undumped: tuple[int, dict, np.ndarray] | None = None  # the last batch, until dumped
+        self._undumped: tuple[int, CorrectionInput, np.ndarray] | None = None  # the last batch, until dumped
 
     def wandb_run_id(self) -> str | None:
         return self.logger.wandb_run_id
 
-    def process(self, step: int, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
-        """Weights for the global batch (AIS's omega when on); metrics streamed now (``ais/...`` every
-        step); a dump every ``report.dump_every`` steps (with ``advantage``, for the report's AIS)."""
-        mu, old, mask = arrays["rollout_logp"], arrays["train_logp"], arrays["response_mask"]
-        result = self.core.process(mu, old, mask, arrays["lag"], arrays.get("advantage"))
+    def process(self, step: int, holder: list, proximal_BT: np.ndarray, learner_version: int) -> tuple[np.ndarray, dict]:
+        """Weights for the global batch (AIS's omega when on) and the correction's metrics, streamed now;
+        a dump every ``report.dump_every`` steps. Called by learner rank 0 once per step; the batch
+        itself is read here from the object store (``holder`` = [its reference]), never re-sent."""
+        batch = ray.get(holder[0]).correction_input(proximal_BT, learner_version)
+        result = self.core.process(batch.behaviour_BT, batch.proximal_BT, batch.mask_BT, batch.lag_B, batch.advantage_B)
         self.logger.stream(step, result.metrics)
         if result.alarm:  # drift alarm (correction.alarm): one console line, a W&B alert rate-limited per cause
             logging.getLogger(__name__).warning("step %d: %s", step, result.alarm)
             self.logger.wandb.alert(f"aisrl drift alarm: {result.alarm_cause}", result.alarm, step=step)
-        self._undumped = (step, arrays, result.token_ratios)
+        self._undumped = (step, batch, result.token_ratios)
         if self.logger.should_dump(step):
             self._dump_undumped()
         return result.weights_BT, result.metrics
 
     def _dump_undumped(self) -> None:
-        step, arrays, token_ratios = self._undumped
-        dump = dict(arrays)
-        dump["token_text"] = token_text_grid(self.tokenizer.convert_ids_to_tokens,
-                                             arrays["response_ids"], arrays["response_mask"])
-        self.logger.dump(step, dump, token_ratios)
+        step, batch, token_ratios = self._undumped
+        token_text = token_text_grid(self.tokenizer.convert_ids_to_tokens, batch.response_ids_BT, batch.mask_BT)
+        self.logger.dump(step, batch, token_ratios, token_text)
         self._undumped = None
 
-    def finish_step(self, step: int, metrics: dict) -> dict:
-        return self.logger.finish_step(step, metrics)
+    def finish_step(self, record: StepRecord) -> None:
+        """Write the step's record (the driver sends it without waiting for this call)."""
+        self.logger.finish_step(record.step, record.metrics())
 
     def write_report(self) -> str | None:
         """The HTML report of the last step, into ``<run>/report``: the last step is dumped now if

@@ -1,14 +1,20 @@
-"""Learner rank actor (one per FSDP2 rank) and the group that drives all ranks in lock-step."""
+"""Learner rank actor (one per FSDP2 rank) and the group that drives all ranks in lock-step.
 
-import numpy as np
+A step is one call to every rank (``LearnerGroup.step``); the ranks run
+``system.learner.group_step.run_step`` together and rank 0 reaches the correction service
+itself, so the batch's token arrays never travel back through the driver.
+"""
+
+from dataclasses import replace
+
 import ray
 import torch
 
 from actors.placement import RoleOptions
 from system.config import RunConfig
-from system.learner.batch import LearnerBatch, shard_batch
-from system.learner.core import LearnerCore, LossNormalisers
+from system.learner.core import LearnerCore
 from system.learner.distributed import find_free_port
+from system.learner.group_step import StepOutcome, run_step
 
 
 @ray.remote
@@ -22,13 +28,22 @@ class LearnerRank:
     def policy_version(self) -> int:
         return self.core.policy_version
 
-    def compute_proximal_logprobs(self, batch: LearnerBatch) -> np.ndarray:
-        return self.core.compute_proximal_logprobs(shard_batch(batch, self.rank, self.world_size))
+    def step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> StepOutcome | None:
+        """One policy-version step (``system.learner.group_step.run_step``), called on every rank at once.
 
-    def train_step(self, batch: LearnerBatch, weights_NT: np.ndarray, normalisers: LossNormalisers) -> dict:
-        size = batch.num_sequences // self.world_size
-        rows = slice(self.rank * size, (self.rank + 1) * size)
-        return self.core.train_step(shard_batch(batch, self.rank, self.world_size), weights_NT[rows], normalisers)
+        ``holder`` is ``[reference to the global LearnerBatch]``: a reference inside a list reaches the
+        rank unresolved, so rank 0 can hand the same reference to the correction service. Rank 0
+        returns the outcome with its new weights put in the object store; the others return None.
+        """
+        batch = ray.get(holder[0])
+
+        def correct(proximal_BT):
+            return ray.get(service.process.remote(step, holder, proximal_BT, self.core.policy_version))
+
+        outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
+        if self.rank != 0:
+            return None
+        return replace(outcome, payload=None, weights=ray.put(outcome.payload))
 
     def export_weights(self):
         return self.core.export_weights()
@@ -95,13 +110,10 @@ class LearnerGroup:
         ]
         gather([r.policy_version.remote() for r in self.ranks])
 
-    def proximal_logprobs(self, batch_ref: ray.ObjectRef) -> np.ndarray:
-        """Global ``old[N, T]``: the ranks' shards concatenated in rank order."""
-        return np.concatenate(gather([r.compute_proximal_logprobs.remote(batch_ref) for r in self.ranks]))
-
-    def train_step(self, batch_ref, weights_ref, normalisers: LossNormalisers) -> dict:
-        metrics = gather([r.train_step.remote(batch_ref, weights_ref, normalisers) for r in self.ranks])
-        return metrics[0]
+    def step(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> StepOutcome:
+        """The whole step on every rank (one blocking call for the driver): rank 0's outcome, whose
+        ``weights`` is the object-store reference of the new policy version's payload."""
+        return gather([r.step.remote([batch_ref], step, service) for r in self.ranks])[0]
 
     def export_weights(self) -> ray.ObjectRef:
         """A reference to the full weights (rank 0's payload); the driver never copies them."""

@@ -1,8 +1,8 @@
 """The job: build every role, run the train loop against the rollout loop, checkpoint, report.
 
-Each step (see ``actors.controller`` for the loops):
-take a batch -> learners recompute ``old`` -> correction service (weights, metrics, dumps)
--> learners train (version + 1) -> export and publish weights -> step record -> checkpoint.
+Each step (drawn in ``actors.controller``): take a batch -> put it -> one call to the learner
+group (proximal log-probs, the correction service, the update, the export; version + 1) ->
+publish the weights -> the step record to the service, not awaited -> checkpoint when due.
 """
 
 import json
@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import cluster
 from actors.control import create_control, remove_control_file
-from actors.controller import RolloutLoop, SharedState, lag_stats, take_batch
+from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
 from actors.placement import plan_placement, required_cpus
@@ -33,27 +33,12 @@ from system.data.buffer import TrajectoryBuffer
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
 from system.learner.batch import collate_groups
-from system.learner.step import loss_normalisers
+from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
 from system.report.console_sink import ConsoleSink
-from system.types import RolloutGroup
+from system.types import StepRecord
 
 log = logging.getLogger(__name__)
-
-
-def batch_arrays(groups: list[RolloutGroup], batch, proximal_NT: np.ndarray, version: int) -> dict:
-    """The correction service's input, in the batch-dump key names (section 6)."""
-    resp = batch.response_arrays()
-    completions = [c for g in groups for c in g.completions]
-    return {
-        "rollout_logp": resp["behaviour_logp"], "train_logp": proximal_NT.astype(np.float32),
-        "response_mask": resp["response_mask"], "response_ids": resp["response_ids"],
-        "lag": (version - batch.policy_version_B).astype(np.int32), "reward": batch.rewards_B,
-        # the advantage each response carries into the loss: the learner's own (collate_groups)
-        "advantage": batch.advantages_B.astype(np.float32),
-        "uid": np.array(batch.uids), "prompt_text": np.array([g.prompt.text for g in groups for _ in g.completions]),
-        "response_text": np.array([c.response_text for c in completions]),
-    }
 
 
 class TrainingDivergedError(RuntimeError):
@@ -177,52 +162,40 @@ class Trainer:
         return record
 
     def train_one_step(self) -> dict:
+        """Take a batch, put it, one call to the learner group, publish; the record goes to the
+        correction service without waiting. Returns the step's flat metrics (``StepRecord.metrics``)."""
         t0 = time.perf_counter()
         version = self.step
         groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout)
-        batch = collate_groups(groups, self.cfg.learner.advantage == "grpo")
-        batch_ref = ray.put(batch)
-        t1 = time.perf_counter()
-        proximal = self.learners.proximal_logprobs(batch_ref)
-        t2 = time.perf_counter()
-        arrays = batch_arrays(groups, batch, proximal, version)
-        weights, _ = ray.get(self.service.process.remote(self.step + 1, arrays))
-        t3 = time.perf_counter()
-        norms = loss_normalisers(arrays["response_mask"], arrays["rollout_logp"], arrays["train_logp"])
-        learner_metrics = self.learners.train_step(batch_ref, ray.put(weights), norms)
-        self._check_finite(arrays, learner_metrics)
-        t4 = time.perf_counter()
-        self.state.publish(version + 1, self.transport.publish(self.learners, version + 1))
-        t5 = time.perf_counter()
+        batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])
+        outcome = self.learners.step(ray.put(batch), self.step + 1, self.service)
+        self._check_finite(outcome.learner)
+        self.state.publish(version + 1, outcome.weights)
         with self.state.cond:
             self.sampler.mark_trained([g.prompt.prompt_id for g in groups])
             ledger = self.sampler.counts()
         self.step += 1
-        tokens = int(arrays["response_mask"].sum())
-        metrics = {
-            "policy_version": self.step, "reward/mean": float(batch.rewards_B.mean()),
-            "reward/std": float(batch.rewards_B.std()), **lag_stats(groups, version),
-            **{f"learner/{k}": v for k, v in learner_metrics.items()},
-            **{f"ledger/{k}": v for k, v in ledger.items()},
-            "time/wait_rollout": waited, "time/proximal": t2 - t1, "time/correction": t3 - t2,
-            "time/update": t4 - t3, "time/sync": t5 - t4, "time/step": t5 - t0,
-            "throughput/learner_tokens_per_s": tokens / max(t5 - t0, 1e-9),
-            "throughput/rollout_tokens_per_s": self._rollout_rate(),
-            "tokens/trained": tokens,
-            "rollout/workers_ready": len(self.pool.ready()), "rollout/worker_failures": self.pool.failures,
-        }
+        lags = batch.lag_B(version)
+        seconds = {"wait_rollout": waited, "proximal": outcome.seconds["proximal"],
+                   "correction": outcome.seconds["correction"], "update": outcome.seconds["update"],
+                   "sync": outcome.seconds["export"], "step": time.perf_counter() - t0}
+        record = StepRecord(
+            step=self.step, policy_version=self.step, reward_mean=float(batch.rewards_B.mean()),
+            reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
+            tokens_trained=int(batch.response_len_B.sum()), learner=outcome.learner, correction=outcome.correction,
+            ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_rate(),
+            workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
+        self.service.finish_step.remote(record)  # not awaited: the sinks write while the next step runs
         self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,
-                                    "workers_ready": metrics["rollout/workers_ready"],
-                                    "reward/mean": metrics["reward/mean"]})
-        return ray.get(self.service.finish_step.remote(self.step, metrics))
+                                    "workers_ready": record.workers_ready, "reward/mean": record.reward_mean})
+        return record.metrics()
 
-    def _check_finite(self, arrays: dict, learner_metrics: dict) -> None:
-        """Count the step as non-finite when the learner skipped it (non-finite gradient), its loss is
-        not finite, or it recomputed non-finite log-probs where the rollout's are finite (a diverged
-        model); stop the run after ``learner.max_nonfinite_steps`` such steps in a row."""
-        mask = arrays["response_mask"].astype(bool) & np.isfinite(arrays["rollout_logp"])
-        bad_proximal = int((mask & ~np.isfinite(arrays["train_logp"])).sum())
-        learner_metrics["nonfinite_proximal_tokens"] = bad_proximal
+    def _check_finite(self, learner_metrics: dict) -> None:
+        """Count the step as non-finite when the learner skipped an update (non-finite gradient), its loss
+        is not finite, or it recomputed non-finite log-probs where the rollout's are finite (a diverged
+        model); stop the run after ``learner.max_nonfinite_steps`` such steps in a row, before the
+        step's weights are published."""
+        bad_proximal = int(learner_metrics.get("nonfinite_proximal_tokens", 0))
         loss = learner_metrics.get("loss", 0.0)
         nonfinite = learner_metrics.get("skipped_step", 0.0) > 0 or bad_proximal > 0 or not np.isfinite(loss)
         self.nonfinite_streak = self.nonfinite_streak + 1 if nonfinite else 0

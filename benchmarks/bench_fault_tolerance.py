@@ -38,6 +38,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated actors
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import RESULTS, emit, environment  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402

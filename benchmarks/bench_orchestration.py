@@ -43,6 +43,7 @@ import psutil
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated actors
 from harness import emit  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 

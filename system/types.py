@@ -1,4 +1,4 @@
-"""Frozen records that cross actor boundaries: prompts, completions, groups, policy versions.
+"""Frozen records that cross actor boundaries: prompts, completions, groups, the correction's input, step records.
 
 Token sequences are stored as read-only numpy arrays, which travel through Ray's object store
 without a copy; every completion carries the ``policy_version`` of the weights that produced it.
@@ -60,7 +60,6 @@ class RolloutGroup:
     completions: tuple[Completion, ...]
     policy_version: int
     worker_id: str = ""
-    stats: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for c in self.completions:
@@ -73,8 +72,73 @@ class RolloutGroup:
 
 
 @dataclass(frozen=True)
-class PolicyVersion:
-    """A set of exported weights and the learner step that produced them."""
+class CorrectionInput:
+    """One global batch as the correction service sees it (spec section 0), built from the learner's
+    batch and its proximal log-probs (``LearnerBatch.correction_input``). Batch dumps hold these
+    fields under the spec's key names (``system.report.dump``: the only place those names live)."""
 
-    version: int
-    num_parameters: int
+    behaviour_BT: np.ndarray  # float32, mu: log-prob of each sampled token under the behaviour policy
+    proximal_BT: np.ndarray  # float32, old: the learner's recompute at the start of the step
+    mask_BT: np.ndarray  # bool, response tokens
+    lag_B: np.ndarray  # int32, learner version - behaviour version
+    advantage_B: np.ndarray  # float32, the advantage each response carries into the loss
+    reward_B: np.ndarray  # float32
+    response_ids_BT: np.ndarray  # int32
+    uids: tuple[str, ...]
+    prompt_texts: tuple[str, ...]
+    response_texts: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        shape = self.behaviour_BT.shape
+        for name in ("proximal_BT", "mask_BT", "response_ids_BT"):
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} has shape {getattr(self, name).shape}, behaviour_BT {shape}")
+        for name in ("lag_B", "advantage_B", "reward_B", "uids", "prompt_texts", "response_texts"):
+            if len(getattr(self, name)) != shape[0]:
+                raise ValueError(f"{name} has {len(getattr(self, name))} rows, behaviour_BT {shape[0]}")
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens (``mask`` only; the correction's valid tokens also need finite log-probs)."""
+        return int(self.mask_BT.sum())
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one learner step reports, from the driver to the sinks (``metrics.jsonl``, W&B, console).
+
+    ``metrics()`` is the flat record with the metric names of the README; the groups keep their
+    prefix there (``learner/...``, ``ledger/...``, ``time/...``; the correction's metrics already
+    carry theirs: ``mismatch/...``, ``correction/...``, ``ais/...``).
+    """
+
+    step: int
+    policy_version: int
+    reward_mean: float
+    reward_std: float
+    lag_mean: float
+    lag_max: int
+    tokens_trained: int
+    learner: dict = field(default_factory=dict)
+    correction: dict = field(default_factory=dict)
+    ledger: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    """``wait_rollout``, ``proximal``, ``correction``, ``update``, ``sync`` (export), ``step``."""
+    rollout_tokens_per_s: float = 0.0
+    workers_ready: int = 0
+    worker_failures: int = 0
+
+    def metrics(self) -> dict:
+        step_s = self.seconds.get("step", 0.0)
+        return {
+            "policy_version": self.policy_version, "reward/mean": self.reward_mean, "reward/std": self.reward_std,
+            "staleness/lag_mean": self.lag_mean, "staleness/lag_max": self.lag_max,
+            **self.correction,
+            **{f"learner/{k}": v for k, v in self.learner.items()},
+            **{f"ledger/{k}": v for k, v in self.ledger.items()},
+            **{f"time/{k}": v for k, v in self.seconds.items()},
+            "throughput/learner_tokens_per_s": self.tokens_trained / max(step_s, 1e-9),
+            "throughput/rollout_tokens_per_s": self.rollout_tokens_per_s,
+            "tokens/trained": self.tokens_trained,
+            "rollout/workers_ready": self.workers_ready, "rollout/worker_failures": self.worker_failures,
+        }

@@ -240,3 +240,49 @@ def test_export_is_the_unsharded_model_in_bf16(runs, model_dir):
     for name, weight in original.items():
         np.testing.assert_array_equal(exports["v0"][name], weight.bfloat16().float().numpy(), err_msg=name)
     assert metrics["v0_dtypes"] == ["bfloat16"] and metrics["v0_version"] == 0 and metrics["v1_version"] == 1
+
+
+def _group_step_main(rank, world_size, port, model_dir, out_dir):
+    """``run_step`` (the one-call step) on every rank: rank 0's correction call records what it sees."""
+    from system.learner.core import LearnerCore
+    from system.learner.group_step import run_step
+
+    torch.set_num_threads(1)
+    batch, weights = make_batch(), make_weights(make_batch())
+    core = LearnerCore(_learner_cfg(world_size, "float32"), model_dir, rank, world_size, port)
+    seen = {}
+
+    def correct(proximal_BT):
+        seen["proximal"] = proximal_BT
+        return weights, {"mismatch/kl_k1": 0.5}
+
+    outcome = run_step(core, batch, rank, world_size, correct if rank == 0 else None)
+    if rank == 0:
+        np.save(os.path.join(out_dir, "seen_proximal.npy"), seen["proximal"])
+        np.savez(os.path.join(out_dir, "v1.npz"), **{k: v.float().numpy() for k, v in decode_weights(outcome.payload)})
+        with open(os.path.join(out_dir, "outcome.json"), "w") as f:
+            json.dump({"learner": outcome.learner, "correction": outcome.correction,
+                       "seconds": outcome.seconds, "version": outcome.payload.policy_version}, f)
+    else:
+        assert outcome.payload is None and outcome.correction == {}
+    core.close()
+
+
+def test_one_call_step_equals_the_step_by_parts(runs, model_dir, tmp_path):
+    """``run_step`` on 2 ranks (all-gather of old, rank 0's correction call, broadcast of the weights,
+    update, export) gives what the same parts called one by one give (``_rank_main``'s step 1,
+    itself checked against the naive one-process reference): the same arithmetic, so equal."""
+    metrics, exports, old, _ = runs(2, "float32")
+    _spawn(_group_step_main, 2, model_dir, str(tmp_path))
+    seen = np.load(tmp_path / "seen_proximal.npy")
+    np.testing.assert_array_equal(seen, old)  # the global [B, T] old, rows in rank order
+    with open(tmp_path / "outcome.json") as f:
+        outcome = json.load(f)
+    assert outcome["version"] == 1 and outcome["correction"] == {"mismatch/kl_k1": 0.5}
+    for key in ("loss", "grad_norm", "num_valid_tokens", "weight_mean"):
+        assert outcome["learner"][key] == pytest.approx(metrics["step1"][key], rel=1e-6), key
+    assert outcome["learner"]["nonfinite_proximal_tokens"] == 0
+    assert set(outcome["seconds"]) == {"proximal", "correction", "update", "export"}
+    v1 = dict(np.load(tmp_path / "v1.npz"))
+    for name, value in exports["v1"].items():
+        np.testing.assert_allclose(v1[name], value, rtol=1e-6, atol=1e-7, err_msg=name)

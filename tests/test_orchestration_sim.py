@@ -1,5 +1,5 @@
 """Controller properties with fake engines: the real ``Trainer`` with the simulated actors of
-``benchmarks/sim_actors.py`` (a sleep instead of vLLM and FSDP2) on a private loopback Ray cluster.
+``tests/sim_actors.py`` (a sleep instead of vLLM and FSDP2) on a private loopback Ray cluster.
 
 Everything but the two compute roles is real: both controller loops, the trajectory buffer,
 the exactly-once sampler, the correction service and its JSONL sink, the weight path.
@@ -9,18 +9,15 @@ faster per step than the synchronous one.
 """
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
+from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
-
-from actors.trainer import Trainer  # noqa: E402
-from system.config.loading import resolve_config  # noqa: E402
+from actors.trainer import Trainer
+from system.config.loading import resolve_config
 
 pytestmark = pytest.mark.ray
 

@@ -11,6 +11,7 @@ from system.config.report import ReportConfig, WandbConfig
 from system.report.run_logger import RunLogger, worst_sequences_table
 from system.report.sinks import JsonlSink
 from system.report.wandb_sink import WandbSink
+from system.types import CorrectionInput
 
 
 def test_jsonl_sink_writes_null_for_non_finite(tmp_path):
@@ -34,16 +35,18 @@ def test_run_logger_merges_streamed_and_final_metrics_into_one_record(tmp_path):
 
 
 def test_worst_sequences_table_orders_by_mean_abs_diff():
-    arrays = {
-        "rollout_logp": np.array([[-1.0, -1.0], [-1.0, -1.0], [-1.0, 0.0]], np.float32),
-        "train_logp": np.array([[-1.1, -1.1], [-3.0, -1.0], [-1.0, 0.0]], np.float32),
-        "response_mask": np.array([[1, 1], [1, 1], [1, 0]], bool),
-        "uid": np.array(["a", "b", "c"]),
-    }
-    cols, rows = worst_sequences_table(arrays)
+    batch = CorrectionInput(
+        behaviour_BT=np.array([[-1.0, -1.0], [-1.0, -1.0], [-1.0, 0.0]], np.float32),
+        proximal_BT=np.array([[-1.1, -1.1], [-3.0, -1.0], [-1.0, 0.0]], np.float32),
+        mask_BT=np.array([[1, 1], [1, 1], [1, 0]], bool), lag_B=np.array([0, 1, 0], np.int32),
+        advantage_B=np.zeros(3, np.float32), reward_B=np.array([0.5, 1.0, 0.0], np.float32),
+        response_ids_BT=np.zeros((3, 2), np.int32), uids=("a", "b", "c"), prompt_texts=("",) * 3,
+        response_texts=("x", "y", "z"))
+    cols, rows = worst_sequences_table(batch)
     # mean |d|: a = 0.1, b = (2 + 0) / 2 = 1.0, c = 0.
     assert [r[0] for r in rows] == ["b", "a", "c"]
     assert rows[0][cols.index("mean_abs_diff")] == pytest.approx(1.0)
+    assert rows[0][cols.index("lag")] == 1 and rows[0][cols.index("response")] == "y"
 
 
 def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@
 
 Simulated nodes on one machine (``ray.cluster_utils.Cluster`` on loopback): a head without
 the resource and one node with ``rollout: 1``. The real ``Trainer`` (simulated compute actors
-of ``benchmarks/sim_actors.py``) starts with one worker; a node with ``rollout: 2`` joins
+of ``tests/sim_actors.py``) starts with one worker; a node with ``rollout: 2`` joins
 mid-run, as the Ray autoscaler would add it, and the controller grows to 3 workers, all on
 rollout nodes; the node is then removed and its workers are not replaced (back to 1, the
 floor). The ledger shows nothing lost or trained twice.
@@ -14,7 +14,6 @@ been alive for ``rollout.worker_timeout_s``, with a message that says so and how
 """
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,14 +21,12 @@ from pathlib import Path
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
-
-from actors.cluster import use_loopback_only  # noqa: E402
-from actors.placement import follow_target, rollout_capacity  # noqa: E402
-from actors.trainer import Trainer  # noqa: E402
-from system.config.loading import resolve_config  # noqa: E402
+from actors.cluster import use_loopback_only
+from actors.placement import follow_target, rollout_capacity
+from actors.trainer import Trainer
+from system.config.loading import resolve_config
 
 STEPS = 400  # an upper bound; the test stops the run once it has seen what it needs
 

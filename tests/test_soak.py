@@ -2,7 +2,7 @@
 
 The ``soak`` scenario of ``benchmarks/bench_fault_tolerance.py``: real controller, buffer,
 sampler, correction service and weight path on a loopback Ray cluster; the two compute roles
-are the simulated actors of ``benchmarks/sim_actors.py`` (fake engines, so a replacement
+are the simulated actors of ``tests/sim_actors.py`` (fake engines, so a replacement
 starts in about two seconds and the minute holds ~30 kills), 4 workers.
 Checked: 0 prompts lost (the ledger balances), 0 trained twice, steps keep completing.
 """

@@ -1,7 +1,7 @@
 """W&B's helper process killed mid-run: training goes on and every step stays in ``metrics.jsonl``.
 
 The real ``Trainer`` and correction service (which owns the W&B run, offline) with the
-simulated compute actors of ``benchmarks/sim_actors.py``, on a private loopback Ray cluster.
+simulated compute actors of ``tests/sim_actors.py``, on a private loopback Ray cluster.
 After step 3 the test kills the ``wandb-core`` process that the service started (found as a
 child of the service actor's process, killed by its pid). Each JSONL record carries
 ``report/wandb_live``: 1 while W&B takes the metrics, 0 after it failed.
@@ -9,7 +9,6 @@ child of the service actor's process, killed by its pid). Each JSONL record carr
 
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,12 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
-
-from actors.trainer import Trainer  # noqa: E402
-from system.config.loading import resolve_config  # noqa: E402
+from actors.trainer import Trainer
+from system.config.loading import resolve_config
 
 pytestmark = pytest.mark.ray
 

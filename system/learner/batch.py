@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from system.losses.advantages import group_advantages
-from system.types import RolloutGroup
+from system.types import CorrectionInput, RolloutGroup
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class LearnerBatch:
     policy_version_B: np.ndarray  # int64, behaviour policy version of each sequence
     uids: tuple[str, ...]  # completion uids ("prompt_id#sample_index")
     num_response_tokens: int  # T: width of response views (the global batch's longest response)
+    prompt_texts: tuple[str, ...] = ()  # for batch dumps and the report
+    response_texts: tuple[str, ...] = ()
 
     @property
     def num_sequences(self) -> int:
@@ -63,6 +65,16 @@ class LearnerBatch:
     def lag_B(self, learner_policy_version: int) -> np.ndarray:
         """int32 staleness ``lag = learner version - behaviour version`` of each sequence (spec section 0)."""
         return (learner_policy_version - self.policy_version_B).astype(np.int32)
+
+    def correction_input(self, proximal_BT: np.ndarray, learner_policy_version: int) -> CorrectionInput:
+        """The correction service's typed view of this (global) batch with its proximal log-probs."""
+        resp = self.response_arrays()
+        texts = (self.prompt_texts, self.response_texts) if self.prompt_texts else (("",) * self.num_sequences,) * 2
+        return CorrectionInput(
+            behaviour_BT=resp["behaviour_logp"], proximal_BT=np.asarray(proximal_BT, dtype=np.float32),
+            mask_BT=resp["response_mask"], lag_B=self.lag_B(learner_policy_version),
+            advantage_B=self.advantages_B.astype(np.float32), reward_B=self.rewards_B.astype(np.float32),
+            response_ids_BT=resp["response_ids"], uids=self.uids, prompt_texts=texts[0], response_texts=texts[1])
 
     def response_arrays(self) -> dict[str, np.ndarray]:
         """Response-only ``[B, T]`` arrays for the correction service and batch dumps."""
@@ -126,6 +138,8 @@ def collate_groups(
         policy_version_B=np.array([c.policy_version for _, c in completions], dtype=np.int64),
         uids=tuple(c.uid for _, c in completions),
         num_response_tokens=max(1, int(response_len_B.max())),
+        prompt_texts=tuple(groups[g].prompt.text for g, _ in completions),
+        response_texts=tuple(c.response_text for _, c in completions),
     )
 
 

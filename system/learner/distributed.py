@@ -16,6 +16,7 @@ import os
 import socket
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -131,3 +132,32 @@ def _pin_gloo_to_loopback() -> None:
     names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
     if names:
         os.environ["GLOO_SOCKET_IFNAME"] = names[0]
+
+
+def all_gather_rows(x_BT: np.ndarray, device: torch.device) -> np.ndarray:
+    """Every rank's ``[B_r, T]`` block stacked in rank order, on every rank (collective).
+
+    The blocks must have one shape (``shard_batch`` cuts equal blocks). Without a process group
+    (one rank) it is ``x_BT`` itself.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return np.asarray(x_BT)
+    local = torch.from_numpy(np.array(x_BT, copy=True)).to(device)
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local)
+    return torch.cat(parts).cpu().numpy()
+
+
+def broadcast_array(x: np.ndarray | None, shape: tuple[int, ...], dtype, device: torch.device) -> np.ndarray:
+    """Rank 0's array ``x`` on every rank (collective; the other ranks pass None, ``shape`` and ``dtype``)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return np.asarray(x, dtype=dtype)
+    if dist.get_rank() == 0:
+        if x is None or tuple(np.shape(x)) != tuple(shape):
+            raise ValueError(f"rank 0 broadcasts an array of shape {tuple(shape)}, "
+                             f"got {None if x is None else np.shape(x)}")
+        t = torch.from_numpy(np.array(x, dtype=dtype, copy=True)).to(device)
+    else:
+        t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype, device=device)
+    dist.broadcast(t, src=0)
+    return t.cpu().numpy()

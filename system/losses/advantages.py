@@ -16,6 +16,9 @@ import torch
 GRPO_STD_EPS = 1e-6
 """Added to the group std before dividing."""
 
+SCALE_BY_STD = {"grpo": True, "dr-grpo": False}
+"""``learner.advantage`` -> whether the group advantage is divided by the group std."""
+
 
 def group_advantages(rewards_B, group_index_B, scale_by_std: bool) -> torch.Tensor:
     """Rewards centred on their group mean, divided by the group std + 1e-6 when ``scale_by_std``.

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from system.types import CorrectionInput
+
 REQUIRED = ("rollout_logp", "train_logp", "response_mask")
 OPTIONAL_ROW = ("lag", "reward", "advantage", "uid", "prompt_text", "response_text")
 OPTIONAL_GRID = ("response_ids", "token_text")
@@ -202,3 +204,21 @@ def token_text_grid(id_to_token, response_ids: np.ndarray, mask: np.ndarray) -> 
     rows, cols = np.nonzero(mask)
     grid[rows, cols] = [vocab[int(i)] for i in response_ids[rows, cols]]
     return grid.astype(str)
+
+
+def dump_arrays(batch: CorrectionInput, token_text: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The section 6 arrays of one batch: the spec's key names for the correction's typed input."""
+    arrays = {
+        "rollout_logp": batch.behaviour_BT, "train_logp": batch.proximal_BT, "response_mask": batch.mask_BT,
+        "response_ids": batch.response_ids_BT, "lag": batch.lag_B, "reward": batch.reward_B,
+        "advantage": batch.advantage_B, "uid": np.array(batch.uids, dtype=str),
+        "prompt_text": np.array(batch.prompt_texts, dtype=str), "response_text": np.array(batch.response_texts, dtype=str),
+    }
+    if token_text is not None:
+        arrays["token_text"] = token_text
+    return arrays
+
+
+def save_batch_dump(path: str | Path, batch: CorrectionInput, token_text: np.ndarray | None = None) -> Path:
+    """Write ``batch`` as a section 6 dump (:func:`dump_arrays`, then :func:`save_dump`)."""
+    return save_dump(path, **dump_arrays(batch, token_text))

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from system.config.report import ReportConfig
-from system.report.dump import save_dump
+from system.report.dump import save_batch_dump
 from system.report.sinks import FanOutSink, JsonlSink, MetricSink
 from system.report.wandb_sink import WandbSink
+from system.types import CorrectionInput
 
 WORST_SEQUENCES = 16
 
@@ -50,12 +51,13 @@ class RunLogger:
     def should_dump(self, step: int) -> bool:
         return self.cfg.dump_every > 0 and step % self.cfg.dump_every == 0
 
-    def dump(self, step: int, arrays: dict[str, np.ndarray], token_ratios: np.ndarray) -> Path:
+    def dump(self, step: int, batch: CorrectionInput, token_ratios: np.ndarray,
+             token_text: np.ndarray | None = None) -> Path:
         """Write ``dumps/step_XXXXXX.npz`` and log the ratio histogram and the worst sequences."""
-        path = save_dump(self.run_dir / "dumps" / f"step_{step:06d}.npz", **arrays)
+        path = save_batch_dump(self.run_dir / "dumps" / f"step_{step:06d}.npz", batch, token_text)
         self.last_dump = path
         self.live.log_histogram(step, "mismatch/token_ratio", token_ratios)
-        self.live.log_table(step, "mismatch/worst_sequences", *worst_sequences_table(arrays))
+        self.live.log_table(step, "mismatch/worst_sequences", *worst_sequences_table(batch))
         return path
 
     def close(self) -> None:
@@ -63,22 +65,15 @@ class RunLogger:
         self.live.close()
 
 
-def worst_sequences_table(arrays: dict[str, np.ndarray]) -> tuple[list[str], list[list]]:
-    """Columns and rows of the sequences with the largest mean |old - mu|."""
-    mask = arrays["response_mask"].astype(bool)
-    d = np.where(mask, arrays["train_logp"] - arrays["rollout_logp"], 0.0)
+def worst_sequences_table(batch: CorrectionInput) -> tuple[list[str], list[list]]:
+    """Columns and rows of the sequences with the largest mean |proximal - behaviour|."""
+    mask = batch.mask_BT.astype(bool)
+    d = np.where(mask, batch.proximal_BT.astype(np.float64) - batch.behaviour_BT, 0.0)
     d = np.where(np.isfinite(d), d, 0.0)
     n = np.maximum(mask.sum(1), 1)
     mean_abs = np.abs(d).sum(1) / n
     order = np.argsort(-mean_abs, kind="stable")[:WORST_SEQUENCES]
     cols = ["uid", "mean_abs_diff", "max_abs_diff", "length", "lag", "reward", "response"]
-    rows = []
-    for i in order:
-        rows.append([
-            str(arrays["uid"][i]) if "uid" in arrays else str(i), float(mean_abs[i]),
-            float(np.abs(d[i]).max()), int(mask[i].sum()),
-            int(arrays["lag"][i]) if "lag" in arrays else 0,
-            float(arrays["reward"][i]) if "reward" in arrays else None,
-            str(arrays["response_text"][i]) if "response_text" in arrays else "",
-        ])
+    rows = [[batch.uids[i], float(mean_abs[i]), float(np.abs(d[i]).max()), int(mask[i].sum()), int(batch.lag_B[i]),
+             float(batch.reward_B[i]), batch.response_texts[i]] for i in order]
     return cols, rows

@@ -112,7 +112,7 @@ class RolloutWorkerCore:
         self._stats["num_sequences"] += len(completions)
         self._stats["num_response_tokens"] += num_tokens
         return RolloutGroup(prompt=prompt, completions=completions, policy_version=self._policy_version,
-                            worker_id=self.worker_id, stats={"num_response_tokens": num_tokens})
+                            worker_id=self.worker_id)
 
     def update_weights(self, payload: WeightPayload) -> None:
         """Load ``payload`` into the engine and adopt its ``policy_version``."""

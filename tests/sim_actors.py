@@ -9,9 +9,10 @@ and the object-store weight path.
 - The simulated worker's ``generate`` returns real ``RolloutGroup`` records (random token ids
   in the model's vocabulary, negative behaviour log-probs, digit strings scored by the task's
   real reward), stamped with the policy version it holds, and takes a configured time.
-- The simulated rank's ``compute_proximal_logprobs`` returns its shard's behaviour log-probs
-  plus small noise; ``train_step`` takes a configured time and returns the keys of the real
-  metrics; ``export_weights`` returns a bf16 ``WeightPayload`` of a configured size on rank 0.
+- The simulated rank's ``step`` follows the real step protocol (``system.learner.group_step``):
+  proximal log-probs = the behaviour log-probs plus small noise, rank 0 calls the real
+  correction service once, the update takes a configured time and returns the keys of the real
+  metrics, and rank 0 puts a bf16 ``WeightPayload`` of a configured size in the object store.
 
 Simulated time is a deadline from the call's start (sleep ``max(0, start + seconds - now)``),
 so building the records does not add to it: a call takes ``seconds`` plus only what the
@@ -25,7 +26,7 @@ model_dir, ...)``, so nothing else reaches the constructor)::
     Trainer(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls)
 
 This module is pickled by value (``cloudpickle.register_pickle_by_value``), so Ray's worker
-processes need not find ``benchmarks/`` on their path.
+processes need not find ``tests/`` on their path (the benchmarks import it too).
 """
 
 import json
@@ -41,8 +42,8 @@ import ray
 from ray import cloudpickle
 
 from system.config import RunConfig
-from system.learner.batch import LearnerBatch, shard_batch
-from system.learner.step import LossNormalisers
+from system.learner.batch import LearnerBatch
+from system.learner.group_step import StepOutcome
 from system.rewards.registry import build_reward
 from system.types import Completion, Prompt, RolloutGroup
 from system.weight_payload import WeightPayload
@@ -114,7 +115,7 @@ class SimulatedRolloutWorker:
         rng = np.random.default_rng(seed)
         self._num_calls += 1
         groups = [self._group(p, rng) for p in prompts]
-        tokens = sum(g.stats["num_response_tokens"] for g in groups)
+        tokens = sum(len(c.response_token_ids) for g in groups for c in g.completions)
         s = self.settings
         _deadline_sleep(started, s.seconds_per_call + s.seconds_per_prompt * len(prompts) + s.seconds_per_token * tokens)
         self._stats["generate_seconds"] += time.perf_counter() - started
@@ -143,7 +144,7 @@ class SimulatedRolloutWorker:
         self._stats["num_sequences"] += len(completions)
         self._stats["num_response_tokens"] += tokens
         return RolloutGroup(prompt=prompt, completions=tuple(completions), policy_version=self.policy_version,
-                            worker_id=self.worker_id, stats={"num_response_tokens": tokens})
+                            worker_id=self.worker_id)
 
     def update_weights(self, payload: WeightPayload) -> int:
         """Adopt ``payload.policy_version``; read or copy the arrays as ``settings.weight_load`` says."""
@@ -174,7 +175,7 @@ class SimulatedLearnerSettings:
     train_seconds: float = 0.0
     """Simulated time of one ``train_step``."""
     proximal_seconds: float = 0.0
-    """Simulated time of one ``compute_proximal_logprobs``."""
+    """Simulated time of the proximal log-probs of one step."""
     export_seconds: float = 0.0
     """Simulated time of one ``export_weights`` (the all-gather and cast), on every rank."""
     payload_params: int = 1_000_000
@@ -210,7 +211,6 @@ class SimulatedLearnerRank:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self._policy_version = 0
         self.optimizer_step = 0
-        self._proximal: tuple[tuple[str, ...], np.ndarray] | None = None
         self._rng = np.random.default_rng([cfg.seed, rank])
         self._arrays: dict[str, np.ndarray] = {}
         if rank == 0 and self.settings.payload_params > 0:
@@ -221,44 +221,50 @@ class SimulatedLearnerRank:
     def policy_version(self) -> int:
         return self._policy_version
 
-    def compute_proximal_logprobs(self, batch: LearnerBatch) -> np.ndarray:
-        """``old[B/R, T]``: this shard's behaviour log-probs plus small noise (0 past each response)."""
-        started = time.perf_counter()
-        shard = shard_batch(batch, self.rank, self.world_size)
-        resp = shard.response_arrays()
-        noise = self._rng.normal(0.0, self.settings.proximal_noise, resp["behaviour_logp"].shape)
-        old = np.where(resp["response_mask"], np.minimum(resp["behaviour_logp"] + noise, 0.0), 0.0).astype(np.float32)
-        self._proximal = (shard.uids, old)
-        _deadline_sleep(started, self.settings.proximal_seconds)
-        return old
+    def step(self, holder: list, step: int, service) -> StepOutcome | None:
+        """``LearnerRank.step`` simulated: the protocol of ``system.learner.group_step`` (rank 0 calls the
+        real correction service once and publishes the payload) with sleeps for the compute and no
+        process group (rank 0 simulates the all-gathered proximal log-probs of the whole batch)."""
+        t0 = time.perf_counter()
+        batch = ray.get(holder[0])
+        resp = batch.response_arrays()
+        mask = resp["response_mask"]
+        noise = self._rng.normal(0.0, self.settings.proximal_noise, mask.shape)
+        proximal = np.where(mask, np.minimum(resp["behaviour_logp"] + noise, 0.0), 0.0).astype(np.float32)
+        _deadline_sleep(t0, self.settings.proximal_seconds)
+        t1 = time.perf_counter()
+        weights, correction = (ray.get(service.process.remote(step, holder, proximal, self._policy_version))
+                               if self.rank == 0 else (np.ones_like(proximal), {}))
+        t2 = time.perf_counter()
+        learner = self._train_metrics(batch, weights)
+        _deadline_sleep(t2, self.settings.train_seconds)
+        t3 = time.perf_counter()
+        payload = self.export_weights()
+        ref = None if payload is None else ray.put(payload)
+        t4 = time.perf_counter()
+        if self.rank != 0:
+            return None
+        return StepOutcome(learner=learner, correction=correction, payload=None, weights=ref,
+                           seconds={"proximal": t1 - t0, "correction": t2 - t1, "update": t3 - t2, "export": t4 - t3})
 
-    def train_step(self, batch: LearnerBatch, weights_NT: np.ndarray, normalisers: LossNormalisers) -> dict:
-        """Simulated time, then global metrics with the real keys; the policy version advances by one."""
-        started = time.perf_counter()
-        shard = shard_batch(batch, self.rank, self.world_size)
-        if self._proximal is None or self._proximal[0] != shard.uids:
-            raise ValueError("train_step needs the proximal log-probs of this shard: call compute_proximal_logprobs first")
+    def _train_metrics(self, batch: LearnerBatch, weights_BT: np.ndarray) -> dict:
+        """Global metrics with the real keys; the policy version advances by one."""
         mask = batch.response_arrays()["response_mask"]
-        weights = np.asarray(weights_NT, dtype=np.float32)
+        weights = np.asarray(weights_BT, dtype=np.float32)
         if weights.shape != mask.shape:
             raise ValueError(f"weights {weights.shape} do not match the batch's response view {mask.shape}")
         n_tok = max(1.0, float(mask.sum()))
-        adv_NT = np.broadcast_to(batch.advantages_B[:, None], mask.shape)
-        lr = self.cfg.learner.lr
-        metrics = {
-            "loss": float(-(weights * adv_NT)[mask].sum() / n_tok),
+        adv_BT = np.broadcast_to(batch.advantages_B[:, None], mask.shape)
+        self.optimizer_step += self.cfg.learner.updates_per_batch
+        self._policy_version += 1
+        return {
+            "loss": float(-(weights * adv_BT)[mask].sum() / n_tok),
             "entropy": 1.0, "weight_mean": float(weights[mask].sum() / n_tok),
             "keep_token_frac": float((mask & (weights > 0)).sum() / n_tok),
             "num_valid_tokens": float(mask.sum()), "num_sequences": float((mask.sum(axis=1) >= 1).sum()),
-            "loss/clip_frac": 0.0, "grad_norm": float(abs(self._rng.normal(1.0, 0.1))), "lr": lr,
-            "skipped_step": 0.0,
+            "clip_frac": 0.0, "grad_norm": float(abs(self._rng.normal(1.0, 0.1))), "lr": self.cfg.learner.lr,
+            "skipped_step": 0.0, "nonfinite_proximal_tokens": 0.0, "policy_version": float(self._policy_version),
         }
-        _deadline_sleep(started, self.settings.train_seconds)
-        self.optimizer_step += self.cfg.learner.updates_per_batch
-        self._policy_version += 1
-        self._proximal = None
-        metrics["policy_version"] = float(self._policy_version)
-        return metrics
 
     def export_weights(self) -> WeightPayload | None:
         """The configured bf16 payload (int16 view) of the current version on rank 0; None on the others."""
@@ -277,7 +283,6 @@ class SimulatedLearnerRank:
     def load_checkpoint(self, path: str) -> None:
         counters = json.loads((Path(path) / f"simulated_rank{self.rank}.json").read_text())
         self._policy_version, self.optimizer_step = counters["policy_version"], counters["optimizer_step"]
-        self._proximal = None
 
     def close(self) -> None:
         pass

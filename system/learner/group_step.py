@@ -1,0 +1,87 @@
+"""One policy-version step on every learner rank: proximal log-probs, the correction, the update, the export.
+
+The driver makes ONE call per step, to every rank at once (``actors.learner_worker``); each
+rank then runs :func:`run_step`, and no token array goes back through the driver::
+
+    rank r (of R), shard = rows [r B/R, (r+1) B/R) of the global batch
+      1. proximal_r = log-probs of the shard's sampled tokens, current weights, no grad   [B/R, T]
+      2. proximal   = all-gather of every rank's proximal_r (process group)                 [B, T]
+      3. rank 0:  weights, metrics = correct(proximal)   (one call to the correction service,
+                  which reads the batch itself from the object store)                      [B, T]
+      4. weights    = broadcast from rank 0 (process group)
+      5. the update on the shard with weights[rows] and the GLOBAL loss normalisers
+         (valid tokens and sequences of the whole batch, spec section 5)
+      6. export of the new weights (collective; the payload lands on rank 0)
+
+Every rank computes the normalisers itself from the all-gathered ``proximal`` and the batch's
+own arrays, so they agree without a further collective. ``correct`` is the only link to the
+rest of the system (the Ray actor passes a call to the correction service), which keeps this
+module Ray-free and testable in one process.
+
+Shape suffixes: ``B`` sequences, ``T`` response positions (``system`` legend).
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from system.learner import distributed
+from system.learner.batch import LearnerBatch, shard_batch
+from system.learner.step import LossNormalisers, loss_normalisers
+from system.weight_payload import WeightPayload
+
+Correct = Callable[[np.ndarray], tuple[np.ndarray, dict]]
+"""``proximal_BT -> (weights_BT, correction metrics)`` for the global batch (rank 0 only)."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What rank 0 returns for a step: every metric, the timings and the new weights."""
+
+    learner: dict[str, float]
+    correction: dict[str, float | int | None]
+    seconds: dict[str, float]
+    """``proximal``, ``correction`` (gather + service + broadcast), ``update``, ``export``."""
+    payload: WeightPayload | None
+    """The new policy version's full weights (rank 0); None on the other ranks."""
+    weights: object = None
+    """Where the rollout workers load ``payload`` from, once the caller has published it (the Ray
+    shell puts the payload in the object store and ships the reference here, ``payload`` None)."""
+
+
+def nonfinite_proximal_tokens(batch: LearnerBatch, proximal_BT: np.ndarray) -> int:
+    """Response tokens whose behaviour log-prob is finite but whose recomputed one is not: the
+    learner's own forward pass broke (a diverged model), as opposed to a NaN from the sampler."""
+    resp = batch.response_arrays()
+    live_BT = resp["response_mask"] & np.isfinite(resp["behaviour_logp"])
+    return int((live_BT & ~np.isfinite(proximal_BT)).sum())
+
+
+def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Correct | None) -> StepOutcome:
+    """Steps 1-6 of the module docstring on this rank (collective: every rank calls it together).
+
+    ``core`` is this rank's ``LearnerCore``; ``correct`` is called on rank 0 only (None elsewhere).
+    """
+    if (rank == 0) != (correct is not None):
+        raise ValueError("rank 0, and only rank 0, needs the correction call")
+    t0 = time.perf_counter()
+    shard = shard_batch(batch, rank, world_size)
+    proximal_shard_BT = core.compute_proximal_logprobs(shard)
+    t1 = time.perf_counter()
+    proximal_BT = distributed.all_gather_rows(proximal_shard_BT, core.device)
+    weights_BT, correction = correct(proximal_BT) if rank == 0 else (None, {})
+    weights_BT = distributed.broadcast_array(weights_BT, proximal_BT.shape, np.float32, core.device)
+    t2 = time.perf_counter()
+    resp = batch.response_arrays()
+    norms: LossNormalisers = loss_normalisers(resp["response_mask"], resp["behaviour_logp"], proximal_BT)
+    size = batch.num_sequences // world_size
+    learner = core.train_step(shard, weights_BT[rank * size:(rank + 1) * size], norms)
+    learner["nonfinite_proximal_tokens"] = float(nonfinite_proximal_tokens(batch, proximal_BT))
+    t3 = time.perf_counter()
+    payload = core.export_weights()
+    t4 = time.perf_counter()
+    return StepOutcome(learner=learner, correction=dict(correction),
+                       seconds={"proximal": t1 - t0, "correction": t2 - t1, "update": t3 - t2, "export": t4 - t3},
+                       payload=payload)
