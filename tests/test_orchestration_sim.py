@@ -9,6 +9,7 @@ faster per step than the synchronous one.
 """
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +83,62 @@ def test_async_is_faster_per_step_than_sync(runs):
     per_step = {lag: float(np.mean([r["time/step"] for r in runs[lag][0][WARMUP:]])) for lag in (0, 1)}
     assert per_step[0] >= R + L  # sync can never beat the serial sum
     assert per_step[1] < 0.8 * per_step[0], per_step
+
+
+def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, monkeypatch):
+    """Counted, not declared: every actor method call the driver's train thread issues (a wrapper
+    around ``ActorMethod.remote``) and every reference it blocks on (``ray.get`` / ``ray.wait``).
+    Per step the driver calls ``step`` once on every learner rank and waits for those calls only;
+    the step record (``finish_step``) and the progress report go out without a wait, and the
+    correction service's ``process`` is called by rank 0, never by the driver."""
+    calls, waited, current = [], set(), [None]
+    main = threading.main_thread()
+    remote, get, wait = ray.actor.ActorMethod.remote, ray.get, ray.wait
+
+    def counting_remote(self, *args, **kwargs):
+        ref = remote(self, *args, **kwargs)
+        if threading.current_thread() is main and current[0] is not None:
+            calls.append((current[0], self._method_name, ref))
+        return ref
+
+    def refs_of(x):
+        return list(x) if isinstance(x, list | tuple) else [x]
+
+    def counting_get(refs, *args, **kwargs):
+        if threading.current_thread() is main and current[0] is not None:
+            waited.update((current[0], r) for r in refs_of(refs))
+        return get(refs, *args, **kwargs)
+
+    def counting_wait(refs, *args, **kwargs):
+        if threading.current_thread() is main and current[0] is not None:
+            waited.update((current[0], r) for r in refs)
+        return wait(refs, *args, **kwargs)
+
+    class CountingTrainer(Trainer):
+        def train_one_step(self):
+            current[0] = self.step + 1
+            try:
+                return super().train_one_step()
+            finally:
+                current[0] = None
+
+    monkeypatch.setattr(ray.actor.ActorMethod, "remote", counting_remote)
+    monkeypatch.setattr(ray, "get", counting_get)
+    monkeypatch.setattr(ray, "wait", counting_wait)
+    cfg = resolve_config(overrides=[
+        f"output_dir={tmp_path / 'run'}", "max_steps=4", f"prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
+        f"rollout.prompts_per_call={PROMPTS}", "model.warm_start_steps=0", "report.wandb.mode=disabled",
+        "report.console=false", "report.dump_every=0", "checkpoint_every=0"])
+    trainer = CountingTrainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
+                              learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+        ray.kill(trainer.service, no_restart=True)
+    ranks = cfg.learner.num_ranks
+    for step in range(1, 5):
+        issued = sorted(m for s, m, _ in calls if s == step)
+        assert issued == sorted(["step"] * ranks + ["finish_step", "report"]), (step, issued)
+        blocking = {m for s, m, ref in calls if s == step and (step, ref) in waited}
+        assert blocking == {"step"}, (step, blocking)  # one blocking call (on all ranks at once) per step
