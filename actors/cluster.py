@@ -4,8 +4,8 @@ import logging
 import os
 
 import ray
-from ray._private import ray_constants
 
+from actors.ray_internals import set_local_only
 from system.config.cluster import RayConfig
 
 
@@ -62,7 +62,7 @@ def join(address: str, **init_kwargs) -> None:
     if host in ("127.0.0.1", "localhost") or os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
         use_loopback_only()
     else:
-        ray_constants.ENABLE_RAY_CLUSTER = True
+        set_local_only(False)
     ray.init(address=address, log_to_driver=True, **init_kwargs)
 
 
@@ -75,9 +75,4 @@ def use_loopback_only() -> None:
     cluster's processes.
     """
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-
-
-def disconnect() -> None:
-    if ray.is_initialized():
-        ray.shutdown()
+    set_local_only(True)

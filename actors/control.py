@@ -11,10 +11,10 @@ import socket
 from pathlib import Path
 
 import ray
-from ray._raylet import Config
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.cluster import join
+from actors.ray_internals import reload_config
 
 NAMESPACE = "aisrl"
 
@@ -82,7 +82,7 @@ def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHan
     # ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token).
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = info.get("auth_mode", "disabled")
-        Config.initialize("")  # Ray caches its config at import; refresh it (as ray.init does)
+        reload_config()  # Ray caches its config at import; refresh it (as ray.init does)
     join(target, namespace=NAMESPACE)
     try:
         return ray.get_actor(info["actor"], namespace=NAMESPACE)

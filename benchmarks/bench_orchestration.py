@@ -273,6 +273,8 @@ def main() -> None:
     ray.init(address="local", num_cpus=24, include_dashboard=False, object_store_memory=store,
              _node_ip_address="127.0.0.1", log_to_driver=False)
     results = {}
+    kept = Path(__file__).resolve().parent / "results" / f"orchestration_async_vs_sync_cpu{suffix}.json"
+    previous = json.loads(kept.read_text()) if kept.is_file() else None
     node_ip = ray.util.get_node_ip_address()
     try:
         if "async" in parts:
@@ -301,6 +303,13 @@ def main() -> None:
         summary["train_seconds_L"] = args.train_seconds
         summary["async_vs_sync_efficiency"] = {f"{r['mode']}@R/L={r['R_over_L']}": round(r["efficiency"], 4)
                                                for r in results["async"]["rows"]}
+        summary["overhead_ms_per_step"] = {f"{r['mode']}@R/L={r['R_over_L']}": round(1e3 * r["overhead_s_per_step"], 1)
+                                           for r in results["async"]["rows"]}
+        if previous is not None:  # the kept result this run replaces, for the side-by-side reading
+            summary["previous"] = {"commit": previous.get("commit"), "efficiency": {
+                f"{r['mode']}@R/L={r['R_over_L']}": round(r["efficiency"], 4) for r in previous["rows"]},
+                "overhead_ms_per_step": {f"{r['mode']}@R/L={r['R_over_L']}": round(1e3 * r["overhead_s_per_step"], 1)
+                                         for r in previous["rows"]}}
     if "scaling" in results:
         summary["scaling_efficiency_vs_linear"] = {r["workers"]: round(r["efficiency_vs_linear"], 4)
                                                    for r in results["scaling"]["rows"]}

@@ -201,3 +201,19 @@ def test_kth_smallest_on_large_arrays_is_exact(layout):
     ranks = [1, n // 3, n // 2, n // 2 + 1, n]
     got = kth_smallest(torch.from_numpy(x), ranks)
     assert got == [np.partition(x, k - 1)[k - 1] for k in ranks]
+
+
+def test_valid_tokens_is_one_definition_for_numpy_and_torch():
+    """Spec section 0: m = 1 and both log-probs finite. By hand: row 0 keeps t0 (t1 NaN mu, t2 off);
+    row 1 keeps t1 only (t0 inf old, t2 -inf mu)."""
+    from system.correction.ratios import valid_tokens
+
+    mask = np.array([[1, 1, 0], [1, 1, 1]], dtype=np.uint8)
+    mu = np.array([[-1.0, np.nan, -1.0], [-1.0, -2.0, -np.inf]])
+    old = np.array([[-1.0, -1.0, np.nan], [np.inf, -2.0, -1.0]])
+    want = np.array([[True, False, False], [False, True, False]])
+    np.testing.assert_array_equal(valid_tokens(mask, mu, old), want)
+    got = valid_tokens(torch.from_numpy(mask), torch.from_numpy(mu), torch.from_numpy(old))
+    assert got.dtype == torch.bool and got.numpy().tolist() == want.tolist()
+    # and compute_log_ratios counts the same tokens
+    assert compute_log_ratios(torch.from_numpy(mu), torch.from_numpy(old), torch.from_numpy(mask)).num_tokens == 2

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from system.config.learner import PPOLossConfig
 from system.losses import aggregate, ppo_token_loss
 
 NAN = float("nan")
@@ -14,7 +15,7 @@ NAN = float("nan")
 def run(log_ratio, adv, w, valid, eps_lo=0.2, eps_hi=0.28):
     old = torch.full(log_ratio.shape, -2.0, dtype=torch.float64)
     cur = (old + log_ratio).requires_grad_(True)
-    loss, stats = ppo_token_loss(cur, old, adv, w, valid, eps_lo, eps_hi)
+    loss, stats = ppo_token_loss(cur, old, adv, w, valid, PPOLossConfig(eps_lo=eps_lo, eps_hi=eps_hi))
     loss.sum().backward()
     return loss.detach(), stats, cur.grad
 
@@ -72,7 +73,7 @@ def test_nan_safe_in_values_and_gradients():
     old = torch.tensor([[-1.0, -1.0, NAN, -1.0], [NAN, NAN, NAN, NAN]])
     w = torch.tensor([[1.0, 1.0, 1.0, NAN], [NAN] * 4])
     valid = torch.tensor([[True, True, True, False], [True, True, True, True]])
-    loss, stats = ppo_token_loss(cur, old, torch.tensor([1.0, -1.0]), w, valid, 0.2, 0.28)
+    loss, stats = ppo_token_loss(cur, old, torch.tensor([1.0, -1.0]), w, valid, PPOLossConfig(eps_lo=0.2, eps_hi=0.28))
     out = aggregate(loss, valid, "token-mean")
     out.backward()
     assert torch.isfinite(loss).all() and torch.isfinite(out) and torch.isfinite(cur.grad).all()

@@ -8,8 +8,6 @@ from system.config.base import StrictModel
 class AsyncConfig(StrictModel):
     max_lag: int = Field(default=1, ge=0)
     """A sample may be generated with weights at most this many policy versions behind the learner; 0 = synchronous on-policy."""
-    buffer_batches: int = Field(default=2, ge=1)
-    """Trajectory-buffer capacity, in training batches."""
 
 
 class RayConfig(StrictModel):

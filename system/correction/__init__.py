@@ -5,7 +5,6 @@
                                                   --ais_diagnostics----------> S, R, V (section 3)
 AdaptiveIS.update(ratios, w, k, advantages, lag) -> alpha per response (AIS v2, our reconstruction)
 mix_weights(w_BT, k_BT, alpha) -> omega_BT = k (1 + alpha (w - 1))
-ctpo_token_loss: the CTPO surrogate (section 4)
 """
 
 from system.correction.ais import (
@@ -18,7 +17,6 @@ from system.correction.ais import (
     oracle_alpha,
     sequence_deltas,
 )
-from system.correction.ctpo import ctpo_token_loss
 from system.correction.diagnostics import (
     DIAGNOSTIC_KEYS,
     compute_diagnostics,
@@ -51,7 +49,6 @@ __all__ = [
     "compute_log_ratios",
     "compute_weights",
     "compute_weights_and_keep",
-    "ctpo_token_loss",
     "default_method_configs",
     "diagnostics_by_lag",
     "diagnostics_by_lag_of",

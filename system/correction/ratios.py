@@ -14,6 +14,7 @@ Shapes: B = responses in the batch, T = padded response length.
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 LOG_RATIO_CLAMP = 20.0
@@ -73,6 +74,21 @@ def _check_inputs(behaviour_BT, proximal_BT, mask_BT) -> None:
     for name, t in (("behaviour_logp", behaviour_BT), ("proximal_logp", proximal_BT)):
         if not t.is_floating_point():
             raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
+
+
+def valid_tokens(mask_BT, *logps_BT):
+    """Spec section 0's valid tokens: ``m = 1`` and every given log-prob finite (torch or numpy,
+    the type of ``mask_BT``). The one definition; ``compute_log_ratios`` computes the same set in
+    one pass over ``old - mu`` (non-finite exactly when either operand is)."""
+    if isinstance(mask_BT, torch.Tensor):
+        valid_BT = mask_BT.bool()
+        for logp_BT in logps_BT:
+            valid_BT = valid_BT & torch.isfinite(torch.as_tensor(logp_BT, device=valid_BT.device))
+        return valid_BT
+    valid_BT = np.asarray(mask_BT).astype(bool)
+    for logp_BT in logps_BT:
+        valid_BT = valid_BT & np.isfinite(np.asarray(logp_BT))
+    return valid_BT
 
 
 def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatios:

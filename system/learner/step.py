@@ -28,12 +28,13 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from system.config.learner import LearnerConfig
+from system.correction.ratios import valid_tokens
 from system.learner.batch import micro_batch_slices, mini_batch_slices
 from system.learner.forward import ShardTensors, response_logprobs
 from system.learner.logprobs import Sampling
-from system.learner.policy_loss import policy_token_loss
 from system.learner.step_metrics import MetricSums, combine_updates
 from system.losses.aggregation import aggregate
+from system.losses.registry import policy_token_loss
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def loss_normalisers(
             f"response_mask {response_mask_NT.shape}, behaviour_logp {behaviour_logp_NT.shape} and "
             f"proximal_logp {proximal_logp_NT.shape} must have one [N, T] shape"
         )
-    valid_NT = response_mask_NT.astype(bool) & np.isfinite(behaviour_logp_NT) & np.isfinite(proximal_logp_NT)
+    valid_NT = valid_tokens(response_mask_NT, behaviour_logp_NT, proximal_logp_NT)
     return LossNormalisers(int(valid_NT.sum()), int((valid_NT.sum(axis=1) >= 1).sum()))
 
 
@@ -71,14 +72,6 @@ def mini_batch_normalisers(
     if dist.is_initialized():
         dist.all_reduce(counts_K2, op=dist.ReduceOp.SUM)
     return [LossNormalisers(int(tok), int(seq)) for tok, seq in counts_K2.tolist()]
-
-
-def valid_tokens(response_mask_BT: torch.Tensor, *logps_BT: torch.Tensor) -> torch.Tensor:
-    """``m = 1`` and every given log-prob finite."""
-    valid_BT = response_mask_BT.bool()
-    for logp_BT in logps_BT:
-        valid_BT = valid_BT & torch.isfinite(logp_BT)
-    return valid_BT
 
 
 def _checked_weights(weights_BT: torch.Tensor, valid_BT: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,10 @@ Shapes: B = responses in the batch, T = padded response length.
 
 import torch
 
-LOG_RATIO_CLAMP = 20.0
-"""Clamp of cur - old before exp."""
+from system.config.learner import PPOLossConfig
+from system.correction.ratios import LOG_RATIO_CLAMP, valid_tokens
+
+_DEFAULT_PPO = PPOLossConfig()
 
 
 def check_token_loss_shapes(current_BT, proximal_BT, advantages_B, weights_BT, valid_BT) -> None:
@@ -41,7 +43,7 @@ def token_loss_inputs(current_logp_BT, proximal_logp_BT, advantages_B, weights_B
     dtype = torch.promote_types(current_logp_BT.dtype, torch.float32)
     current_BT = current_logp_BT.to(dtype)
     proximal_BT = proximal_logp_BT.detach().to(dtype)
-    valid_BT = valid_BT.bool() & torch.isfinite(current_BT.detach()) & torch.isfinite(proximal_BT)
+    valid_BT = valid_tokens(valid_BT, current_BT.detach(), proximal_BT)
     return current_BT, proximal_BT, valid_BT
 
 
@@ -76,10 +78,11 @@ def ppo_token_loss(
     advantages_B: torch.Tensor,
     weights_BT: torch.Tensor,
     valid_BT: torch.Tensor,
-    eps_lo: float = 0.2,
-    eps_hi: float = 0.28,
+    cfg: PPOLossConfig = _DEFAULT_PPO,
 ) -> tuple[torch.Tensor, dict]:
-    """Per-token weighted PPO loss (0 at non-valid tokens) and its statistics as python numbers."""
+    """Per-token weighted PPO loss (0 at non-valid tokens) and its statistics as python numbers;
+    ``cfg`` gives the clip range ``[1 - eps_lo, 1 + eps_hi]``."""
+    eps_lo, eps_hi = cfg.eps_lo, cfg.eps_hi
     current_BT, proximal_BT, valid_BT = token_loss_inputs(
         current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
     dtype = current_BT.dtype

@@ -55,8 +55,8 @@ def ctpo_token_loss(
     current_logp_BT: torch.Tensor,
     proximal_logp_BT: torch.Tensor,
     advantages_B: torch.Tensor,
-    valid_BT: torch.Tensor,
     weights_BT: torch.Tensor,
+    valid_BT: torch.Tensor,
     cfg: CTPOLossConfig,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token CTPO loss (gradient through ``current_logp`` only) and its clip statistics."""

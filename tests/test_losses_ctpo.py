@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from system.config.learner import CTPOLossConfig
-from system.correction import ctpo_token_loss
+from system.losses import ctpo_token_loss
 
 NAN = float("nan")
 CFG = CTPOLossConfig()
@@ -17,7 +17,7 @@ def run(delta_BT, adv_B, valid_BT, w_BT, cfg=CFG):
     """CTPO with old = -1 and cur = old + delta (cur a leaf), returning loss, stats and d sum(loss) / d cur."""
     old = torch.full(delta_BT.shape, -1.0, dtype=torch.float64)
     cur = (old + delta_BT).requires_grad_(True)
-    loss, stats = ctpo_token_loss(cur, old, adv_B, valid_BT, w_BT, cfg)
+    loss, stats = ctpo_token_loss(cur, old, adv_B, w_BT, valid_BT, cfg)
     loss.sum().backward()
     return loss.detach(), stats, cur.grad
 
@@ -118,7 +118,7 @@ def test_matches_loop_reference_and_gradient_reaches_only_the_current_token(seed
     want_loss, want_grad = ref_ctpo(delta, adv, valid, w, cfg)
     old = torch.from_numpy(-rng.exponential(size=(B, T)))
     cur = (old + torch.from_numpy(delta)).requires_grad_(True)
-    args = (old, torch.from_numpy(adv), torch.from_numpy(valid), torch.from_numpy(w), cfg)
+    args = (old, torch.from_numpy(adv), torch.from_numpy(w), torch.from_numpy(valid), cfg)
     loss, _ = ctpo_token_loss(cur, *args)
     np.testing.assert_allclose(loss.detach().numpy(), want_loss, rtol=1e-10, atol=1e-12)
     # full Jacobian d loss[i, t] / d cur[j, s]: diagonal only, equal to the reference
@@ -133,7 +133,7 @@ def test_non_finite_inputs_stay_out_of_loss_and_gradient():
     cur = torch.tensor([[-1.0, NAN, -2.0, -float("inf")]], requires_grad=True)
     old = torch.tensor([[-1.1, -1.0, NAN, -1.0]])
     valid = torch.tensor([[True, True, True, False]])
-    loss, stats = ctpo_token_loss(cur, old, torch.tensor([1.0]), valid, torch.ones(1, 4), CFG)
+    loss, stats = ctpo_token_loss(cur, old, torch.tensor([1.0]), torch.ones(1, 4), valid, CFG)
     loss.sum().backward()
     assert torch.isfinite(loss).all() and torch.isfinite(cur.grad).all()
     assert loss[0, 1:].tolist() == [0.0, 0.0, 0.0] and cur.grad[0, 1:].tolist() == [0.0, 0.0, 0.0]
@@ -169,6 +169,6 @@ def test_position_buckets_and_all_masked():
 def test_bad_shapes_raise_value_error():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="advantages"):
-        ctpo_token_loss(x, x, torch.zeros(3), x.bool(), x, CFG)
+        ctpo_token_loss(x, x, torch.zeros(3), x, x.bool(), CFG)
     with pytest.raises(ValueError, match="weights"):
-        ctpo_token_loss(x, x, torch.zeros(2), x.bool(), torch.zeros(2, 4), CFG)
+        ctpo_token_loss(x, x, torch.zeros(2), torch.zeros(2, 4), x.bool(), CFG)
