@@ -67,7 +67,10 @@ def train(
         return
     if verbose:
         os.environ["AISRL_VERBOSE"] = "1"
+    from actors.cluster import quiet_workers
     from actors.trainer import Trainer
+
+    quiet_workers()  # this process too: the model build's progress bars, library warnings
 
     trainer = None
     try:

@@ -83,10 +83,12 @@ def swap_learner_part(ckpt: Path, donor: Path, part: str, scratch: Path) -> None
     merged = {**states["ckpt"], part: states["donor"][part]}
     torch.save(merged, scratch / "merged.pt")
     learner = Path(run_state.learner_dir(ckpt))
-    trainer_json = (learner / "trainer.json").read_text()
+    trainer = json.loads((learner / "trainer.json").read_text())
     shutil.rmtree(learner)
     torch_save_to_dcp(scratch / "merged.pt", learner)
-    (learner / "trainer.json").write_text(trainer_json)
+    # a consistent stale checkpoint: its file list names the new files (else it is refused as replaced)
+    trainer["files"] = {p.name: p.stat().st_size for p in sorted(learner.iterdir())}
+    (learner / "trainer.json").write_text(json.dumps(trainer))
 
 
 def swap_trainer_json(ckpt: Path, donor: Path, key: str) -> None:

@@ -174,14 +174,21 @@ def test_fp8_gap_is_larger_than_bf16(fp8_worker, bf16_engine, hf_model):
     assert fp8.mean() > 1.5 * bf16.mean() and fp8.max() > bf16.max()
 
 
-def test_rowwise_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, bf16_engine, hf_model, model_dir):
+@pytest.fixture(scope="module")
+def rowwise_engine(model_dir):
+    """Kept for the module: destroying one of several in-process engines tears down vLLM's global
+    parallel state that the others still use."""
+    return VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="rowwise")
+
+
+def test_rowwise_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, bf16_engine, hf_model, rowwise_engine):
     """The row-wise kernel (chosen on Intel AMX CPUs) computes the same FP8 product as vLLM's
     channel-wise one: its gap to the reference sits at the FP8 level, not the BF16 one."""
     from system.rollout.vllm_engine import rowwise_kernel_class
 
     assert fp8_worker.fp8_kernel["probe"]["bf16_ms"] > 0  # the worker probed this CPU at its build
     before = rowwise_kernel_class().calls
-    rowwise = VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="rowwise")
+    rowwise = rowwise_engine
     assert rowwise.quantization_scheme == "fp8_per_channel" and rowwise.fp8_kernel["kernel"] == "rowwise"
     rw = logprob_gaps(hf_model, sample(rowwise), TEMPERATURE)
     assert rowwise_kernel_class().calls > before  # vLLM ran the products through it
@@ -190,7 +197,6 @@ def test_rowwise_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, 
     print(f"log-prob gap mean: bf16 {bf16.mean():.5f}, fp8 channel-wise {cw.mean():.5f}, row-wise {rw.mean():.5f}")
     assert rw.mean() > 1.5 * bf16.mean()
     assert 0.5 * cw.mean() < rw.mean() < 2.0 * cw.mean()
-    del rowwise
 
 
 def test_worker_groups_are_scored_stamped_and_typed(fp8_worker, model_dir):

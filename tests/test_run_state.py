@@ -102,7 +102,7 @@ def test_learner_half_problems(tmp_path):
     assert "lacks counters or scheduler" in checkpoint_problems(learner)[0]
 
 
-def test_a_refused_resume_touches_nothing(tmp_path):
+def test_a_refused_resume_touches_nothing(tmp_path, monkeypatch):
     """``--resume`` of a directory without a usable checkpoint exits 2 before anything starts,
     and leaves config.json as it was (the new overrides are not written)."""
     from typer.testing import CliRunner
@@ -110,6 +110,7 @@ def test_a_refused_resume_touches_nothing(tmp_path):
     from actors.cli import app
     from system.config import RunConfig, dump_config
 
+    monkeypatch.setenv("AISRL_VERBOSE", "1")  # train would otherwise quiet this (pytest's) process's environment
     run = tmp_path / "run"
     run.mkdir()
     saved = dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 3}))

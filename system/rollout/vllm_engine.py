@@ -262,7 +262,7 @@ class VLLMEngine:
             raise ValueError(f"weight payload of policy version {payload.policy_version} lacks "
                              "lm_head.weight (the engine would keep a stale head)")
         started = time.perf_counter()
-        worker = self.llm.llm_engine.model_executor.driver_worker.worker
-        worker.reload_weights(weights_iterator=self._weights(payload))
+        # vLLM's public RPC to its workers; in-process (uni executor) the iterator is not serialised
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(payload)})
         self.llm.reset_prefix_cache()
         return time.perf_counter() - started
