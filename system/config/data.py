@@ -16,6 +16,17 @@ class ArithmeticTaskConfig(StrictModel):
     """Size of the prompt pool; an epoch ends after this many prompts."""
 
 
+class ScratchpadAdditionTaskConfig(StrictModel):
+    type: Literal["addition-scratchpad"] = "addition-scratchpad"
+    """Synthetic addition answered with a written tape, one line per column (a long response):
+    ``"4729+3856="`` -> ``".472+.385|1|5...;..47+..38|0|85..;...4+...3|1|585.;....+....|0|8585>08585"``."""
+    num_digits: int = Field(default=4, ge=1, le=9)
+    """Digits of each operand; the reference is ``3 n^2 + 6 n + 1`` characters (= tokens of the tiny
+    model's character tokenizer): 73 for 4 digits, 106 for 5, 145 for 6."""
+    num_prompts: int = Field(default=100_000, ge=1)
+    """Size of the prompt pool; an epoch ends after this many prompts."""
+
+
 class JsonlTaskConfig(StrictModel):
     type: Literal["gsm8k"] = "gsm8k"
     """GSM8K-style rows (``question``, ``answer`` ending in ``#### <number>``) from jsonl or parquet."""
@@ -31,7 +42,8 @@ class JsonlTaskConfig(StrictModel):
         return self
 
 
-TaskConfig = Annotated[ArithmeticTaskConfig | JsonlTaskConfig, Field(discriminator="type")]
+TaskConfig = Annotated[ArithmeticTaskConfig | ScratchpadAdditionTaskConfig | JsonlTaskConfig,
+                      Field(discriminator="type")]
 
 
 class DigitMatchReward(StrictModel):
@@ -46,7 +58,13 @@ class MathAnswerReward(StrictModel):
     """Reward for a well-formed ``#### <number>`` answer that is wrong."""
 
 
-RewardConfig = Annotated[DigitMatchReward | MathAnswerReward, Field(discriminator="type")]
+class ScratchpadReward(StrictModel):
+    type: Literal["scratchpad"] = "scratchpad"
+    """Partial credit for the scratchpad task: half for the tape lines (one per column) right in place, half for
+    the digits of the final sum right in place (``system/rewards/scratchpad.py``)."""
+
+
+RewardConfig = Annotated[DigitMatchReward | MathAnswerReward | ScratchpadReward, Field(discriminator="type")]
 
 
 class DataConfig(StrictModel):

@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-from system.config.data import ArithmeticTaskConfig, JsonlTaskConfig
 from system.config.model import TinyModelConfig
-from system.data.prompt_source import PromptSource, build_prompt_source
+from system.data.prompt_source import AnyTaskConfig, PromptSource, build_prompt_source
 from system.models.tokenizer import train_char_tokenizer
 from system.models.warm_start import warm_start
 
@@ -42,7 +41,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("AISRL_CACHE_DIR", Path.home() / ".cache" / "aisrl" / "models"))
 
 
-def build_key(model: TinyModelConfig, task: ArithmeticTaskConfig | JsonlTaskConfig, seed: int) -> str:
+def build_key(model: TinyModelConfig, task: AnyTaskConfig, seed: int) -> str:
     """A short hash of everything that determines the built directory."""
     blob = json.dumps({"format": BUILD_FORMAT, "model": model.model_dump(mode="json"),
                        "task": task.model_dump(mode="json"), "seed": seed}, sort_keys=True)
@@ -91,7 +90,7 @@ def _write_model(out: Path, model_cfg: TinyModelConfig, prompts: PromptSource, s
 
 def build_tiny_model(
     model_cfg: TinyModelConfig,
-    task_cfg: ArithmeticTaskConfig | JsonlTaskConfig,
+    task_cfg: AnyTaskConfig,
     seed: int,
     cache_dir: str | Path,
 ) -> Path:
