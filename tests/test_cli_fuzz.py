@@ -34,7 +34,7 @@ def _schema_keys(model_cls, prefix=""):
 
 SCHEMA_KEYS = sorted(set(_schema_keys(RunConfig)))
 UNION_TYPES = ["none", "token-tis", "icepop", "seq-tis", "seq-mis", "geo-rs", "ppo", "ctpo", "tiny",
-               "pretrained", "arithmetic", "gsm8k", "digit-match", "math-answer", "vllm"]
+               "pretrained", "arithmetic", "addition-scratchpad", "gsm8k", "digit-match", "math-answer", "scratchpad", "vllm"]
 NASTY_VALUES = ["true", "false", ".inf", "-.inf", ".nan", "nan", "inf", "-1", "0", "1", "2", "0.5", "3.0",
                 "1e400", "1e-3", "-1e400", "", "[1,2]", "{}", "{a: 1}", "{type: icepop, hi: 2}", "null", "~",
                 "'1'", "\"x\"", "9223372036854775808", "-9223372036854775809", "1_000", "0x10", "[",

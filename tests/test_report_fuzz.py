@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -89,24 +89,10 @@ def dumps(draw) -> dict[str, np.ndarray]:
     return out
 
 
-# Known defects of the report (system/report/, owned elsewhere; found by this fuzz). The fuzz
-# tests leave such dumps to the xfail tests at the end of this file.
-# 1. A text array under a numeric optional key ('reward', 'advantage' [N] or 'response_ids'
-#    [N, T], of the right shape) reaches ``astype(float32 / int32)`` in dump.load_dump: a
-#    ValueError traceback, not a DumpError naming the key.
-# 2. A bytes array (dtype S) with a non-ASCII byte under 'uid' or 'token_text' reaches
-#    ``astype(str)`` in samples.py: a UnicodeDecodeError traceback.
+# Two defects this fuzz found, fixed since (commit 2a547a4), are kept as regular tests below:
+# text under a numeric optional key, and non-ASCII bytes under a text key.
 NUMERIC_OPTIONAL = ("reward", "advantage", "response_ids")
 BYTES_DECODED = ("uid", "token_text")
-
-
-def _non_ascii_bytes(arr: np.ndarray) -> bool:
-    return arr.dtype.kind == "S" and any(max(v, default=0) >= 0x80 for v in arr.ravel().tolist())
-
-
-def hits_known_defect(arrays: dict[str, np.ndarray]) -> bool:
-    return (any(k in arrays and arrays[k].dtype.kind in "US" for k in NUMERIC_OPTIONAL)
-            or any(k in arrays and _non_ascii_bytes(arrays[k]) for k in BYTES_DECODED))
 
 
 def check_report(arrays: dict[str, np.ndarray]) -> None:
@@ -126,7 +112,6 @@ def check_report(arrays: dict[str, np.ndarray]) -> None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(dumps())
 def test_report_on_any_dump_ends_in_a_report_or_an_error_naming_a_key(arrays):
-    assume(not hits_known_defect(arrays))
     check_report(arrays)
 
 
@@ -143,7 +128,6 @@ def retyped_dumps(draw) -> dict[str, np.ndarray]:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(retyped_dumps())
 def test_report_on_a_dump_with_a_retyped_key_ends_in_a_report_or_an_error_naming_a_key(arrays):
-    assume(not hits_known_defect(arrays))
     check_report(arrays)
 
 
@@ -152,9 +136,6 @@ def _small_dump() -> dict[str, np.ndarray]:
             "response_mask": np.ones((2, 3), bool)}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known report defect 1 (system/report/dump.py load_dump, found by this fuzz): text under a numeric "
-    "optional key raises ValueError from astype (a traceback), not a DumpError naming the key"))
 @pytest.mark.parametrize("key", NUMERIC_OPTIONAL)
 @pytest.mark.parametrize("text", ["", "a", "1x"])
 def test_text_under_a_numeric_optional_key_is_an_error_naming_it(key, text):
@@ -163,9 +144,6 @@ def test_text_under_a_numeric_optional_key_is_an_error_naming_it(key, text):
     check_report(arrays)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known report defect 2 (system/report/samples.py, found by this fuzz): a bytes array with a non-ASCII "
-    "byte under 'uid' or 'token_text' raises UnicodeDecodeError from astype(str) (a traceback)"))
 @pytest.mark.parametrize("key", BYTES_DECODED)
 def test_non_ascii_bytes_under_a_text_key_are_reported_or_refused(key):
     arrays = _small_dump()
