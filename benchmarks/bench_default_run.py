@@ -40,6 +40,22 @@ def summarise(records: list[dict], window: int = 10) -> dict:
         "kl_k1_median": float(np.median([r["mismatch/kl_k1"] for r in records])),
         "keep_seq_frac_mean": float(np.mean([r["correction/keep_seq_frac"] for r in records])),
         "lag_mean": float(np.mean([r["staleness/lag_mean"] for r in records])),
+        **ais_summary(records),
+    }
+
+
+def ais_summary(records: list[dict]) -> dict:
+    """With AIS on: the alpha trace and whether mixing ever changed what the method kept."""
+    if not records or not records[0].get("ais/enabled"):
+        return {}
+    alpha = np.array([r["ais/alpha"] for r in records])
+    return {
+        "ais_alpha_median": float(np.median(alpha)), "ais_alpha_max": float(alpha.max()),
+        "ais_steps_alpha_above_0.1": int((alpha > 0.1).sum()),
+        "ais_alpha_every_10": [round(float(a), 3) for a in alpha[9::10]],
+        "ais_keep_unchanged_by_mixing": bool(all(
+            r["correction/keep_seq_frac"] == r["method_before_ais/keep_seq_frac"]
+            and r["correction/keep_token_frac"] == r["method_before_ais/keep_token_frac"] for r in records)),
     }
 
 
