@@ -27,7 +27,14 @@ def addition_prompt(a: int, b: int, prompt_id: str) -> Prompt:
 
 
 class ArithmeticPrompts:
-    """``num_prompts`` seeded addition prompts, addressed by index."""
+    """``num_prompts`` seeded addition prompts, addressed by index.
+
+    Subclasses change what a prompt holds (``make_prompt``) and the seed namespace and id prefix
+    (``namespace``, ``id_prefix``); the operands of index i are drawn the same way.
+    """
+
+    namespace, id_prefix = "arithmetic", "arith"
+    make_prompt = staticmethod(addition_prompt)
 
     def __init__(self, cfg: ArithmeticTaskConfig, seed: int) -> None:
         self.cfg = cfg
@@ -41,7 +48,7 @@ class ArithmeticPrompts:
         if not -len(self) <= index < len(self):
             raise IndexError(f"prompt index {index} out of range for {len(self)} prompts")
         index %= len(self)
-        rng = random.Random(f"arithmetic/{self.seed}/{index}")
+        rng = random.Random(f"{self.namespace}/{self.seed}/{index}")
         a = rng.randint(self._low, self._high)
         b = rng.randint(self._low, self._high)
-        return addition_prompt(a, b, prompt_id=f"arith-{self.seed}-{index}")
+        return self.make_prompt(a, b, prompt_id=f"{self.id_prefix}-{self.seed}-{index}")

@@ -28,10 +28,9 @@ each, plus ``<eos>``: 73 + 1 tokens for 4 digits (the preset ``configs/long_cpu.
 106 + 1 for 5, 145 + 1 for 6.
 """
 
-import random
 
 from system.config.data import ScratchpadAdditionTaskConfig
-from system.data.arithmetic import operand_range
+from system.data.arithmetic import ArithmeticPrompts
 from system.types import Prompt
 
 ALPHABET = "0123456789+|.;>="
@@ -71,22 +70,12 @@ def scratchpad_prompt(a: int, b: int, prompt_id: str) -> Prompt:
     return Prompt(prompt_id=prompt_id, text=f"{a}+{b}=", reference=scratchpad_reference(a, b))
 
 
-class ScratchpadAdditionPrompts:
-    """``num_prompts`` seeded scratchpad-addition prompts, addressed by index."""
+class ScratchpadAdditionPrompts(ArithmeticPrompts):
+    """``num_prompts`` seeded scratchpad-addition prompts, addressed by index (the operands drawn as
+    ``ArithmeticPrompts`` draws them, in their own seed namespace)."""
+
+    namespace, id_prefix = "addition-scratchpad", "scratch"
+    make_prompt = staticmethod(scratchpad_prompt)
 
     def __init__(self, cfg: ScratchpadAdditionTaskConfig, seed: int) -> None:
-        self.cfg = cfg
-        self.seed = seed
-        self._low, self._high = operand_range(cfg.num_digits)
-
-    def __len__(self) -> int:
-        return self.cfg.num_prompts
-
-    def __getitem__(self, index: int) -> Prompt:
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"prompt index {index} out of range for {len(self)} prompts")
-        index %= len(self)
-        rng = random.Random(f"addition-scratchpad/{self.seed}/{index}")
-        a = rng.randint(self._low, self._high)
-        b = rng.randint(self._low, self._high)
-        return scratchpad_prompt(a, b, prompt_id=f"scratch-{self.seed}-{index}")
+        super().__init__(cfg, seed)

@@ -46,16 +46,16 @@ class LossNormalisers:
 
 
 def loss_normalisers(
-    response_mask_NT: np.ndarray, behaviour_logp_NT: np.ndarray, proximal_logp_NT: np.ndarray
+    response_mask_BT: np.ndarray, behaviour_logp_BT: np.ndarray, proximal_logp_BT: np.ndarray
 ) -> LossNormalisers:
-    """Valid tokens and sequences with at least one valid token, over the GLOBAL ``[N, T]`` batch."""
-    if not response_mask_NT.shape == behaviour_logp_NT.shape == proximal_logp_NT.shape:
+    """Valid tokens and sequences with at least one valid token, over the GLOBAL ``[B, T]`` batch."""
+    if not response_mask_BT.shape == behaviour_logp_BT.shape == proximal_logp_BT.shape:
         raise ValueError(
-            f"response_mask {response_mask_NT.shape}, behaviour_logp {behaviour_logp_NT.shape} and "
-            f"proximal_logp {proximal_logp_NT.shape} must have one [N, T] shape"
+            f"response_mask {response_mask_BT.shape}, behaviour_logp {behaviour_logp_BT.shape} and "
+            f"proximal_logp {proximal_logp_BT.shape} must have one [B, T] shape"
         )
-    valid_NT = valid_tokens(response_mask_NT, behaviour_logp_NT, proximal_logp_NT)
-    return LossNormalisers(int(valid_NT.sum()), int((valid_NT.sum(axis=1) >= 1).sum()))
+    valid_BT = valid_tokens(response_mask_BT, behaviour_logp_BT, proximal_logp_BT)
+    return LossNormalisers(int(valid_BT.sum()), int((valid_BT.sum(axis=1) >= 1).sum()))
 
 
 def mini_batch_normalisers(

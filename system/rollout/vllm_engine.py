@@ -45,6 +45,7 @@ from vllm import SamplingParams
 from vllm.platforms import current_platform
 
 from system.config.rollout import VLLMEngineConfig
+from system.models.warm_start import single_thread
 from system.rollout.fp8_kernels import (
     Fp8KernelChoice,
     Fp8KernelDecision,
@@ -131,20 +132,9 @@ def _probe_shape(model_dir: Path, tokens: int) -> tuple[int, int, int]:
 
 def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_tokens: int = 256) -> Fp8KernelDecision:
     """Probe this CPU at the model's shape and choose the FP8 kernel (``system.rollout.fp8_kernels``)."""
-    with _one_thread():
+    with single_thread():  # vLLM on CPU runs its matmuls on one intra-op thread in this process
         probe = probe_fp8_matmul(*_probe_shape(Path(model_dir), probe_tokens))
     return choose_fp8_kernel(requested, probe)
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """vLLM on CPU runs its matmuls on one intra-op thread in this process: probe the same way."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class VLLMEngine:
