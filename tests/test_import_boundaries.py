@@ -10,6 +10,7 @@ import ast
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,20 @@ _PROBE = (
 )
 
 
-def _top_level_imports(module: str) -> set[str]:
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, module], cwd=ROOT, capture_output=True, text=True, timeout=120
+def _probe(module: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _PROBE, module], cwd=ROOT, capture_output=True, text=True, timeout=180
     )
+
+
+@pytest.fixture(scope="module")
+def probes() -> dict[str, subprocess.CompletedProcess]:
+    """Every module's probe, two interpreters at a time (the imports are CPU-bound; 2 cores)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(MODULES, pool.map(_probe, MODULES), strict=True))
+
+
+def _top_level_imports(out: subprocess.CompletedProcess) -> set[str]:
     assert out.returncode == 0, out.stderr[-2000:]
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -40,8 +51,8 @@ def test_module_list_is_not_empty():
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_boundaries(module):
-    loaded = _top_level_imports(module)
+def test_boundaries(module, probes):
+    loaded = _top_level_imports(probes[module])
     assert "ray" not in loaded, f"{module} pulls in ray"
     assert "actors" not in loaded, f"{module} pulls in actors"
     if module.startswith("system.config"):
