@@ -106,14 +106,19 @@ def is_complete_checkpoint(ckpt: str | Path) -> bool:
     return (Path(ckpt) / CONTROLLER_FILE).is_file() and is_complete(learner_dir(ckpt))
 
 
-def latest_run_checkpoint(run_dir: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step, or None."""
+def complete_run_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of ``run_dir``, newest (highest step) first."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP.match(p.name)) and is_complete_checkpoint(p)]
-    return max(found)[1] if found else None
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and is_complete_checkpoint(p)]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest_run_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step, or None."""
+    found = complete_run_checkpoints(run_dir)
+    return found[0] if found else None
 
 
 def usable_run_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict, list[str]]:
@@ -123,11 +128,8 @@ def usable_run_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict, list[
     that disagree) are skipped; ``skipped`` says which and why, newest first. ``(None, {}, skipped)``
     when none is usable.
     """
-    root = Path(run_dir) / "checkpoints"
-    found = sorted(((int(m.group(1)), p) for p in root.iterdir()
-                    if (m := _STEP.match(p.name)) and is_complete_checkpoint(p)), reverse=True) if root.is_dir() else []
     skipped = []
-    for _, ckpt in found:
+    for ckpt in complete_run_checkpoints(run_dir):
         problems = checkpoint_problems(learner_dir(ckpt))
         if problems:
             skipped.append(f"{ckpt.name}: learner half: {'; '.join(problems)}")

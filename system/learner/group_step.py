@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from system.correction.ratios import valid_tokens
 from system.learner import distributed
 from system.learner.batch import LearnerBatch, shard_batch
 from system.learner.step import LossNormalisers, loss_normalisers
@@ -51,12 +52,10 @@ class StepOutcome:
     shell puts the payload in the object store and ships the reference here, ``payload`` None)."""
 
 
-def nonfinite_proximal_tokens(batch: LearnerBatch, proximal_BT: np.ndarray) -> int:
+def nonfinite_proximal_tokens(mask_BT: np.ndarray, behaviour_BT: np.ndarray, proximal_BT: np.ndarray) -> int:
     """Response tokens whose behaviour log-prob is finite but whose recomputed one is not: the
     learner's own forward pass broke (a diverged model), as opposed to a NaN from the sampler."""
-    resp = batch.response_arrays()
-    live_BT = resp["response_mask"] & np.isfinite(resp["behaviour_logp"])
-    return int((live_BT & ~np.isfinite(proximal_BT)).sum())
+    return int((valid_tokens(mask_BT, behaviour_BT) & ~np.isfinite(proximal_BT)).sum())
 
 
 def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Correct | None) -> StepOutcome:
@@ -78,7 +77,8 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
     norms: LossNormalisers = loss_normalisers(resp["response_mask"], resp["behaviour_logp"], proximal_BT)
     size = batch.num_sequences // world_size
     learner = core.train_step(shard, weights_BT[rank * size:(rank + 1) * size], norms)
-    learner["nonfinite_proximal_tokens"] = float(nonfinite_proximal_tokens(batch, proximal_BT))
+    learner["nonfinite_proximal_tokens"] = float(
+        nonfinite_proximal_tokens(resp["response_mask"], resp["behaviour_logp"], proximal_BT))
     t3 = time.perf_counter()
     payload = core.export_weights()
     t4 = time.perf_counter()
