@@ -28,12 +28,15 @@ class LearnerRank:
     def policy_version(self) -> int:
         return self.core.policy_version
 
-    def step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> StepOutcome | None:
+    @ray.method(num_returns=2)
+    def step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> tuple:
         """One policy-version step (``system.learner.group_step.run_step``), called on every rank at once.
 
         ``holder`` is ``[reference to the global LearnerBatch]``: a reference inside a list reaches the
-        rank unresolved, so rank 0 can hand the same reference to the correction service. Rank 0
-        returns the outcome with its new weights put in the object store; the others return None.
+        rank unresolved, so rank 0 can hand the same reference to the correction service. Returns two
+        objects: rank 0's outcome (without the payload) and its new weights as a SEPARATE return value,
+        so the weights stay in rank 0's object store, owned by the caller (the driver), who hands the
+        reference to the rollout workers unread; ``(None, None)`` on the other ranks.
         """
         batch = ray.get(holder[0])
 
@@ -42,8 +45,8 @@ class LearnerRank:
 
         outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
         if self.rank != 0:
-            return None
-        return replace(outcome, payload=None, weights=ray.put(outcome.payload))
+            return None, None
+        return replace(outcome, payload=None), outcome.payload
 
     def export_weights(self):
         return self.core.export_weights()
@@ -112,8 +115,11 @@ class LearnerGroup:
 
     def step(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> StepOutcome:
         """The whole step on every rank (one blocking call for the driver): rank 0's outcome, whose
-        ``weights`` is the object-store reference of the new policy version's payload."""
-        return gather([r.step.remote([batch_ref], step, service) for r in self.ranks])[0]
+        ``weights`` is the object-store reference of the new policy version's payload (a return value
+        of rank 0's call, so the driver owns it: it outlives a rank that dies after the step)."""
+        calls = [r.step.remote([batch_ref], step, service) for r in self.ranks]
+        outcome = gather([outcome_ref for outcome_ref, _ in calls])[0]
+        return replace(outcome, weights=calls[0][1])
 
     def export_weights(self) -> ray.ObjectRef:
         """A reference to the full weights (rank 0's payload); the driver never copies them."""

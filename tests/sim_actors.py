@@ -221,7 +221,8 @@ class SimulatedLearnerRank:
     def policy_version(self) -> int:
         return self._policy_version
 
-    def step(self, holder: list, step: int, service) -> StepOutcome | None:
+    @ray.method(num_returns=2)
+    def step(self, holder: list, step: int, service) -> tuple:
         """``LearnerRank.step`` simulated: the protocol of ``system.learner.group_step`` (rank 0 calls the
         real correction service once and publishes the payload) with sleeps for the compute and no
         process group (rank 0 simulates the all-gathered proximal log-probs of the whole batch)."""
@@ -240,12 +241,12 @@ class SimulatedLearnerRank:
         _deadline_sleep(t2, self.settings.train_seconds)
         t3 = time.perf_counter()
         payload = self.export_weights()
-        ref = None if payload is None else ray.put(payload)
         t4 = time.perf_counter()
         if self.rank != 0:
-            return None
-        return StepOutcome(learner=learner, correction=correction, payload=None, weights=ref,
-                           seconds={"proximal": t1 - t0, "correction": t2 - t1, "update": t3 - t2, "export": t4 - t3})
+            return None, None
+        return StepOutcome(learner=learner, correction=correction, payload=None,
+                           seconds={"proximal": t1 - t0, "correction": t2 - t1, "update": t3 - t2,
+                                    "export": t4 - t3}), payload
 
     def _train_metrics(self, batch: LearnerBatch, weights_BT: np.ndarray) -> dict:
         """Global metrics with the real keys; the policy version advances by one."""

@@ -92,17 +92,18 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
     the step record (``finish_step``) and the progress report go out without a wait, and the
     correction service's ``process`` is called by rank 0, never by the driver."""
     calls, waited, current = [], set(), [None]
+
+    def refs_of(x):
+        return list(x) if isinstance(x, list | tuple) else [x]
+
     main = threading.main_thread()
     remote, get, wait = ray.actor.ActorMethod.remote, ray.get, ray.wait
 
     def counting_remote(self, *args, **kwargs):
         ref = remote(self, *args, **kwargs)
         if threading.current_thread() is main and current[0] is not None:
-            calls.append((current[0], self._method_name, ref))
+            calls.append((current[0], self._method_name, tuple(refs_of(ref))))
         return ref
-
-    def refs_of(x):
-        return list(x) if isinstance(x, list | tuple) else [x]
 
     def counting_get(refs, *args, **kwargs):
         if threading.current_thread() is main and current[0] is not None:
@@ -140,5 +141,8 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
     for step in range(1, 5):
         issued = sorted(m for s, m, _ in calls if s == step)
         assert issued == sorted(["step"] * ranks + ["finish_step", "report"]), (step, issued)
-        blocking = {m for s, m, ref in calls if s == step and (step, ref) in waited}
+        blocking = {m for s, m, refs in calls if s == step and any((step, r) in waited for r in refs)}
         assert blocking == {"step"}, (step, blocking)  # one blocking call (on all ranks at once) per step
+        # ``step`` returns (outcome, weights): the driver waits for the outcomes, never reads the weights.
+        weight_refs = [refs[1] for s, m, refs in calls if s == step and m == "step"]
+        assert len(weight_refs) == ranks and not any((step, r) in waited for r in weight_refs), step

@@ -49,7 +49,8 @@ class StepOutcome:
     """The new policy version's full weights (rank 0); None on the other ranks."""
     weights: object = None
     """Where the rollout workers load ``payload`` from, once the caller has published it (the Ray
-    shell puts the payload in the object store and ships the reference here, ``payload`` None)."""
+    shell returns the payload as a separate object of rank 0's call and the driver sets this to
+    its reference, ``payload`` None)."""
 
 
 def nonfinite_proximal_tokens(mask_BT: np.ndarray, behaviour_BT: np.ndarray, proximal_BT: np.ndarray) -> int:
