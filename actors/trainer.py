@@ -184,6 +184,7 @@ class Trainer:
             reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
             tokens_trained=int(batch.response_len_B.sum()), learner=outcome.learner, correction=outcome.correction,
             ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_rate(),
+            lag_counts={int(lag): int(n) for lag, n in zip(*np.unique(lags, return_counts=True), strict=True)},
             workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
         self.service.finish_step.remote(record)  # not awaited: the sinks write while the next step runs
         self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,

@@ -125,6 +125,8 @@ class StepRecord:
     seconds: dict = field(default_factory=dict)
     """``wait_rollout``, ``proximal``, ``correction``, ``update``, ``sync`` (export), ``step``."""
     rollout_tokens_per_s: float = 0.0
+    lag_counts: dict = field(default_factory=dict)
+    """Sequences trained at each lag (``{lag: count}``), streamed as ``staleness/sequences_lag_<lag>``."""
     workers_ready: int = 0
     worker_failures: int = 0
 
@@ -133,6 +135,7 @@ class StepRecord:
         return {
             "policy_version": self.policy_version, "reward/mean": self.reward_mean, "reward/std": self.reward_std,
             "staleness/lag_mean": self.lag_mean, "staleness/lag_max": self.lag_max,
+            **{f"staleness/sequences_lag_{lag}": int(n) for lag, n in sorted(self.lag_counts.items())},
             **self.correction,
             **{f"learner/{k}": v for k, v in self.learner.items()},
             **{f"ledger/{k}": v for k, v in self.ledger.items()},

@@ -100,6 +100,9 @@ def test_train_three_steps_then_resume(tmp_path, cache):
         assert all(k in r for k in required), [k for k in required if k not in r]
         assert r["policy_version"] == r["step"]
         assert r["staleness/lag_max"] <= 1  # async.max_lag defaults to 1
+        lag_counts = {k: v for k, v in r.items() if k.startswith("staleness/sequences_lag_")}
+        assert sum(lag_counts.values()) == r["learner/num_sequences"] and set(lag_counts) <= {
+            "staleness/sequences_lag_0", "staleness/sequences_lag_1"}, lag_counts
     # dump_every=2, and the last step is always dumped (a run shorter than dump_every has a report too)
     assert sorted(p.name for p in (run / "dumps").iterdir()) == ["step_000002.npz", "step_000003.npz"]
     assert {p.name for p in (run / "report").iterdir()} == {"summary.json", "samples.json", "report.html"}

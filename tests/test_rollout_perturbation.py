@@ -1,9 +1,12 @@
 """The ablation's rollout-weight perturbation (``system.rollout.perturbation``), Ray- and vLLM-free."""
 
+from types import SimpleNamespace
+
 import numpy as np
+import pytest
 import torch
 
-from system.rollout.perturbation import perturb_payload, perturb_tensor, relative_change
+from system.rollout.perturbation import perturb_payload, perturb_tensor, perturbation_sigma, relative_change
 from system.weight_payload import decode_weights, encode_weights
 
 
@@ -31,3 +34,27 @@ def test_payload_keeps_dtypes_versions_and_integer_tensors():
     assert perturb_payload(payload, 0.0, seed=3) is payload  # off: untouched
     ratio = (got["w"].float() / state["w"].float()).numpy() - 1.0
     assert 0.07 < float(np.std(ratio)) < 0.13  # eps * sigma, up to bf16 rounding
+
+
+def test_sigma_ramps_linearly_with_the_version_then_holds():
+    # s0 = 0.1, s1 = 0.3 over 4 versions: 0.1, 0.15, 0.2, 0.25, 0.3, then 0.3 (by hand).
+    got = [perturbation_sigma(v, 0.1, 0.3, 4) for v in range(7)]
+    assert got == pytest.approx([0.1, 0.15, 0.2, 0.25, 0.3, 0.3, 0.3])
+    assert perturbation_sigma(50, 0.2, None, 4) == 0.2  # no final: fixed
+    assert perturbation_sigma(2, 0.3, 0.0, 4) == pytest.approx(0.15)  # a shrinking one
+    with pytest.raises(ValueError, match="perturb_ramp_versions"):
+        perturbation_sigma(1, 0.0, 0.3, 0)
+
+
+
+def test_worker_perturbs_each_version_with_its_sigma(monkeypatch):
+    from system.rollout import worker as worker_module
+
+    seen = []
+    monkeypatch.setattr(worker_module, "perturb_payload", lambda p, sigma, seed: seen.append(round(sigma, 6)) or p)
+    core = worker_module.RolloutWorkerCore.__new__(worker_module.RolloutWorkerCore)  # no engine: _perturbed only
+    core.cfg = SimpleNamespace(seed=0, rollout=SimpleNamespace(perturb_std=0.0, perturb_std_final=0.4,
+                                                               perturb_ramp_versions=8))
+    for version in (0, 2, 8, 12):
+        core._perturbed(encode_weights({"w": torch.ones(2, 2)}, version))
+    assert seen == [0.0, 0.1, 0.4, 0.4]  # 0.4 * min(v / 8, 1)

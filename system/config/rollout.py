@@ -60,5 +60,10 @@ class RolloutConfig(StrictModel):
     """Ablations only: relative Gaussian noise on the rollout copy of the weights,
     ``w * (1 + perturb_std * eps)`` with a fixed pattern per tensor (``system.rollout.perturbation``);
     0 (off) in real runs."""
+    perturb_std_final: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Ablations only: a non-stationary perturbation, sigma moving linearly with the policy version
+    from ``perturb_std`` to this over ``perturb_ramp_versions`` versions (same pattern); unset = fixed."""
+    perturb_ramp_versions: int = Field(default=100, ge=1)
+    """Policy versions over which sigma reaches ``perturb_std_final``."""
     engine: EngineConfig = Field(default_factory=VLLMEngineConfig)
     """The inference engine."""

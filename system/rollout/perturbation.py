@@ -10,6 +10,13 @@ unperturbed weights. Each floating tensor ``w`` becomes
 with ``eps`` drawn from a generator seeded by ``(seed, tensor name)``: the same tensor gets
 the same noise pattern in every worker and at every policy version, so the rollout engine
 behaves like a fixed, biased inference kernel (as quantization does), not like fresh noise.
+
+A non-stationary mismatch (``rollout.perturb_std_final``): sigma moves linearly with the policy
+version v from ``perturb_std`` to ``perturb_std_final`` over ``perturb_ramp_versions`` versions,
+
+    sigma(v) = s0 + (s1 - s0) * min(v / ramp, 1),
+
+with the same fixed pattern, so the same bias grows (or shrinks) as training goes on.
 """
 
 import hashlib
@@ -23,6 +30,15 @@ from system.weight_payload import WeightPayload, decode_weights, encode_weights
 
 def _tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little")
+
+
+def perturbation_sigma(version: int, start: float, final: float | None, ramp_versions: int) -> float:
+    """``sigma(v)`` of the module docstring; ``start`` at every version when ``final`` is None."""
+    if final is None:
+        return start
+    if ramp_versions < 1:
+        raise ValueError(f"perturb_ramp_versions must be >= 1, got {ramp_versions}")
+    return start + (final - start) * min(max(version, 0) / ramp_versions, 1.0)
 
 
 def perturb_tensor(t: torch.Tensor, sigma: float, seed: int, name: str) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from system.config import RunConfig
 from system.rewards.registry import build_reward
-from system.rollout.perturbation import model_dir_payload, perturb_payload
+from system.rollout.perturbation import model_dir_payload, perturb_payload, perturbation_sigma
 from system.rollout.samples import PromptSamples
 from system.rollout.vllm_engine import VLLMEngine
 from system.types import Completion, Prompt, RolloutGroup
@@ -49,11 +49,15 @@ class RolloutWorkerCore:
         self._policy_version = 0
         self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
                        "reward_seconds": 0.0, "num_weight_updates": 0, "weight_update_seconds": 0.0}
-        if run_cfg.rollout.perturb_std > 0:  # ablations: version 0 perturbed as well
+        if self._sigma(0) > 0:  # ablations: version 0 perturbed as well
             self.engine.load_weights(self._perturbed(model_dir_payload(model_dir)))
 
+    def _sigma(self, version: int) -> float:
+        r = self.cfg.rollout
+        return perturbation_sigma(version, r.perturb_std, r.perturb_std_final, r.perturb_ramp_versions)
+
     def _perturbed(self, payload: WeightPayload) -> WeightPayload:
-        return perturb_payload(payload, self.cfg.rollout.perturb_std, self.cfg.seed)
+        return perturb_payload(payload, self._sigma(payload.policy_version), self.cfg.seed)
 
     @property
     def policy_version(self) -> int:
