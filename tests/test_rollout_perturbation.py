@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from system.rollout.perturbation import perturb_payload, perturb_tensor, perturbation_sigma, relative_change
+from system.rollout.perturbation import (
+    perturb_payload,
+    perturb_tensor,
+    perturbation_sigma,
+    relative_change,
+)
 from system.weight_payload import decode_weights, encode_weights
 
 
