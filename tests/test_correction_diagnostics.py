@@ -203,6 +203,25 @@ def test_kth_smallest_on_large_arrays_is_exact(layout):
     assert got == [np.partition(x, k - 1)[k - 1] for k in ranks]
 
 
+def test_kth_smallest_brackets_a_batch_whose_row_length_a_stride_would_divide(monkeypatch):
+    # A [4096, 1024] batch of |d| (4 M tokens): 1 at columns 0, 256, 512, 768 and i.i.d. exponential
+    # elsewhere. A stride of 4 M / 16384 = 256 would sample only those columns (all 1) and miss the
+    # median's bracket, searching all 4 M values; the pseudo-random sample brackets it, so no
+    # selection runs on more than a few percent of the values (counted), and the answer is exact.
+    from system.correction import reductions
+
+    rng = np.random.default_rng(3)
+    x_BT = rng.exponential(size=(4096, 1024))
+    x_BT[:, ::256] = 1.0
+    sizes = []
+    select = reductions._select
+    monkeypatch.setattr(reductions, "_select", lambda v, r: sizes.append(v.numel()) or select(v, r))
+    n = x_BT.size
+    got = kth_smallest(torch.from_numpy(x_BT.reshape(-1)), [n // 2, n // 2 + 1])
+    assert got == list(np.partition(x_BT.reshape(-1), [n // 2 - 1, n // 2])[[n // 2 - 1, n // 2]])
+    assert max(sizes) < 0.05 * n, sizes
+
+
 def test_valid_tokens_is_one_definition_for_numpy_and_torch():
     """Spec section 0: m = 1 and both log-probs finite. By hand: row 0 keeps t0 (t1 NaN mu, t2 off);
     row 1 keeps t1 only (t0 inf old, t2 -inf mu)."""

@@ -1,4 +1,5 @@
-"""The ablation's rollout-weight perturbation (``system.rollout.perturbation``), Ray- and vLLM-free."""
+"""The ablation's rollout-weight perturbation (``system.rollout.perturbation``), Ray-free (the worker test imports
+vLLM's Python package, no engine)."""
 
 from types import SimpleNamespace
 

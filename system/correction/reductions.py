@@ -26,7 +26,8 @@ LENGTH_BUCKETS: tuple[tuple[str, float], ...] = (
 _BAND_MIN_SIZE = 1 << 16
 """Up to this many values ``kth_smallest`` searches them all directly."""
 _BAND_SAMPLE_SIZE = 16384
-"""About this many strided samples bracket the wanted ranks."""
+"""This many sampled values bracket the wanted ranks."""
+_BAND_SEED = 0x5EED
 
 
 def as_float(value: torch.Tensor) -> float:
@@ -58,14 +59,17 @@ def _select(values_N: torch.Tensor, ranks: list[int]) -> list[float]:
 def kth_smallest(values_N: torch.Tensor, ranks: list[int]) -> list[float]:
     """The values of the 1-indexed ``ranks`` in ascending order of the flat ``values_N``.
 
-    Large inputs: a strided sample brackets the ranks, one pass counts the values below the
-    bracket and keeps the few inside it, and only those are searched. Exact: if the bracket
-    misses (an adversarial layout), the whole array is searched.
+    Large inputs: a sample at pseudo-random positions (fixed seed, so results and timings
+    repeat) brackets the ranks, one pass counts the values below the bracket and keeps the few
+    inside it, and only those are searched. Exact whatever happens: if the bracket misses, the
+    whole array is searched. (A strided sample would see only a few columns of a ``[B, T]``
+    batch whose row length the stride divides, and miss its bracket on position-dependent data.)
     """
     num = values_N.numel()
     if num <= _BAND_MIN_SIZE:
         return _select(values_N, ranks)
-    sample_S = values_N[:: num // _BAND_SAMPLE_SIZE].contiguous()
+    positions_S = torch.randint(num, (_BAND_SAMPLE_SIZE,), generator=torch.Generator().manual_seed(_BAND_SEED))
+    sample_S = values_N[positions_S.to(values_N.device)]
     size = sample_S.numel()
     margin = 2.5 * math.sqrt(size) + 8.0  # >= 5 binomial std of a sample rank
     rank_lo = math.floor(min(ranks) / num * size - margin)
