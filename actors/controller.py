@@ -162,6 +162,9 @@ class RolloutLoop:
                 continue
             with self.state.cond:
                 prompts = self.sampler.next_prompts(self.cfg.rollout.prompts_per_call)
+                if slot.idle_since is not None:
+                    self.state.rollout_idle_s += time.monotonic() - slot.idle_since
+                    slot.idle_since = None
             slot.inflight_prompts = prompts
             slot.inflight = slot.handle.generate.remote(prompts, slot.policy_version)
 
@@ -187,6 +190,7 @@ class RolloutLoop:
                     self.pool.replacement_seconds.append(time.monotonic() - slot.launched_at)
                 continue
             slot.inflight, slot.inflight_prompts = None, []
+            slot.idle_since = time.monotonic()
             self._accept(result)
 
     def _accept(self, groups: list[RolloutGroup]) -> None:
@@ -226,6 +230,10 @@ class SharedState:
         self.steps_started = steps_done
         self.published = initial_weights
         self.generated_tokens = 0
+        self.rollout_idle_s = 0.0
+        """Seconds ready rollout workers sat idle (held back by the staleness bound, i.e. waiting for
+        newer weights, or with nothing left to generate), summed over workers; counted when a worker
+        is dispatched again."""
 
     def publish(self, version: int, ref: ray.ObjectRef) -> None:
         with self.cond:

@@ -37,6 +37,8 @@ class WorkerSlot:
     inflight: ray.ObjectRef | None = None
     inflight_prompts: list[Prompt] = field(default_factory=list)
     retiring: bool = False
+    idle_since: float | None = None
+    """When the worker last became idle (ready, or its call returned); None while it generates."""
 
 
 class RolloutPool:
@@ -78,6 +80,7 @@ class RolloutPool:
         if slot.fp8_kernel and slot.fp8_kernel.get("warning"):
             log.warning("rollout worker %s: %s", slot.worker_id, slot.fp8_kernel["warning"])
         slot.policy_version = max(slot.policy_version, info["policy_version"])
+        slot.idle_since = time.monotonic()
 
     def slots_now(self) -> list[WorkerSlot]:
         """A snapshot of the slots: the train thread reads them while the rollout loop changes them."""

@@ -147,6 +147,7 @@ class Trainer:
         self._stop_on_sigterm()
         self.rollout.thread.start()
         self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
+        self._idle_mark = 0.0
         record: dict = {}
         try:
             while self.step < self.cfg.max_steps and not self.stop_requested.is_set():
@@ -178,7 +179,8 @@ class Trainer:
         lags = batch.lag_B(version)
         seconds = {"wait_rollout": waited, "proximal": outcome.seconds["proximal"],
                    "correction": outcome.seconds["correction"], "update": outcome.seconds["update"],
-                   "sync": outcome.seconds["export"], "step": time.perf_counter() - t0}
+                   "sync": outcome.seconds["export"], "step": time.perf_counter() - t0,
+                   "rollout_idle": self._rollout_idle()}
         record = StepRecord(
             step=self.step, policy_version=self.step, reward_mean=float(batch.rewards_B.mean()),
             reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
@@ -208,6 +210,14 @@ class Trainer:
                 f"{bad_proximal} non-finite proximal log-probs; learner.max_nonfinite_steps={limit}). "
                 f"Lower learner.lr (or tighten learner.grad_clip); no checkpoint was written after the "
                 "divergence")
+
+    def _rollout_idle(self) -> float:
+        """Seconds a ready rollout worker sat idle since the previous step (mean over ready workers):
+        the rollout side's pause, waiting for newer weights under the staleness bound."""
+        with self.state.cond:
+            total = self.state.rollout_idle_s
+        idle, self._idle_mark = total - self._idle_mark, total
+        return idle / max(len(self.pool.ready()), 1)
 
     def _rollout_rate(self) -> float:
         """Generated tokens per second since the previous step."""

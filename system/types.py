@@ -123,7 +123,9 @@ class StepRecord:
     correction: dict = field(default_factory=dict)
     ledger: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
-    """``wait_rollout``, ``proximal``, ``correction``, ``update``, ``sync`` (export), ``step``."""
+    """``wait_rollout`` (the learner's pause), ``proximal``, ``correction``, ``update``, ``sync`` (export),
+    ``step``, ``rollout_idle`` (the rollout side's pause: seconds a ready worker sat idle since the
+    previous step, mean over workers)."""
     rollout_tokens_per_s: float = 0.0
     lag_counts: dict = field(default_factory=dict)
     """Sequences trained at each lag (``{lag: count}``), streamed as ``staleness/sequences_lag_<lag>``."""

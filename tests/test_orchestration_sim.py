@@ -146,3 +146,28 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
         # ``step`` returns (outcome, weights): the driver waits for the outcomes, never reads the weights.
         weight_refs = [refs[1] for s, m, refs in calls if s == step and m == "step"]
         assert len(weight_refs) == ranks and not any((step, r) in waited for r in weight_refs), step
+
+
+def test_both_pauses_are_measured(runs):
+    """``time/wait_rollout`` (the learner waiting for rollouts) and ``time/rollout_idle`` (a ready
+    worker waiting, under the staleness bound, for newer weights), steady state.
+
+    Sync (max_lag 0): the worker may generate batch k+1 only with version k's weights, so it sits
+    idle while step k trains (>= L = 0.3 s) and the learner then waits for the whole generation
+    (>= R = 0.3 s). Async (max_lag 1) overlaps the two: with R = L neither side should wait for
+    more than a fraction of the other's time (half of the sync pause is the bound, slack for a
+    loaded machine)."""
+    def mean(lag: int, key: str) -> float:
+        return float(np.mean([r[key] for r in runs[lag][0][WARMUP:]]))
+
+    sync_idle, sync_wait = mean(0, "time/rollout_idle"), mean(0, "time/wait_rollout")
+    assert sync_idle >= 0.8 * L and sync_wait >= 0.8 * R, (sync_idle, sync_wait)
+    assert mean(1, "time/rollout_idle") < 0.5 * sync_idle and mean(1, "time/wait_rollout") < 0.5 * sync_wait
+
+
+def test_console_line_shows_both_pauses():
+    from system.report.console_sink import format_fields
+
+    line = format_fields({"reward/mean": 0.5, "time/wait_rollout": 1.234, "time/rollout_idle": 0.0})
+    assert "reward 0.500" in line and "learner waited 1.23s" in line and "rollout idle 0.00s" in line
+    assert "kl -" in line  # an absent metric shows as '-'

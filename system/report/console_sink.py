@@ -11,6 +11,8 @@ _FIELDS = (
     ("kept", "correction/keep_seq_frac", "{:.0%}"),
     ("lag", "staleness/lag_mean", "{:.2f}"),
     ("tok/s", "throughput/rollout_tokens_per_s", "{:.0f}"),
+    ("learner waited", "time/wait_rollout", "{:.2f}s"),
+    ("rollout idle", "time/rollout_idle", "{:.2f}s"),
 )
 
 
