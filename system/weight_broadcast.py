@@ -1,0 +1,145 @@
+"""A ``torch.distributed`` broadcast group for weights: learner rank 0 sends, rollout workers receive.
+
+The group is its own process group (gloo on CPU), built from an explicit TCP store, never the
+default group: the learner ranks keep theirs for FSDP2, and a vLLM engine keeps its own. One
+``send`` is one policy version, as a fixed sequence of broadcasts from member 0::
+
+    1. header size     int64 [1]
+    2. header          uint8 [header size]   JSON: policy_version, and per array name, dtype,
+                                              shape, offset (64-byte aligned) into the data
+    3. data            uint8 [nbytes], in chunks of ``chunk_bytes`` (in the header; one bounded
+                                              staging buffer on the sender; the receiver
+                                              receives straight into its flat buffer)
+
+Membership is fixed for the life of a group (a *generation*): a worker that joins later gets the
+full weights another way (the object store) and is a member of the NEXT generation; a member
+that dies makes the pending broadcast fail on the sender (``BroadcastFailed`` within the
+timeout), after which the caller builds the next generation without it. Receivers that did
+get the whole payload keep it (the header and size checks make a partial one an error).
+"""
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from system.learner.distributed import _is_loopback
+from system.weight_payload import WeightPayload
+
+ALIGN = 64
+"""Every array starts at a multiple of this many bytes of the flat data."""
+
+
+class BroadcastFailed(RuntimeError):
+    """A broadcast of the group did not complete (a member died or timed out): build the next generation."""
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where a generation meets: member 0 hosts the TCP store on ``host:port``; ``name`` keeps
+    the keys of two generations (or two runs) on one store apart."""
+
+    host: str
+    port: int
+    name: str
+    world_size: int
+
+
+def layout(payload: WeightPayload) -> tuple[dict, int]:
+    """The header (JSON-ready) and the data size of ``payload``: arrays in name order, 64-byte aligned."""
+    entries, offset = [], 0
+    for name in sorted(payload.arrays):
+        arr = np.asarray(payload.arrays[name])
+        offset = -(-offset // ALIGN) * ALIGN
+        entries.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset,
+                        "nbytes": int(arr.nbytes), "torch_dtype": payload.dtypes[name]})
+        offset += int(arr.nbytes)
+    return {"policy_version": payload.policy_version, "arrays": entries, "nbytes": offset}, offset
+
+
+def unpack(header: dict, data: np.ndarray) -> WeightPayload:
+    """The payload whose arrays are views of the flat ``data`` (uint8) at the header's offsets."""
+    if data.nbytes != header["nbytes"]:
+        raise BroadcastFailed(f"received {data.nbytes} bytes of weights, the header announced {header['nbytes']}")
+    arrays, dtypes = {}, {}
+    for e in header["arrays"]:
+        raw = data[e["offset"]:e["offset"] + e["nbytes"]]
+        arrays[e["name"]] = raw.view(np.dtype(e["dtype"])).reshape(e["shape"])
+        dtypes[e["name"]] = e["torch_dtype"]
+    return WeightPayload(policy_version=int(header["policy_version"]), arrays=arrays, dtypes=dtypes)
+
+
+class WeightBroadcast:
+    """One member of one generation. Member 0 calls :meth:`send`, the others :meth:`receive`,
+    once per policy version, in the same order (both are collective over the generation)."""
+
+    def __init__(self, address: GroupAddress, rank: int, timeout_s: float = 60.0,
+                 chunk_bytes: int = 64 << 20) -> None:
+        if not 0 <= rank < address.world_size:
+            raise ValueError(f"rank must be in [0, {address.world_size}), got {rank}")
+        if chunk_bytes < ALIGN:
+            raise ValueError(f"chunk_bytes must be >= {ALIGN}, got {chunk_bytes}")
+        self.rank, self.world_size, self.chunk_bytes = rank, address.world_size, chunk_bytes
+        self.timeout = timedelta(seconds=timeout_s)
+        self._store = dist.TCPStore(address.host, address.port, address.world_size, rank == 0, self.timeout,
+                                    wait_for_workers=False)
+        prefixed = dist.PrefixStore(f"weights/{address.name}/", self._store)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = self.timeout
+        bind = "127.0.0.1" if _is_loopback(address.host) else None
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind) if bind
+                         else dist.ProcessGroupGloo.create_default_device()]
+        self._pg = dist.ProcessGroupGloo(prefixed, rank, address.world_size, opts)
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        try:
+            self._pg.broadcast([t], dist.BroadcastOptions()).wait()
+        except RuntimeError as exc:  # gloo: a peer closed its connection, or the timeout passed
+            raise BroadcastFailed(f"weight broadcast to {self.world_size - 1} workers failed: {exc}") from exc
+
+    def send(self, payload: WeightPayload) -> int:
+        """Broadcast ``payload`` to every other member; returns the bytes of data sent."""
+        if self.rank != 0:
+            raise ValueError("only member 0 sends")
+        header, nbytes = layout(payload)
+        header["chunk_bytes"] = self.chunk_bytes  # the receivers cut the data the same way
+        encoded = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8).copy()
+        self._broadcast(torch.tensor([encoded.size], dtype=torch.int64))
+        self._broadcast(torch.from_numpy(encoded))
+        staging = np.empty(min(self.chunk_bytes, max(nbytes, 1)), dtype=np.uint8)
+        sources = [(e["offset"], np.ascontiguousarray(payload.arrays[e["name"]]).reshape(-1).view(np.uint8))
+                   for e in header["arrays"]]
+        for start in range(0, nbytes, self.chunk_bytes):
+            end = min(start + self.chunk_bytes, nbytes)
+            chunk = staging[:end - start]
+            chunk[:] = 0
+            for offset, raw in sources:  # copy the part of every array that falls in [start, end)
+                lo, hi = max(offset, start), min(offset + raw.size, end)
+                if lo < hi:
+                    chunk[lo - start:hi - start] = raw[lo - offset:hi - offset]
+            self._broadcast(torch.from_numpy(chunk))
+        return nbytes
+
+    def receive(self) -> WeightPayload:
+        """The payload member 0 sends next (its arrays are views of one flat buffer)."""
+        if self.rank == 0:
+            raise ValueError("member 0 sends, it does not receive")
+        size = torch.zeros(1, dtype=torch.int64)
+        self._broadcast(size)
+        encoded = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._broadcast(encoded)
+        header = json.loads(bytes(encoded.numpy()).decode())
+        data = np.empty(int(header["nbytes"]), dtype=np.uint8)
+        flat = torch.from_numpy(data)
+        chunk = int(header["chunk_bytes"])
+        for start in range(0, data.size, chunk):
+            self._broadcast(flat[start:start + chunk])
+        return unpack(header, data)
+
+    def close(self) -> None:
+        """Drop the group (a dead peer's group is dropped the same way)."""
+        self._pg = None
+        self._store = None
