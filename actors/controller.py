@@ -71,6 +71,7 @@ class RolloutLoop:
                 self._poll_control()
                 self._follow_cluster()
                 self._reconcile()
+                self.transport.maintain(self.pool)
                 self._push_weights()
                 self._dispatch()
                 self._collect(timeout=0.05)
@@ -142,7 +143,7 @@ class RolloutLoop:
         version, ref = self.state.published
         for slot in self.pool.slots_now():
             if slot.policy_version < version:
-                self.transport.push(slot.handle, ref)
+                self.transport.push(slot.handle, ref, version)
                 slot.policy_version = version
 
     def _inflight_prompts(self) -> int:

@@ -15,6 +15,7 @@ from system.config import RunConfig
 from system.learner.core import LearnerCore
 from system.learner.distributed import find_free_port
 from system.learner.group_step import StepOutcome, run_step
+from system.weight_broadcast import BroadcastSender, GroupAddress
 
 
 @ray.remote
@@ -24,6 +25,9 @@ class LearnerRank:
             torch.set_num_threads(cfg.learner.cpu_threads)
         self.rank, self.world_size = rank, world_size
         self.core = LearnerCore(cfg, model_dir, rank, world_size, master_port)
+        sync = cfg.weight_sync
+        self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20)
+                       if sync.type == "collective" and rank == 0 else None)
 
     def policy_version(self) -> int:
         return self.core.policy_version
@@ -46,7 +50,15 @@ class LearnerRank:
         outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
         if self.rank != 0:
             return None, None
-        return replace(outcome, payload=None), outcome.payload
+        sync = {"payload_bytes": outcome.payload.num_bytes}
+        if self.sender is not None:  # the workers of the current generation receive it now
+            sync.update(self.sender.send(outcome.payload))
+        return replace(outcome, payload=None, weight_sync=sync), outcome.payload
+
+    def open_broadcast(self, name: str, world_size: int) -> GroupAddress:
+        """Rank 0 with ``weight_sync.type=collective``: host a new broadcast generation on this node
+        (returns at once; the workers join in the background, see ``system.weight_broadcast``)."""
+        return self.sender.open(name, world_size, ray.util.get_node_ip_address())
 
     def export_weights(self):
         return self.core.export_weights()

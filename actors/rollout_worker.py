@@ -5,6 +5,7 @@ import ray
 from system.config import RunConfig
 from system.rollout.worker import RolloutWorkerCore
 from system.types import Prompt, RolloutGroup
+from system.weight_broadcast import BroadcastReceiver, GroupAddress
 from system.weight_payload import WeightPayload
 
 
@@ -17,6 +18,8 @@ class RolloutWorker:
     def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
         self.worker_id = worker_id
         self.core = RolloutWorkerCore(cfg, model_dir, worker_id)
+        self.receiver = BroadcastReceiver()
+        self.weight_sources = {"broadcast": 0, "object_store": 0}
 
     def ready(self) -> dict:
         return {"worker_id": self.worker_id, "policy_version": self.core.policy_version,
@@ -36,5 +39,19 @@ class RolloutWorker:
         self.core.update_weights(payload)
         return self.core.policy_version
 
+    def join_broadcast(self, address: GroupAddress, rank: int, timeout_s: float) -> None:
+        """Become member ``rank`` of a weight-broadcast generation (received in the background)."""
+        self.receiver.join(address, rank, timeout_s)
+
+    def update_weights_from(self, version: int, holder: list) -> str:
+        """Load ``version``: the broadcast copy if it arrived, else the object store's (``holder`` is
+        ``[reference]``, resolved only then). Returns where it came from."""
+        payload = self.receiver.take(version)
+        source = "broadcast" if payload is not None else "object_store"
+        self.core.update_weights(payload if payload is not None else ray.get(holder[0]))
+        self.weight_sources[source] += 1
+        return source
+
     def stats(self) -> dict:
-        return self.core.stats()
+        """The engine's counters, and how many versions came by broadcast and from the object store."""
+        return {**self.core.stats(), **{f"weights_via_{k}": n for k, n in self.weight_sources.items()}}

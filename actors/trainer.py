@@ -26,7 +26,7 @@ from actors.learner_worker import LearnerGroup, LearnerRank
 from actors.placement import plan_placement, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
-from actors.weight_sync import ObjectStoreTransport
+from actors.weight_sync import build_transport
 from system import run_state
 from system.config import RunConfig, dump_config
 from system.data.buffer import TrajectoryBuffer
@@ -94,7 +94,7 @@ class Trainer:
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
         self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
-        self.transport = ObjectStoreTransport()
+        self.transport = build_transport(cfg, self.learners)
         published = (0, None)
         if self.ckpt is not None:
             self._restore(saved)
@@ -171,6 +171,7 @@ class Trainer:
         batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])
         outcome = self.learners.step(ray.put(batch), self.step + 1, self.service)
         self._check_finite(outcome.learner)
+        self.transport.step_done(outcome.weight_sync)
         self.state.publish(version + 1, outcome.weights)
         with self.state.cond:
             self.sampler.mark_trained([g.prompt.prompt_id for g in groups])
@@ -186,6 +187,7 @@ class Trainer:
             reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
             tokens_trained=int(batch.response_len_B.sum()), learner=outcome.learner, correction=outcome.correction,
             ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_rate(),
+            weight_sync=outcome.weight_sync,
             lag_counts={int(lag): int(n) for lag, n in zip(*np.unique(lags, return_counts=True), strict=True)},
             workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
         self.service.finish_step.remote(record)  # not awaited: the sinks write while the next step runs

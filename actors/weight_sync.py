@@ -3,8 +3,13 @@
 ``ObjectStoreTransport`` (CPU, and the portable default): rank 0 exports the full bf16
 weights as numpy arrays (bf16 as an int16 view, ``lm_head.weight`` included) into Ray's
 object store; every worker receives the same object reference and reads it zero-copy on its
-node. The driver never copies the weights. A GPU transport (NCCL broadcast or CUDA IPC into
-vLLM's weight-transfer engine) would implement the same two methods.
+node. The driver never copies the weights.
+
+``CollectiveTransport`` (``weight_sync.type=collective``): rank 0 also broadcasts each version,
+right after its export, to the ready workers over a process group of their own
+(``system.weight_broadcast``); a worker loads the copy it received and falls back to the
+object store for a version it missed. The group (a *generation*) is re-formed, without
+blocking anyone, whenever the set of ready workers changes or a broadcast failed.
 """
 
 from typing import Protocol
@@ -12,6 +17,8 @@ from typing import Protocol
 import ray
 
 from actors.learner_worker import LearnerGroup
+from actors.rollout_pool import RolloutPool
+from system.config import RunConfig
 
 
 class WeightTransport(Protocol):
@@ -19,8 +26,16 @@ class WeightTransport(Protocol):
         """Export the learners' current weights; returns a handle workers can load from."""
         ...
 
-    def push(self, worker: ray.actor.ActorHandle, handle: object) -> ray.ObjectRef:
+    def push(self, worker: ray.actor.ActorHandle, handle: object, policy_version: int) -> ray.ObjectRef:
         """Queue the load on ``worker`` (it runs between generate calls); returns the call's ref."""
+        ...
+
+    def maintain(self, pool: RolloutPool) -> None:
+        """Called on every turn of the rollout loop (never blocks)."""
+        ...
+
+    def step_done(self, weight_sync_metrics: dict) -> None:
+        """What the step reported about its weight sync (called by the train loop)."""
         ...
 
 
@@ -30,5 +45,53 @@ class ObjectStoreTransport:
     def publish(self, learners: LearnerGroup, policy_version: int) -> ray.ObjectRef:
         return learners.export_weights()
 
-    def push(self, worker: ray.actor.ActorHandle, handle: ray.ObjectRef) -> ray.ObjectRef:
+    def push(self, worker: ray.actor.ActorHandle, handle: ray.ObjectRef, policy_version: int) -> ray.ObjectRef:
         return worker.update_weights.remote(handle)
+
+    def maintain(self, pool: RolloutPool) -> None:
+        pass
+
+    def step_done(self, weight_sync_metrics: dict) -> None:
+        pass
+
+
+class CollectiveTransport(ObjectStoreTransport):
+    name = "collective"
+
+    def __init__(self, cfg: RunConfig, learners: LearnerGroup) -> None:
+        self.timeout_s = cfg.weight_sync.timeout_s
+        self.rank0 = learners.ranks[0]
+        self.generation = 0
+        self.members: tuple[str, ...] = ()
+        self._opening: tuple[ray.ObjectRef, list] | None = None
+        self.reform = False  # set by the train loop when a broadcast failed
+
+    def push(self, worker: ray.actor.ActorHandle, handle: ray.ObjectRef, policy_version: int) -> ray.ObjectRef:
+        return worker.update_weights_from.remote(policy_version, [handle])
+
+    def maintain(self, pool: RolloutPool) -> None:
+        if self._opening is not None:
+            ref, members = self._opening
+            if not ray.wait([ref], timeout=0)[0]:
+                return
+            self._opening = None
+            address = ray.get(ref)
+            for rank, slot in enumerate(members, start=1):
+                slot.handle.join_broadcast.remote(address, rank, self.timeout_s)
+            self.members = tuple(s.worker_id for s in members)
+            return
+        ready = sorted(pool.ready(), key=lambda s: s.worker_id)
+        if ready and (tuple(s.worker_id for s in ready) != self.members or self.reform):
+            self.generation, self.reform = self.generation + 1, False
+            self._opening = (self.rank0.open_broadcast.remote(f"generation-{self.generation}", len(ready) + 1),
+                             ready)
+
+    def step_done(self, weight_sync_metrics: dict) -> None:
+        if weight_sync_metrics.get("broadcast_failed"):
+            self.reform = True
+
+
+def build_transport(cfg: RunConfig, learners: LearnerGroup) -> ObjectStoreTransport:
+    if cfg.weight_sync.type == "collective":
+        return CollectiveTransport(cfg, learners)
+    return ObjectStoreTransport()

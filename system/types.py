@@ -127,6 +127,8 @@ class StepRecord:
     ``step``, ``rollout_idle`` (the rollout side's pause: seconds a ready worker sat idle since the
     previous step, mean over workers)."""
     rollout_tokens_per_s: float = 0.0
+    weight_sync: dict = field(default_factory=dict)
+    """How the step's new weights travelled (``weight_sync/<key>``: payload and broadcast bytes, seconds)."""
     lag_counts: dict = field(default_factory=dict)
     """Sequences trained at each lag (``{lag: count}``), streamed as ``staleness/sequences_lag_<lag>``."""
     workers_ready: int = 0
@@ -141,6 +143,7 @@ class StepRecord:
             **self.correction,
             **{f"learner/{k}": v for k, v in self.learner.items()},
             **{f"ledger/{k}": v for k, v in self.ledger.items()},
+            **{f"weight_sync/{k}": v for k, v in self.weight_sync.items()},
             **{f"time/{k}": v for k, v in self.seconds.items()},
             "throughput/learner_tokens_per_s": self.tokens_trained / max(step_s, 1e-9),
             "throughput/rollout_tokens_per_s": self.rollout_tokens_per_s,

@@ -19,6 +19,9 @@ get the whole payload keep it (the header and size checks make a partial one an 
 """
 
 import json
+import socket
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -77,15 +80,19 @@ class WeightBroadcast:
     once per policy version, in the same order (both are collective over the generation)."""
 
     def __init__(self, address: GroupAddress, rank: int, timeout_s: float = 60.0,
-                 chunk_bytes: int = 64 << 20) -> None:
+                 chunk_bytes: int = 64 << 20, store: dist.Store | None = None) -> None:
+        """Join the generation at ``address`` (blocks until every member has joined). Member 0 passes
+        the store it hosts (:func:`host_store`); the others connect to it."""
         if not 0 <= rank < address.world_size:
             raise ValueError(f"rank must be in [0, {address.world_size}), got {rank}")
         if chunk_bytes < ALIGN:
             raise ValueError(f"chunk_bytes must be >= {ALIGN}, got {chunk_bytes}")
         self.rank, self.world_size, self.chunk_bytes = rank, address.world_size, chunk_bytes
         self.timeout = timedelta(seconds=timeout_s)
-        self._store = dist.TCPStore(address.host, address.port, address.world_size, rank == 0, self.timeout,
-                                    wait_for_workers=False)
+        if store is None:
+            store = dist.TCPStore(address.host, address.port, address.world_size, rank == 0, self.timeout,
+                                  wait_for_workers=False)
+        self._store = store
         prefixed = dist.PrefixStore(f"weights/{address.name}/", self._store)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = self.timeout
@@ -143,3 +150,133 @@ class WeightBroadcast:
         """Drop the group (a dead peer's group is dropped the same way)."""
         self._pg = None
         self._store = None
+
+
+def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:
+    """Member 0's store on a free port of ``host`` only (the socket is bound here and handed to the
+    store, which would otherwise listen on every interface): ``(store, port)``."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(64)
+        port = int(sock.getsockname()[1])
+    except BaseException:
+        sock.close()
+        raise
+    fd = sock.detach()
+    store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
+                          master_listen_fd=fd)
+    return store, port
+
+
+class BroadcastSender:
+    """Member 0's side across generations (the learner's rank 0).
+
+    :meth:`open` hosts a new generation and returns at once (the members join in the background);
+    :meth:`send` broadcasts a version if the current generation is connected, and otherwise skips
+    it (the workers then load that version from the object store): the learner never waits for a
+    generation to form, only for a broadcast in progress. A failed broadcast drops the generation.
+    """
+
+    def __init__(self, timeout_s: float = 60.0, chunk_bytes: int = 64 << 20) -> None:
+        self.timeout_s, self.chunk_bytes = timeout_s, chunk_bytes
+        self._group: WeightBroadcast | None = None
+        self._connecting: threading.Thread | None = None
+        self._result: dict = {}
+
+    def open(self, name: str, world_size: int, host: str) -> GroupAddress:
+        """Host generation ``name`` of ``world_size`` members (this one and ``world_size - 1`` workers)."""
+        self.close()
+        store, port = host_store(host, self.timeout_s)
+        address = GroupAddress(host, port, name, world_size)
+        result: dict = {}
+
+        def connect() -> None:
+            try:
+                result["group"] = WeightBroadcast(address, 0, self.timeout_s, self.chunk_bytes, store=store)
+            except Exception as exc:  # a member never came: the generation is dropped
+                result["error"] = exc
+
+        self._result, self._connecting = result, threading.Thread(target=connect, name="weights-connect", daemon=True)
+        self._connecting.start()
+        return address
+
+    def send(self, payload: WeightPayload) -> dict:
+        """Broadcast ``payload`` if a generation is connected; the ``weight_sync/...`` metrics of the step."""
+        if self._connecting is not None and not self._connecting.is_alive():
+            self._group, self._connecting = self._result.get("group"), None
+        if self._group is None:
+            return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
+                    "broadcast_failed": 0}
+        started = time.perf_counter()
+        receivers = self._group.world_size - 1
+        try:
+            sent = self._group.send(payload)
+        except BroadcastFailed:
+            self.close()
+            return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
+                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1}
+        return {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
+                "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0}
+
+    @property
+    def broken(self) -> bool:
+        """No generation is connected or connecting (none was opened, or the last one failed)."""
+        return self._group is None and self._connecting is None
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group, self._connecting = None, None
+
+
+class BroadcastReceiver:
+    """A worker's side across generations: a background thread per generation receives every version
+    into ``latest``; :meth:`take` hands the version the controller asks for, if it arrived."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._alive = False
+        self.latest: WeightPayload | None = None
+        self.error: str | None = None
+
+    def join(self, address: GroupAddress, rank: int, timeout_s: float = 60.0) -> None:
+        """Become member ``rank`` of the generation at ``address`` (returns at once)."""
+        with self._cond:
+            self._generation += 1
+            generation, self._alive = self._generation, True
+
+        def loop() -> None:
+            try:
+                group = WeightBroadcast(address, rank, timeout_s)
+                while True:
+                    payload = group.receive()
+                    with self._cond:
+                        if generation != self._generation:
+                            return  # a newer generation took over
+                        self.latest = payload
+                        self._cond.notify_all()
+            except Exception as exc:  # the generation broke (a member died, or member 0 moved on)
+                with self._cond:
+                    if generation == self._generation:
+                        self._alive, self.error = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+                        self._cond.notify_all()
+
+        threading.Thread(target=loop, name=f"weights-receive-{generation}", daemon=True).start()
+
+    def take(self, version: int, wait_s: float = 5.0) -> WeightPayload | None:
+        """The payload of ``version`` if it arrived (waiting up to ``wait_s`` while the generation is
+        alive and only older versions arrived); None if it did not (load it another way)."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                if self.latest is not None and self.latest.policy_version == version:
+                    return self.latest
+                if self.latest is not None and self.latest.policy_version > version:
+                    return None
+                remaining = deadline - time.monotonic()
+                if not self._alive or remaining <= 0:
+                    return None
+                self._cond.wait(remaining)

@@ -5,6 +5,7 @@ twice. A lost learner rank fails the run quickly with a clear message.
 Runs the real stack in this process on a private loopback Ray cluster.
 """
 
+import json
 import signal
 import subprocess
 import sys
@@ -58,8 +59,9 @@ def kill_when(trainer: Trainer, step: int, pick) -> dict:
 
 
 def test_killed_rollout_worker_is_replaced_and_nothing_is_lost(trainer_factory):
-    # One worker: training cannot go on until the replacement serves.
-    trainer = trainer_factory("max_steps=6", "rollout.num_workers=1")
+    # One worker: training cannot go on until the replacement serves. Weights by broadcast
+    # (weight_sync.type=collective): the replacement joins the next broadcast generation.
+    trainer = trainer_factory("max_steps=6", "rollout.num_workers=1", "weight_sync.type=collective")
     kill_when(trainer, 2, lambda t: next(iter(t.pool.slots.values())).handle)
     trainer.run()
     counts = trainer.sampler.counts()
@@ -70,6 +72,9 @@ def test_killed_rollout_worker_is_replaced_and_nothing_is_lost(trainer_factory):
     # The replacement (the second worker launched) came up and served the rest of the run.
     assert sorted(trainer.pool.slots) == ["rollout-1"]
     assert len(trainer.pool.replacement_seconds) == 1 and trainer.pool.replacement_seconds[0] < 30
+    stats = ray.get(trainer.pool.slots["rollout-1"].handle.stats.remote())
+    assert stats["weights_via_broadcast"] >= 1, stats  # the replacement got a version by broadcast
+    assert trainer.transport.generation >= 2  # one generation per set of ready workers
     print(f"\nreplacement ready after {trainer.pool.replacement_seconds[0]:.1f} s")
 
 
@@ -98,7 +103,9 @@ def aisrl_scale(run_dir, workers: int) -> None:
 
 
 def test_scale_workers_up_and_down_while_training(trainer_factory):
-    trainer = trainer_factory("max_steps=100000", "rollout.num_workers=1")
+    # Weights by broadcast: every change of the ready workers forms a new generation, and no
+    # version is lost on the way (a worker that missed one loads it from the object store).
+    trainer = trainer_factory("max_steps=100000", "rollout.num_workers=1", "weight_sync.type=collective")
     runner = threading.Thread(target=trainer.run, daemon=True)
     runner.start()
     wait_for(lambda: trainer.step >= 2, 120, "step 2")
@@ -110,9 +117,16 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
     wait_for(lambda: len(trainer.pool.slots) == 1, 60, "one worker retired")
     step_down = trainer.step
     wait_for(lambda: trainer.step >= step_down + 3, 60, "training to go on with 1 worker")
+    stats = ray.get(next(iter(trainer.pool.slots.values())).handle.stats.remote())
     trainer.stop_requested.set()
     runner.join(timeout=120)
-    print(f"\nsecond worker ready {up:.1f} s after `aisrl scale`")
+    print(f"\nsecond worker ready {up:.1f} s after `aisrl scale`; weight loads {stats}")
+    assert stats["weights_via_broadcast"] >= 1 and trainer.transport.generation >= 3  # 1, 2, then 1 worker
+    recs = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["weight_sync/broadcast_receivers"] for r in recs) == 2
+    ok = [r for r in recs if r["weight_sync/broadcast_receivers"] and not r["weight_sync/broadcast_failed"]]
+    assert ok and all(r["weight_sync/broadcast_bytes"] == r["weight_sync/payload_bytes"]
+                      * r["weight_sync/broadcast_receivers"] for r in ok)
     counts = trainer.sampler.counts()
     assert counts["duplicates"] == 0 and counts["trained"] == trainer.step * 4
     assert counts["issued"] == counts["trained"] + counts["dropped"] + counts["in_flight"] + counts["buffered"]

@@ -10,6 +10,7 @@ from system.config.learner import LearnerConfig
 from system.config.model import ModelConfig, TinyModelConfig
 from system.config.report import ReportConfig
 from system.config.rollout import RolloutConfig
+from system.config.weight_sync import ObjectStoreSyncConfig, WeightSyncConfig
 
 
 class RunConfig(StrictModel):
@@ -39,6 +40,8 @@ class RunConfig(StrictModel):
     """Sinks, W&B and dumps."""
     ray: RayConfig = Field(default_factory=RayConfig)
     """The Ray cluster."""
+    weight_sync: WeightSyncConfig = Field(default_factory=ObjectStoreSyncConfig)
+    """How new weights reach the rollout workers: ``object_store`` or ``collective``."""
 
     @property
     def sequences_per_step(self) -> int:

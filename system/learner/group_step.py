@@ -23,7 +23,7 @@ Shape suffixes: ``B`` sequences, ``T`` response positions (``system`` legend).
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +47,8 @@ class StepOutcome:
     """``proximal``, ``correction`` (gather + service + broadcast), ``update``, ``export``."""
     payload: WeightPayload | None
     """The new policy version's full weights (rank 0); None on the other ranks."""
+    weight_sync: dict = field(default_factory=dict)
+    """``weight_sync/...`` metrics of the step (the Ray shell's: payload size, broadcast bytes and seconds)."""
     weights: object = None
     """Where the rollout workers load ``payload`` from, once the caller has published it (the Ray
     shell returns the payload as a separate object of rank 0's call and the driver sets this to

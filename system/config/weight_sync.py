@@ -1,0 +1,30 @@
+"""How new policy versions reach the rollout workers (``weight_sync.type``)."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from system.config.base import StrictModel
+
+
+class ObjectStoreSyncConfig(StrictModel):
+    """Learner rank 0 puts each version's full weights in Ray's object store; every worker reads
+    them from its node's store (the portable default)."""
+
+    type: Literal["object_store"] = "object_store"
+
+
+class CollectiveSyncConfig(StrictModel):
+    """Learner rank 0 broadcasts each version to the ready workers over a process group of their own
+    (gloo on CPU: ``system.weight_broadcast``), right after its export; a worker loads the version it
+    received, and falls back to the object store when it missed it (it joined since the group was
+    formed, or the group broke). The group is re-formed whenever the set of ready workers changes."""
+
+    type: Literal["collective"]
+    timeout_s: float = Field(default=60.0, gt=0.0)
+    """A broadcast that does not complete in this time fails (the group is then re-formed)."""
+    chunk_mb: int = Field(default=64, ge=1)
+    """Data goes in chunks of this many MiB (the sender's staging buffer)."""
+
+
+WeightSyncConfig = Annotated[ObjectStoreSyncConfig | CollectiveSyncConfig, Field(discriminator="type")]
