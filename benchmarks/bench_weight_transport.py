@@ -1,0 +1,179 @@
+"""Weight transport, side by side in one run: bytes and seconds per sync by model size and workers.
+
+For each size (bf16 parameters: 0.1 / 0.5 / 1.5 B by default) and each worker count (1 / 2 / 4):
+
+* ``object_store``: a sender actor ``ray.put``s the payload (what learner rank 0 does), every
+  worker actor ``ray.get``s it and copies it into buffers of its own (what loading into an
+  engine costs at least), on a private loopback Ray cluster;
+* ``collective``: ``system.weight_broadcast`` between processes, one sender and N receivers
+  (gloo over loopback), the time of one ``send`` until every receiver holds its copy;
+* ``memcpy``: ``np.copyto`` of the same bytes in one process, the reference bandwidth.
+
+Reported per cell: the median seconds of a sync (after one warm-up), bytes moved, and the
+per-worker bandwidth as a fraction of memcpy's. Synthetic payloads shaped like a transformer
+(``tests/sim_actors.synthetic_weight_shapes``). Writes
+``benchmarks/results/weight_transport_cpu.json``.
+
+    python benchmarks/bench_weight_transport.py
+    python benchmarks/bench_weight_transport.py --params 0.1 --workers 1 2 --repeats 3
+"""
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from harness import emit  # noqa: E402
+from sim_actors import synthetic_weight_shapes  # noqa: E402
+
+from system.learner.distributed import find_free_port  # noqa: E402
+from system.weight_broadcast import GroupAddress, WeightBroadcast  # noqa: E402
+from system.weight_payload import WeightPayload  # noqa: E402
+
+GB = 1e9
+
+
+def make_payload(params: float) -> WeightPayload:
+    shapes = synthetic_weight_shapes(int(params))
+    arrays = {name: np.full(shape, i % 251, dtype=np.int16) for i, (name, shape) in enumerate(shapes.items())}
+    return WeightPayload(policy_version=1, arrays=arrays, dtypes={name: "bfloat16" for name in arrays})
+
+
+def memcpy_seconds(nbytes: int, repeats: int) -> float:
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def _sender(address: GroupAddress, params: float, rounds: int, times) -> None:
+    payload = make_payload(params)
+    group = WeightBroadcast(address, 0, timeout_s=300.0)
+    for _ in range(rounds):
+        group._broadcast(_zero())  # a barrier: every receiver is ready for the round
+        t0 = time.perf_counter()
+        group.send(payload)
+        group._broadcast(_zero())  # the receivers hold their copy (they reach this after receive())
+        times.put(time.perf_counter() - t0)
+
+
+def _receiver(address: GroupAddress, rank: int, rounds: int) -> None:
+    group = WeightBroadcast(address, rank, timeout_s=300.0)
+    for _ in range(rounds):
+        group._broadcast(_zero())
+        group.receive()
+        group._broadcast(_zero())
+
+
+def _zero():
+    import torch
+
+    return torch.zeros(1, dtype=torch.int64)
+
+
+def collective_seconds(params: float, workers: int, repeats: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    times = ctx.Queue()
+    address = GroupAddress("127.0.0.1", find_free_port(), f"bench-{workers}", workers + 1)
+    rounds = repeats + 1
+    procs = [ctx.Process(target=_sender, args=(address, params, rounds, times))]
+    procs += [ctx.Process(target=_receiver, args=(address, r, rounds)) for r in range(1, workers + 1)]
+    for p in procs:
+        p.start()
+    out = [times.get(timeout=900) for _ in range(rounds)]
+    for p in procs:
+        p.join(timeout=120)
+    return out[1:]
+
+
+def object_store_seconds(params: float, workers: int, repeats: int) -> list[float]:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Sender:
+        def __init__(self, params: float) -> None:
+            self.payload = make_payload(params)
+
+        def put(self):
+            return [ray.put(self.payload)]
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def __init__(self) -> None:
+            self.buffers: dict[str, np.ndarray] = {}
+
+        def load(self, holder: list) -> int:
+            payload = ray.get(holder[0])
+            for name, arr in payload.arrays.items():
+                if name not in self.buffers:
+                    self.buffers[name] = np.empty_like(arr)
+                np.copyto(self.buffers[name], arr)
+            return payload.num_bytes
+
+    sender = Sender.remote(params)
+    pool = [Worker.remote() for _ in range(workers)]
+    ray.get([w.__ray_ready__.remote() for w in [sender, *pool]])
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        holder = ray.get(sender.put.remote())
+        ray.get([w.load.remote(holder) for w in pool])
+        times.append(time.perf_counter() - t0)
+        del holder
+    for actor in [sender, *pool]:
+        ray.kill(actor)
+    return times[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--params", type=float, nargs="+", default=[0.1, 0.5, 1.5], help="billions")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--transports", nargs="+", default=["object_store", "collective"])
+    parser.add_argument("--name", default="weight_transport_cpu")
+    args = parser.parse_args()
+    rows = []
+    if "object_store" in args.transports:
+        import ray
+
+        from actors.cluster import connect
+        from system.config.cluster import RayConfig
+
+        connect(RayConfig(object_store_gib=8.0), num_cpus=8)
+    for params in args.params:
+        nbytes = 2 * sum(int(np.prod(shape)) for shape in synthetic_weight_shapes(int(params * 1e9)).values())
+        copy_s = memcpy_seconds(nbytes, args.repeats)
+        for workers in args.workers:
+            for transport in args.transports:
+                fn = collective_seconds if transport == "collective" else object_store_seconds
+                times = fn(params * 1e9, workers, args.repeats)
+                sec = statistics.median(times)
+                row = {"params_b": params, "workers": workers, "transport": transport, "bytes_per_worker": nbytes,
+                       "seconds": sec, "all_seconds": [round(t, 4) for t in times],
+                       "per_worker_GB_per_s": nbytes / sec / GB, "memcpy_seconds": copy_s,
+                       "per_worker_fraction_of_memcpy": copy_s / sec}
+                rows.append(row)
+                print(f"{params:g}B x {workers} {transport:12s} {sec:.3f} s  per worker "
+                      f"{row['per_worker_GB_per_s']:.2f} GB/s = {row['per_worker_fraction_of_memcpy']:.2f} memcpy",
+                      file=sys.stderr, flush=True)
+    if "object_store" in args.transports:
+        ray.shutdown()
+    emit(args.name, {"rows": rows, "note": "synthetic transformer-shaped bf16 payloads; loopback; "
+                                           "seconds = until every worker holds its own copy"})
+
+
+if __name__ == "__main__":
+    main()
