@@ -230,6 +230,8 @@ def main() -> None:
     base = [f"max_steps={args.steps}", f"prompts_per_step={args.prompts_per_step}"]
     partial = RESULTS / f"{args.name}.partial.json"
     runs: dict[str, dict] = json.loads(partial.read_text())["runs"] if args.resume and partial.exists() else {}
+    wanted = {f"{reg}/{arm}/seed{seed}" for seed in args.seeds for reg in args.regimes for arm in args.arms}
+    runs = {k: v for k, v in runs.items() if k in wanted}  # --resume --seeds 0 1: report those seeds only
     logs = Path(tempfile.mkdtemp(prefix="aisrl-ablation-logs-"))
     started = time.perf_counter()
     for seed in args.seeds:  # seed-major: an interrupted sweep has every arm at the seeds it finished
