@@ -142,7 +142,9 @@ class RolloutLoop:
     def _push_weights(self) -> None:
         version, ref = self.state.published
         for slot in self.pool.slots_now():
-            if slot.policy_version < version:
+            # a starting worker gets the latest version once it is ready: pushing every version to
+            # it meanwhile would queue one load per version behind its engine build
+            if slot.starting is None and slot.policy_version < version:
                 self.transport.push(slot.handle, ref, version)
                 slot.policy_version = version
 

@@ -16,6 +16,7 @@ from system.learner.core import LearnerCore
 from system.learner.distributed import find_free_port
 from system.learner.group_step import StepOutcome, run_step
 from system.weight_broadcast import BroadcastSender, GroupAddress
+from system.weight_delta import DeltaEncoder
 
 
 @ray.remote
@@ -26,8 +27,9 @@ class LearnerRank:
         self.rank, self.world_size = rank, world_size
         self.core = LearnerCore(cfg, model_dir, rank, world_size, master_port)
         sync = cfg.weight_sync
-        self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20)
-                       if sync.type == "collective" and rank == 0 else None)
+        encoder = DeltaEncoder(sync.rank, sync.full_every, cfg.seed) if sync.type == "delta" else None
+        self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, encoder)
+                       if sync.type in ("collective", "delta") and rank == 0 else None)
 
     def policy_version(self) -> int:
         return self.core.policy_version

@@ -39,9 +39,10 @@ class RolloutWorker:
         self.core.update_weights(payload)
         return self.core.policy_version
 
-    def join_broadcast(self, address: GroupAddress, rank: int, timeout_s: float) -> None:
-        """Become member ``rank`` of a weight-broadcast generation (received in the background)."""
-        self.receiver.join(address, rank, timeout_s)
+    def join_broadcast(self, address: GroupAddress, rank: int, timeout_s: float, delta: bool) -> None:
+        """Become member ``rank`` of a weight-broadcast generation (received, and with ``delta``
+        decoded, in the background)."""
+        self.receiver.join(address, rank, timeout_s, delta)
 
     def update_weights_from(self, version: int, holder: list) -> str:
         """Load ``version``: the broadcast copy if it arrived, else the object store's (``holder`` is

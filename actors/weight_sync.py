@@ -10,6 +10,7 @@ right after its export, to the ready workers over a process group of their own
 (``system.weight_broadcast``); a worker loads the copy it received and falls back to the
 object store for a version it missed. The group (a *generation*) is re-formed, without
 blocking anyone, whenever the set of ready workers changes or a broadcast failed.
+``weight_sync.type=delta`` is the same transport carrying lossy deltas (``system.weight_delta``).
 """
 
 from typing import Protocol
@@ -60,6 +61,7 @@ class CollectiveTransport(ObjectStoreTransport):
 
     def __init__(self, cfg: RunConfig, learners: LearnerGroup) -> None:
         self.timeout_s = cfg.weight_sync.timeout_s
+        self.delta = cfg.weight_sync.type == "delta"
         self.rank0 = learners.ranks[0]
         self.generation = 0
         self.members: tuple[str, ...] = ()
@@ -77,7 +79,7 @@ class CollectiveTransport(ObjectStoreTransport):
             self._opening = None
             address = ray.get(ref)
             for rank, slot in enumerate(members, start=1):
-                slot.handle.join_broadcast.remote(address, rank, self.timeout_s)
+                slot.handle.join_broadcast.remote(address, rank, self.timeout_s, self.delta)
             self.members = tuple(s.worker_id for s in members)
             return
         ready = sorted(pool.ready(), key=lambda s: s.worker_id)
@@ -92,6 +94,6 @@ class CollectiveTransport(ObjectStoreTransport):
 
 
 def build_transport(cfg: RunConfig, learners: LearnerGroup) -> ObjectStoreTransport:
-    if cfg.weight_sync.type == "collective":
+    if cfg.weight_sync.type in ("collective", "delta"):
         return CollectiveTransport(cfg, learners)
     return ObjectStoreTransport()

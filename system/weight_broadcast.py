@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from system.learner.distributed import _is_loopback
+from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
 from system.weight_payload import WeightPayload
 
 ALIGN = 64
@@ -179,8 +180,10 @@ class BroadcastSender:
     generation to form, only for a broadcast in progress. A failed broadcast drops the generation.
     """
 
-    def __init__(self, timeout_s: float = 60.0, chunk_bytes: int = 64 << 20) -> None:
-        self.timeout_s, self.chunk_bytes = timeout_s, chunk_bytes
+    def __init__(self, timeout_s: float = 60.0, chunk_bytes: int = 64 << 20,
+                 encoder: DeltaEncoder | None = None) -> None:
+        """``encoder``: send lossy deltas (``system.weight_delta``); None sends every version in full."""
+        self.timeout_s, self.chunk_bytes, self.encoder = timeout_s, chunk_bytes, encoder
         self._group: WeightBroadcast | None = None
         self._connecting: threading.Thread | None = None
         self._result: dict = {}
@@ -188,6 +191,8 @@ class BroadcastSender:
     def open(self, name: str, world_size: int, host: str) -> GroupAddress:
         """Host generation ``name`` of ``world_size`` members (this one and ``world_size - 1`` workers)."""
         self.close()
+        if self.encoder is not None:
+            self.encoder.reset()  # a new generation starts from the full weights
         store, port = host_store(host, self.timeout_s)
         address = GroupAddress(host, port, name, world_size)
         result: dict = {}
@@ -211,14 +216,19 @@ class BroadcastSender:
                     "broadcast_failed": 0}
         started = time.perf_counter()
         receivers = self._group.world_size - 1
+        wire = self.encoder.encode(payload) if self.encoder is not None else payload
         try:
-            sent = self._group.send(payload)
+            sent = self._group.send(wire)
         except BroadcastFailed:
             self.close()
             return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
                     "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1}
-        return {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
-                "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0}
+        metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
+                   "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0}
+        if self.encoder is not None:
+            metrics |= {"compression_ratio": payload.num_bytes / max(wire.num_bytes, 1),
+                        "full_version": int(not is_delta(wire))}
+        return metrics
 
     @property
     def broken(self) -> bool:
@@ -242,8 +252,9 @@ class BroadcastReceiver:
         self.latest: WeightPayload | None = None
         self.error: str | None = None
 
-    def join(self, address: GroupAddress, rank: int, timeout_s: float = 60.0) -> None:
-        """Become member ``rank`` of the generation at ``address`` (returns at once)."""
+    def join(self, address: GroupAddress, rank: int, timeout_s: float = 60.0, delta: bool = False) -> None:
+        """Become member ``rank`` of the generation at ``address`` (returns at once); ``delta``: the
+        sender codes versions as deltas, decoded here against this member's reconstruction."""
         with self._cond:
             self._generation += 1
             generation, self._alive = self._generation, True
@@ -251,8 +262,11 @@ class BroadcastReceiver:
         def loop() -> None:
             try:
                 group = WeightBroadcast(address, rank, timeout_s)
+                decoder = DeltaDecoder() if delta else None
                 while True:
                     payload = group.receive()
+                    if decoder is not None:
+                        payload = decoder.decode(payload)
                     with self._cond:
                         if generation != self._generation:
                             return  # a newer generation took over

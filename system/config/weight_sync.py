@@ -12,6 +12,7 @@ class ObjectStoreSyncConfig(StrictModel):
     them from its node's store (the portable default)."""
 
     type: Literal["object_store"] = "object_store"
+    """Selects this transport."""
 
 
 class CollectiveSyncConfig(StrictModel):
@@ -20,11 +21,31 @@ class CollectiveSyncConfig(StrictModel):
     received, and falls back to the object store when it missed it (it joined since the group was
     formed, or the group broke). The group is re-formed whenever the set of ready workers changes."""
 
-    type: Literal["collective"]
+    type: Literal["collective"] = "collective"
+    """Selects this transport."""
     timeout_s: float = Field(default=60.0, gt=0.0)
     """A broadcast that does not complete in this time fails (the group is then re-formed)."""
     chunk_mb: int = Field(default=64, ge=1)
     """Data goes in chunks of this many MiB (the sender's staging buffer)."""
 
 
-WeightSyncConfig = Annotated[ObjectStoreSyncConfig | CollectiveSyncConfig, Field(discriminator="type")]
+class DeltaSyncConfig(StrictModel):
+    """``collective``, but each version after the first of a generation travels as a lossy delta with
+    error feedback (``system.weight_delta``: rank-``rank`` float16 factors per matrix, int8 rows for
+    the rest), and in full every ``full_every`` versions. The workers run on the reconstruction: its
+    error shows up in the mismatch the correction service measures."""
+
+    type: Literal["delta"] = "delta"
+    """Selects this transport."""
+    timeout_s: float = Field(default=60.0, gt=0.0)
+    """A broadcast that does not complete in this time fails (the group is then re-formed)."""
+    chunk_mb: int = Field(default=64, ge=1)
+    """Data goes in chunks of this many MiB (the sender's staging buffer)."""
+    rank: int = Field(default=4, ge=1)
+    """Rank of each matrix's delta (PowerSGD-style, one warm-started power iteration per version)."""
+    full_every: int = Field(default=20, ge=1)
+    """Send the full weights every this many versions (and to every new generation)."""
+
+
+WeightSyncConfig = Annotated[ObjectStoreSyncConfig | CollectiveSyncConfig | DeltaSyncConfig,
+                             Field(discriminator="type")]

@@ -1,0 +1,120 @@
+"""Lossy delta coding of policy versions, with error feedback (``weight_sync.type=delta``).
+
+The sender keeps ``R``, the float32 weights the receivers hold (their reconstruction), and
+for each new version ``W`` sends only a compressed ``D ~ W - R``; sender and receivers both
+apply ``R <- R + D``. Because the next delta is taken against ``R`` (not against the previous
+``W``), whatever a delta failed to carry is carried by the next ones: the error does not
+accumulate (error feedback), it stays about one step's coding error. Every ``full_every``
+versions, and for the first version a group of receivers sees, the full weights go instead
+(``R <- W``).
+
+Codec per tensor (``E = W - R`` in float32):
+
+* 2-D ``[m, n]`` with ``rank * (m + n) < m * n``: one power iteration warm-started from the
+  previous ``Q`` (PowerSGD): ``P = orth(E Q)``, ``Q = E^T P``, ``D = P Q^T``; ``P`` and ``Q`` go
+  as float16 (``2 r (m + n)`` bytes instead of ``2 m n`` for bf16);
+* anything else: int8 with one float32 scale per row (last dimension),
+  ``s = max|E_row| / 127``, ``D = round(E / s) * s``.
+
+On the wire a delta is a ``WeightPayload`` whose dtypes say ``delta/lowrank`` or ``delta/int8``
+per tensor (arrays ``name::p``, ``name::q`` or ``name::q8``, ``name::scale``), and a full
+version is an ordinary payload. Receivers decode into a full bf16 payload for their engine.
+"""
+
+import numpy as np
+import torch
+
+from system.weight_payload import WeightPayload, decode_weights, encode_weights
+
+LOWRANK, INT8 = "delta/lowrank", "delta/int8"
+
+
+def is_delta(payload: WeightPayload) -> bool:
+    return any(d.startswith("delta/") for d in payload.dtypes.values())
+
+
+def int8_rows(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q8, scale)``: ``e`` (float32) quantized per row of its last dimension, ``e ~ q8 * scale``."""
+    rows = e.reshape(-1, e.shape[-1]) if e.dim() else e.reshape(1, 1)
+    scale = rows.abs().amax(dim=1, keepdim=True) / 127.0
+    q8 = torch.where(scale > 0, torch.round(rows / torch.where(scale > 0, scale, 1.0)), 0.0).to(torch.int8)
+    return q8, scale.to(torch.float32)
+
+
+def lowrank_step(e: torch.Tensor, q_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One warm-started power iteration: ``P = orth(e q_prev)``, ``Q = e^T P`` (``e ~ P Q^T``), float16."""
+    p = torch.linalg.qr(e @ q_prev).Q
+    q = e.T @ p
+    return p.to(torch.float16), q.to(torch.float16)
+
+
+class DeltaEncoder:
+    """The sender's side: ``encode(W)`` returns what to send and advances ``R``."""
+
+    def __init__(self, rank: int = 4, full_every: int = 20, seed: int = 0) -> None:
+        if rank < 1 or full_every < 1:
+            raise ValueError(f"rank and full_every must be >= 1, got {rank}, {full_every}")
+        self.rank, self.full_every, self.seed = rank, full_every, seed
+        self.reference: dict[str, torch.Tensor] | None = None
+        self._q: dict[str, torch.Tensor] = {}
+        self._since_full = 0
+
+    def reset(self) -> None:
+        """The next version goes in full (a new group of receivers)."""
+        self.reference = None
+
+    def encode(self, payload: WeightPayload) -> WeightPayload:
+        state = dict(decode_weights(payload))
+        if self.reference is None or self._since_full + 1 >= self.full_every:
+            self.reference = {k: v.to(torch.float32).clone() for k, v in state.items()}
+            self._since_full = 0
+            return payload
+        self._since_full += 1
+        arrays, dtypes = {}, {}
+        for name, w in state.items():
+            e = w.to(torch.float32) - self.reference[name]
+            if e.dim() == 2 and self.rank * sum(e.shape) < e.numel():
+                q_prev = self._q.get(name)
+                if q_prev is None:
+                    gen = torch.Generator().manual_seed(self.seed)
+                    q_prev = torch.randn(e.shape[1], self.rank, generator=gen)
+                p, q = lowrank_step(e, q_prev)
+                self._q[name] = q.to(torch.float32)
+                d = p.to(torch.float32) @ q.to(torch.float32).T
+                arrays[f"{name}::p"], arrays[f"{name}::q"] = p.numpy(), q.numpy()
+                dtypes[f"{name}::p"] = dtypes[f"{name}::q"] = LOWRANK
+            else:
+                q8, scale = int8_rows(e)
+                d = (q8.to(torch.float32) * scale).reshape(e.shape)
+                arrays[f"{name}::q8"], arrays[f"{name}::scale"] = q8.numpy(), scale.numpy()
+                dtypes[f"{name}::q8"] = dtypes[f"{name}::scale"] = INT8
+            self.reference[name] += d
+        return WeightPayload(policy_version=payload.policy_version, arrays=arrays, dtypes=dtypes)
+
+
+class DeltaDecoder:
+    """A receiver's side: ``decode(wire)`` returns the full bf16 payload for the engine."""
+
+    def __init__(self) -> None:
+        self.reference: dict[str, torch.Tensor] | None = None
+        self._dtypes: dict[str, str] = {}
+
+    def decode(self, wire: WeightPayload) -> WeightPayload:
+        if not is_delta(wire):
+            self.reference = {k: v.to(torch.float32).clone() for k, v in decode_weights(wire)}
+            self._dtypes = dict(wire.dtypes)
+            return wire
+        if self.reference is None:
+            raise ValueError(f"a delta for policy version {wire.policy_version} reached a receiver without "
+                             "the full weights it applies to")
+        for name in self.reference:
+            if f"{name}::p" in wire.arrays:
+                p = torch.from_numpy(np.asarray(wire.arrays[f"{name}::p"])).to(torch.float32)
+                q = torch.from_numpy(np.asarray(wire.arrays[f"{name}::q"])).to(torch.float32)
+                self.reference[name] += p @ q.T
+            else:
+                q8 = torch.from_numpy(np.asarray(wire.arrays[f"{name}::q8"])).to(torch.float32)
+                scale = torch.from_numpy(np.asarray(wire.arrays[f"{name}::scale"]))
+                self.reference[name] += (q8 * scale).reshape(self.reference[name].shape)
+        state = {k: v.to(getattr(torch, self._dtypes[k])) for k, v in self.reference.items()}
+        return encode_weights(state, wire.policy_version)
