@@ -127,3 +127,32 @@ def test_service_reports_the_alarm_every_step(deltas, fired, cause):
     off = CorrectionCore(CorrectionConfig(method={"type": "seq-tis"}, alarm={"enabled": False}))
     quiet = off.process(*_arrays(deltas))
     assert quiet.metrics["mismatch/alarm"] == 0 and quiet.alarm is None and quiet.alarm_cause is None
+
+
+def test_a_batch_without_lag0_borrows_the_last_lag0_kl():
+    """A learner-bound run trains whole batches at lag 3: alone that reads 'undetermined'. With the
+    lag-0 kl of an earlier batch (0.02) as lag 0, kl grows from 0.02 to 0.6 (slope > 0) and lag 0
+    is small (0.02 <= K/2 = 0.25 and < 0.5 x 0.6): staleness. With an earlier lag 0 of 0.55 > K/2
+    and 0.55 -> 0.6 still growing: both."""
+    m = metrics(kl=0.6, by_lag={3: 0.6})
+    assert likely_cause(m, CFG) == CAUSE_UNDETERMINED
+    assert likely_cause(m, CFG, kl0_before=0.02) == CAUSE_STALENESS
+    assert likely_cause(m, CFG, kl0_before=0.55) == CAUSE_BOTH
+    fired, message = drift_alarm(m, CFG, kl0_before=0.02)
+    assert fired == 1 and message.endswith("kl_k1 by lag 0:0.02 (an earlier batch) 3:0.6")
+    # a batch that has lag 0 uses its own
+    assert likely_cause(metrics(kl=0.6, by_lag={0: 0.6}), CFG, kl0_before=0.01) == CAUSE_LAG0
+
+
+def test_service_remembers_the_last_lag0_kl_across_batches_and_checkpoints():
+    # batch 1: lag 0 at kl 0.01 (quiet); batch 2: lag 3 alone at kl 0.8 (fires): staleness, read
+    # against batch 1's lag 0 (by hand: 0.01 -> 0.8 grows, 0.01 small). A fresh core says undetermined.
+    cfg = CorrectionConfig(method={"type": "seq-tis"})
+    core = CorrectionCore(cfg)
+    assert core.process(*_arrays({0: -0.01})).alarm is None
+    stale = core.process(*_arrays({3: -0.8}))
+    assert stale.alarm_cause == CAUSE_STALENESS and "0:0.01 (an earlier batch) 3:0.8" in stale.alarm
+    assert CorrectionCore(cfg).process(*_arrays({3: -0.8})).alarm_cause == CAUSE_UNDETERMINED
+    restored = CorrectionCore(cfg)
+    restored.load_state_dict(core.state_dict())
+    assert restored.process(*_arrays({3: -0.8})).alarm_cause == CAUSE_STALENESS

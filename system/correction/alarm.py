@@ -26,6 +26,10 @@ the lag split, with ``K = alarm.kl_k1_max``:
     neither                   -> "undetermined"         (one lag without lag 0, or flat in lag
                                                           with a small lag 0)
 
+A batch without lag-0 responses (a learner-bound run at ``max_lag >= 2`` trains whole batches
+of lag 2 or 3) cannot show lag 0 itself; the caller then passes ``kl0_before``, the lag-0 kl of
+the latest batch that had one, which stands in for ``kl_0`` in both rules (the message says so).
+
 The message is one line: the crossed thresholds, the cause, and kl_k1 by lag.
 """
 
@@ -74,9 +78,17 @@ def _slope(by_lag: dict[int, float]) -> float:
     return sum((lag - mean_l) * (k - mean_k) for lag, k in zip(lags, kls, strict=True)) / var
 
 
-def likely_cause(metrics: dict, cfg: AlarmConfig) -> str:
-    """One of ``CAUSE_*`` from the lag split of kl_k1 (rules in the module docstring)."""
+def _with_lag0(metrics: dict, kl0_before: float | None) -> tuple[dict[int, float], bool]:
+    """kl by lag, with ``kl0_before`` as lag 0 when the batch has none: (by_lag, borrowed)."""
     by_lag = kl_by_lag(metrics)
+    if 0 in by_lag or kl0_before is None or not by_lag:
+        return by_lag, False
+    return {0: kl0_before, **by_lag}, True
+
+
+def likely_cause(metrics: dict, cfg: AlarmConfig, kl0_before: float | None = None) -> str:
+    """One of ``CAUSE_*`` from the lag split of kl_k1 (rules in the module docstring)."""
+    by_lag, _ = _with_lag0(metrics, kl0_before)
     kl = _number(metrics, "mismatch/kl_k1")
     kl0 = by_lag.get(0)
     lag0_high = kl0 is not None and (kl0 > cfg.kl_k1_max / 2 or (kl is not None and kl > 0 and kl0 >= 0.5 * kl))
@@ -90,7 +102,7 @@ def likely_cause(metrics: dict, cfg: AlarmConfig) -> str:
     return CAUSE_UNDETERMINED
 
 
-def drift_alarm(metrics: dict, cfg: AlarmConfig) -> tuple[int, str | None]:
+def drift_alarm(metrics: dict, cfg: AlarmConfig, kl0_before: float | None = None) -> tuple[int, str | None]:
     """``(1, one-line message)`` when a threshold is crossed, else ``(0, None)``; ``(0, None)`` when
     ``cfg.enabled`` is false. Pure: reads ``metrics`` only (rules in the module docstring)."""
     if not cfg.enabled:
@@ -107,8 +119,9 @@ def drift_alarm(metrics: dict, cfg: AlarmConfig) -> tuple[int, str | None]:
         crossed.append(f"keep_seq_frac {keep:.4g} < {cfg.keep_seq_frac_min:g}")
     if not crossed:
         return 0, None
-    cause = likely_cause(metrics, cfg)
-    by_lag = kl_by_lag(metrics)
-    lags = " ".join(f"{lag}:{value:.4g}" for lag, value in by_lag.items()) or "none"
+    cause = likely_cause(metrics, cfg, kl0_before)
+    by_lag, borrowed = _with_lag0(metrics, kl0_before)
+    lags = " ".join(f"{lag}:{value:.4g}{' (an earlier batch)' if borrowed and lag == 0 else ''}"
+                    for lag, value in by_lag.items()) or "none"
     return 1, (f"drift alarm: {', '.join(crossed)}; likely cause: {cause} ({_EXPLAIN[cause]}); "
                f"kl_k1 by lag {lags}")

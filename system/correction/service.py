@@ -14,6 +14,7 @@ and likely cause come back in the result for the caller to print and alert). The
 batch dumps (``system.report.dump``) from the same arrays.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,7 @@ class CorrectionCore:
     def __init__(self, cfg: CorrectionConfig) -> None:
         self.cfg = cfg
         self.ais = AdaptiveIS(cfg.ais)
+        self.kl0_before: float | None = None  # lag-0 kl_k1 of the latest batch that had lag-0 responses
 
     def process(self, behaviour_BT: np.ndarray, proximal_BT: np.ndarray, mask_BT: np.ndarray,
                 lag_B: np.ndarray, advantage_B: np.ndarray | None = None) -> CorrectionResult:
@@ -89,13 +91,18 @@ class CorrectionCore:
         by_lag = diagnostics_by_lag_of(ratios, torch.tensor(lag_B))
         for lag, diag in by_lag.items():
             metrics.update({f"mismatch_by_lag/{lag}/{k}": diag[k] for k in BY_LAG_KEYS})
-        metrics["mismatch/alarm"], alarm = drift_alarm(metrics, self.cfg.alarm)
+        kl0_before = self.kl0_before
+        metrics["mismatch/alarm"], alarm = drift_alarm(metrics, self.cfg.alarm, kl0_before)
+        kl0 = metrics.get("mismatch_by_lag/0/kl_k1")
+        if kl0 is not None and math.isfinite(kl0):
+            self.kl0_before = float(kl0)
         return CorrectionResult(applied_BT.detach().to(torch.float32).numpy(), metrics,
                                 ratios.rho_BT[ratios.valid_BT].numpy(), alarm,
-                                likely_cause(metrics, self.cfg.alarm) if alarm else None)
+                                likely_cause(metrics, self.cfg.alarm, kl0_before) if alarm else None)
 
     def state_dict(self) -> dict:
-        return {"ais": self.ais.state_dict()}
+        return {"ais": self.ais.state_dict(), "kl0_before": self.kl0_before}
 
     def load_state_dict(self, sd: dict) -> None:
         self.ais.load_state_dict(sd["ais"])
+        self.kl0_before = sd.get("kl0_before")  # absent in checkpoints written before it existed
