@@ -11,9 +11,14 @@ from system.rollout.perturbation import (
     perturb_payload,
     perturb_tensor,
     perturbation_sigma,
-    relative_change,
 )
 from system.weight_payload import decode_weights, encode_weights
+
+
+def relative_change(a: np.ndarray, b: np.ndarray) -> float:
+    """||a - b|| / ||a|| (float64), the size of a perturbation."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(a64), 1e-30))
 
 
 def test_relative_size_is_sigma_and_the_pattern_is_fixed_per_name():

@@ -73,14 +73,6 @@ def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
     return tuple(key.split(".")), value
 
 
-def parse_override(text: str) -> dict[str, Any]:
-    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}``, the value parsed as YAML."""
-    key, value = _split_override(text)
-    for part in reversed(key):
-        value = {part: value}
-    return value
-
-
 def combine_overrides(overrides: list[str]) -> dict[str, Any]:
     """All dotted overrides as one nested mapping, independent of their order (see the module doc).
 

@@ -22,7 +22,6 @@ with the same fixed pattern, so the same bias grows (or shrinks) as training goe
 import hashlib
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from system.weight_payload import WeightPayload, decode_weights, encode_weights
@@ -70,9 +69,3 @@ def model_dir_payload(model_dir: str | Path) -> WeightPayload:
         for name, t in load_file(str(f)).items():
             state[name] = t.to(torch.bfloat16) if t.is_floating_point() else t
     return encode_weights(state, 0)
-
-
-def relative_change(a: np.ndarray, b: np.ndarray) -> float:
-    """||a - b|| / ||a|| (float64), the size of a perturbation."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(a64), 1e-30))
