@@ -129,7 +129,13 @@ def estimate_alpha(
 
     Stateless. No sequence: bias and noise None, alpha_raw 0.
     """
-    d_B = sequence_deltas(ratios, w_BT, keep_BT, advantages_B)
+    return alpha_of_deltas(ratios, sequence_deltas(ratios, w_BT, keep_BT, advantages_B), c, rows_B)
+
+
+def alpha_of_deltas(
+    ratios: LogRatios, d_B: torch.Tensor, c: float = 2.0, rows_B: torch.Tensor | None = None
+) -> dict[str, float | None]:
+    """``estimate_alpha`` from the batch's ``d_i`` (``sequence_deltas``), computed once for every bucket."""
     seq_B = ratios.seq_valid_B
     if rows_B is not None:
         seq_B = seq_B & torch.as_tensor(rows_B, device=seq_B.device)
@@ -225,7 +231,8 @@ class AdaptiveIS:
     ) -> AISUpdate:
         """Advance the state with one batch (the method's w and k, the advantages, the lags)."""
         c = self.config.c
-        estimate = estimate_alpha(ratios, w_BT, keep_BT, advantages_B, c)
+        d_B = sequence_deltas(ratios, w_BT, keep_BT, advantages_B)
+        estimate = alpha_of_deltas(ratios, d_B, c)
         self.alpha = self._ema(self.alpha, estimate["alpha_raw"])
         metrics = {**ais_diagnostics(ratios, c), **estimate, "alpha": self.alpha}
         device = ratios.valid_BT.device
@@ -241,7 +248,7 @@ class AdaptiveIS:
             by_lag = {}
             for lag in sorted(torch.unique(lag_B[ratios.seq_valid_B]).tolist()):
                 rows_B = lag_B == lag
-                bucket = estimate_alpha(ratios, w_BT, keep_BT, advantages_B, c, rows_B)
+                bucket = alpha_of_deltas(ratios, d_B, c, rows_B)
                 alpha = self._ema(self.alpha_by_lag.get(lag, 0.0), bucket["alpha_raw"])
                 self.alpha_by_lag[lag] = alpha
                 alpha_B[rows_B] = alpha
