@@ -137,6 +137,13 @@ def object_store_seconds(params: float, workers: int, repeats: int) -> list[floa
     return times[1:]
 
 
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 8 << 30
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", type=float, nargs="+", default=[0.1, 0.5, 1.5], help="billions")
@@ -145,7 +152,8 @@ def main() -> None:
     parser.add_argument("--transports", nargs="+", default=["object_store", "collective"])
     parser.add_argument("--name", default="weight_transport_cpu")
     args = parser.parse_args()
-    rows = []
+    rows, skipped = [], []
+    available = _mem_available()
     if "object_store" in args.transports:
         import ray
 
@@ -157,6 +165,12 @@ def main() -> None:
         nbytes = 2 * sum(int(np.prod(shape)) for shape in synthetic_weight_shapes(int(params * 1e9)).values())
         copy_s = memcpy_seconds(nbytes, args.repeats)
         for workers in args.workers:
+            need = (workers + 2) * nbytes  # every worker's copy, the sender's payload and the store's
+            if need > 0.7 * available:
+                skipped.append({"params_b": params, "workers": workers, "reason":
+                                f"needs ~{need / GB:.1f} GB, {available / GB:.1f} GB available"})
+                print(f"{params:g}B x {workers}: skipped ({skipped[-1]['reason']})", file=sys.stderr)
+                continue
             for transport in args.transports:
                 fn = collective_seconds if transport == "collective" else object_store_seconds
                 times = fn(params * 1e9, workers, args.repeats)
@@ -171,7 +185,7 @@ def main() -> None:
                       file=sys.stderr, flush=True)
     if "object_store" in args.transports:
         ray.shutdown()
-    emit(args.name, {"rows": rows, "note": "synthetic transformer-shaped bf16 payloads; loopback; "
+    emit(args.name, {"rows": rows, "skipped": skipped, "mem_available_bytes": available, "note": "synthetic transformer-shaped bf16 payloads; loopback; "
                                            "seconds = until every worker holds its own copy"})
 
 
