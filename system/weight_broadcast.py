@@ -19,7 +19,7 @@ get the whole payload keep it (the header and size checks make a partial one an 
 """
 
 import json
-import socket
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from system.learner.distributed import _is_loopback
+from system.learner.distributed import _is_loopback, listening_fd
 from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
 from system.weight_payload import WeightPayload
 
@@ -156,19 +156,13 @@ class WeightBroadcast:
 def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:
     """Member 0's store on a free port of ``host`` only (the socket is bound here and handed to the
     store, which would otherwise listen on every interface): ``(store, port)``."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    fd, port = listening_fd(host, 0)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, 0))
-        sock.listen(64)
-        port = int(sock.getsockname()[1])
+        return dist.TCPStore(host, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
+                             master_listen_fd=fd), port
     except BaseException:
-        sock.close()
+        os.close(fd)
         raise
-    fd = sock.detach()
-    store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
-                          master_listen_fd=fd)
-    return store, port
 
 
 class BroadcastSender:
@@ -229,11 +223,6 @@ class BroadcastSender:
             metrics |= {"compression_ratio": payload.num_bytes / max(wire.num_bytes, 1),
                         "full_version": int(not is_delta(wire))}
         return metrics
-
-    @property
-    def broken(self) -> bool:
-        """No generation is connected or connecting (none was opened, or the last one failed)."""
-        return self._group is None and self._connecting is None
 
     def close(self) -> None:
         if self._group is not None:

@@ -88,20 +88,27 @@ def _rendezvous_store(rank: int, world_size: int, addr: str, port: int, timeout:
     """
     if rank != 0:
         return dist.TCPStore(addr, port, world_size, False, timeout)
-    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((addr, port))
-        sock.listen(max(64, world_size))
-    except BaseException:
-        sock.close()
-        raise
-    fd = sock.detach()
+    fd, port = listening_fd(addr, port, backlog=max(64, world_size))
     try:
         return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
     except BaseException:
         os.close(fd)
         raise
+
+
+def listening_fd(addr: str, port: int, backlog: int = 64) -> tuple[int, int]:
+    """A TCP socket listening on ``addr:port`` only (``port`` 0: a free one), detached for a
+    ``TCPStore(master_listen_fd=...)``, which owns and closes it: ``(fd, port)``."""
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen(backlog)
+        port = int(sock.getsockname()[1])
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach(), port
 
 
 def destroy_process_group(barrier: bool = False) -> None:
