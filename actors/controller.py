@@ -13,9 +13,17 @@
                                                    ─▶ publish the ref for the rollout loop
                                                    ─▶ step record to the service (not awaited)
 
-The driver makes one blocking call per step (``LearnerGroup.step``); no token array passes
+The driver makes one blocking call per step (``PendingStep.result``); no token array passes
 through it after the batch is put, and the record reaches the sinks while the next step runs
 (Ray runs one caller's calls to an actor in order, so a later checkpoint sees every record).
+
+Queueing ahead (``async.max_lag >= 1``): while step k runs, the driver polls the buffer; if the
+batch of step k+1 is complete before step k ends, it is put and step k+1 is submitted at once,
+so it waits in the learners' queue and starts the moment step k ends (no driver round trip
+between steps; ``pipeline/queued_ahead`` = 1). The staleness bound is the same (the batch is
+checked against the version step k+1 trains), and no lag-0 sample is lost by it: the weights of
+version k+1 exist only once step k ends. Not across a checkpoint (the learners must be idle at the
+saved version), the last step, or a stop request.
 
 Admission (``async.max_lag``): a generate call is sent to a worker holding version ``v`` only
 if the step that will consume its groups, ``k = steps_started + (buffered + in flight) // B``,
@@ -245,8 +253,11 @@ class SharedState:
 
 
 def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler, state: SharedState,
-               learner_version: int, rollout: RolloutLoop) -> tuple[list[RolloutGroup], float]:
-    """Block until B admissible groups are buffered; drop stale ones with a reason. (groups, seconds waited)."""
+               learner_version: int, rollout: RolloutLoop, give_up=None) -> tuple[list[RolloutGroup], float]:
+    """Block until B admissible groups are buffered; drop stale ones with a reason. (groups, seconds waited).
+
+    With ``give_up`` (a callable, polled every 5 ms): ``([], seconds)`` as soon as it returns True
+    before the batch is ready (queueing a step ahead stops once the running step has ended)."""
     started = time.perf_counter()
     with state.cond:
         while True:
@@ -259,4 +270,6 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
                 state.steps_started += 1
                 state.cond.notify_all()  # admission may now let an idle worker generate
                 return groups, time.perf_counter() - started
-            state.cond.wait(timeout=1.0)
+            if give_up is not None and give_up():
+                return [], time.perf_counter() - started
+            state.cond.wait(timeout=1.0 if give_up is None else 0.005)

@@ -1,6 +1,6 @@
 """Learner rank actor (one per FSDP2 rank) and the group that drives all ranks in lock-step.
 
-A step is one call to every rank (``LearnerGroup.step``); the ranks run
+A step is one call to every rank (``LearnerGroup.submit``, awaited with ``PendingStep.result``); the ranks run
 ``system.learner.group_step.run_step`` together and rank 0 reaches the correction service
 itself, so the batch's token arrays never travel back through the driver.
 """
@@ -114,6 +114,26 @@ def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0) -> list:
     return ray.get(refs)
 
 
+class PendingStep:
+    """A step running (or queued) on every rank: ``(outcome, weights)`` references per rank."""
+
+    def __init__(self, calls: list[tuple[ray.ObjectRef, ray.ObjectRef]]) -> None:
+        self.calls = calls
+
+    def done(self) -> bool:
+        """Whether every rank has finished the step (never blocks, fetches nothing)."""
+        refs = [outcome for outcome, _ in self.calls]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        return len(ready) == len(refs)
+
+    def result(self) -> StepOutcome:
+        """Rank 0's outcome (the one blocking wait of a step), whose ``weights`` is the object-store
+        reference of the new policy version's payload: a return value of rank 0's call, so the
+        driver owns it (it outlives a rank that dies after the step) and never reads it."""
+        outcome = gather([outcome_ref for outcome_ref, _ in self.calls])[0]
+        return replace(outcome, weights=self.calls[0][1])
+
+
 class LearnerGroup:
     """R ranks, every method called on all of them (the cores' collectives need every rank)."""
 
@@ -127,13 +147,14 @@ class LearnerGroup:
         ]
         gather([r.policy_version.remote() for r in self.ranks])
 
+    def submit(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> "PendingStep":
+        """Start the whole step on every rank without waiting (Ray runs a caller's calls to an actor
+        in order, so a step submitted while the previous one runs starts the moment it ends)."""
+        return PendingStep([r.step.remote([batch_ref], step, service) for r in self.ranks])
+
     def step(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> StepOutcome:
-        """The whole step on every rank (one blocking call for the driver): rank 0's outcome, whose
-        ``weights`` is the object-store reference of the new policy version's payload (a return value
-        of rank 0's call, so the driver owns it: it outlives a rank that dies after the step)."""
-        calls = [r.step.remote([batch_ref], step, service) for r in self.ranks]
-        outcome = gather([outcome_ref for outcome_ref, _ in calls])[0]
-        return replace(outcome, weights=calls[0][1])
+        """The whole step on every rank, waited for (see ``PendingStep.result``)."""
+        return self.submit(batch_ref, step, service).result()
 
     def export_weights(self) -> ray.ObjectRef:
         """A reference to the full weights (rank 0's payload); the driver never copies them."""

@@ -3,6 +3,8 @@
 Each step (drawn in ``actors.controller``): take a batch -> put it -> one call to the learner
 group (proximal log-probs, the correction service, the update, the export; version + 1) ->
 publish the weights -> the step record to the service, not awaited -> checkpoint when due.
+When the next batch is ready before the running step ends, the next step is submitted then and
+waits in the learners' queue (``SubmittedStep.queued_ahead``).
 """
 
 import json
@@ -11,6 +13,7 @@ import random
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +25,7 @@ from actors import cluster
 from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
-from actors.learner_worker import LearnerGroup, LearnerRank
+from actors.learner_worker import LearnerGroup, LearnerRank, PendingStep
 from actors.placement import plan_placement, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
@@ -32,13 +35,28 @@ from system.config import RunConfig, dump_config
 from system.data.buffer import TrajectoryBuffer
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
-from system.learner.batch import collate_groups
+from system.learner.batch import LearnerBatch, collate_groups
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
 from system.report.console_sink import ConsoleSink
-from system.types import StepRecord
+from system.types import RolloutGroup, StepRecord
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SubmittedStep:
+    """A step handed to the learner group, and what its record needs once it completes."""
+
+    step: int
+    """The step it completes (= the policy version it produces)."""
+    groups: list[RolloutGroup]
+    batch: LearnerBatch
+    waited: float
+    """Seconds the learner sat idle waiting for this batch (0 when it was queued ahead)."""
+    queued_ahead: bool
+    """Submitted while the previous step ran (so the learners went on without a pause)."""
+    pending: PendingStep
 
 
 class TrainingDivergedError(RuntimeError):
@@ -148,9 +166,11 @@ class Trainer:
         self.rollout.thread.start()
         self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
         self._idle_mark = 0.0
+        self._completed_at = time.perf_counter()
+        self._queued: SubmittedStep | None = None
         record: dict = {}
         try:
-            while self.step < self.cfg.max_steps and not self.stop_requested.is_set():
+            while self._queued is not None or (self.step < self.cfg.max_steps and not self.stop_requested.is_set()):
                 record = self.train_one_step()
                 if console:
                     console.log(self.step, record)
@@ -163,25 +183,51 @@ class Trainer:
         return record
 
     def train_one_step(self) -> dict:
-        """Take a batch, put it, one call to the learner group, publish; the record goes to the
-        correction service without waiting. Returns the step's flat metrics (``StepRecord.metrics``)."""
-        t0 = time.perf_counter()
-        version = self.step
-        groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout)
+        """Complete one step: submit it (unless it was queued ahead), queue the next one behind it when
+        its batch is ready before this one ends, wait for this one, publish its weights; the record
+        goes to the correction service without waiting. Returns the step's flat metrics."""
+        current = self._queued or self._submit(self.step)
+        self._queued = None
+        if self._may_queue_after(current.step):
+            self._queued = self._submit(current.step, give_up=current.pending.done)
+        return self._complete(current)
+
+    def _may_queue_after(self, step: int) -> bool:
+        """A next step may wait in the learners' queue behind ``step`` unless the run ends or
+        checkpoints after ``step`` (the learners must then be idle at that version), or the pipeline
+        is synchronous (its batch needs the weights ``step`` produces)."""
+        ckpt = self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0
+        return (self.cfg.async_.max_lag > 0 and step < self.cfg.max_steps and not ckpt
+                and not self.stop_requested.is_set())
+
+    def _submit(self, version: int, give_up=None) -> "SubmittedStep | None":
+        """Take the batch trained at ``version``, put it, start the step on every rank (not awaited).
+        With ``give_up`` (queueing ahead): None once ``give_up()`` holds before the batch is ready."""
+        groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout, give_up)
+        if not groups:
+            return None
         batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])
-        outcome = self.learners.step(ray.put(batch), self.step + 1, self.service)
+        pending = self.learners.submit(ray.put(batch), version + 1, self.service)
+        # queued ahead, the learner never waited for this batch: it was ready before the previous step ended
+        return SubmittedStep(version + 1, groups, batch, 0.0 if give_up else waited, give_up is not None, pending)
+
+    def _complete(self, sub: "SubmittedStep") -> dict:
+        outcome = sub.pending.result()
         self._check_finite(outcome.learner)
         self.transport.step_done(outcome.weight_sync)
-        self.state.publish(version + 1, outcome.weights)
+        self.state.publish(sub.step, outcome.weights)
         with self.state.cond:
-            self.sampler.mark_trained([g.prompt.prompt_id for g in groups])
+            self.sampler.mark_trained([g.prompt.prompt_id for g in sub.groups])
             ledger = self.sampler.counts()
-        self.step += 1
-        lags = batch.lag_B(version)
-        seconds = {"wait_rollout": waited, "proximal": outcome.seconds["proximal"],
+        self.step = sub.step
+        batch = sub.batch
+        lags = batch.lag_B(sub.step - 1)
+        now = time.perf_counter()
+        seconds = {"wait_rollout": sub.waited, "proximal": outcome.seconds["proximal"],
                    "correction": outcome.seconds["correction"], "update": outcome.seconds["update"],
-                   "sync": outcome.seconds["export"], "step": time.perf_counter() - t0,
+                   "sync": outcome.seconds["export"], "step": now - self._completed_at,
                    "rollout_idle": self._rollout_idle()}
+        self._completed_at = now
         record = StepRecord(
             step=self.step, policy_version=self.step, reward_mean=float(batch.rewards_B.mean()),
             reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
@@ -189,7 +235,7 @@ class Trainer:
             ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_rate(),
             weight_sync=outcome.weight_sync,
             lag_counts={int(lag): int(n) for lag, n in zip(*np.unique(lags, return_counts=True), strict=True)},
-            workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
+            queued_ahead=sub.queued_ahead, workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
         self.service.finish_step.remote(record)  # not awaited: the sinks write while the next step runs
         self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,
                                     "workers_ready": record.workers_ready, "reward/mean": record.reward_mean})

@@ -124,13 +124,16 @@ class StepRecord:
     ledger: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     """``wait_rollout`` (the learner's pause), ``proximal``, ``correction``, ``update``, ``sync`` (export),
-    ``step``, ``rollout_idle`` (the rollout side's pause: seconds a ready worker sat idle since the
+    ``step`` (the driver's wall time from the previous step's completion to this one's), ``rollout_idle`` (the rollout side's pause: seconds a ready worker sat idle since the
     previous step, mean over workers)."""
     rollout_tokens_per_s: float = 0.0
     weight_sync: dict = field(default_factory=dict)
     """How the step's new weights travelled (``weight_sync/<key>``: payload and broadcast bytes, seconds)."""
     lag_counts: dict = field(default_factory=dict)
     """Sequences trained at each lag (``{lag: count}``), streamed as ``staleness/sequences_lag_<lag>``."""
+    queued_ahead: bool = False
+    """The step was submitted while the previous one ran (its batch was ready early), so the learner
+    went on without a pause; streamed as ``pipeline/queued_ahead`` (0/1)."""
     workers_ready: int = 0
     worker_failures: int = 0
 
@@ -148,5 +151,6 @@ class StepRecord:
             "throughput/learner_tokens_per_s": self.tokens_trained / max(step_s, 1e-9),
             "throughput/rollout_tokens_per_s": self.rollout_tokens_per_s,
             "tokens/trained": self.tokens_trained,
+            "pipeline/queued_ahead": int(self.queued_ahead),
             "rollout/workers_ready": self.workers_ready, "rollout/worker_failures": self.worker_failures,
         }

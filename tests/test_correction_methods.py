@@ -90,14 +90,15 @@ def test_weights_by_hand(method, want):
 def test_keep_mask_is_the_decision_not_w_positive(monkeypatch):
     r = hand_ratios()
     # a TIS-like method whose weights underflow to 0 still rejects nothing ...
+    # (the registry is read-only: the test swaps an entry of its underlying dict)
     monkeypatch.setitem(
-        METHOD_REGISTRY, "token-tis", CorrectionMethod("token", lambda r, m: torch.zeros_like(r.rho_BT))
+        METHOD_REGISTRY._entries, "token-tis", CorrectionMethod("token", lambda r, m: torch.zeros_like(r.rho_BT))
     )
     w, k = compute_weights_and_keep(r, TokenTIS())
     assert w.tolist() == [[0.0] * 3] * 2 and torch.equal(k, r.valid_BT)
     # ... and a masking method's decision stands whatever its weights are
     monkeypatch.setitem(
-        METHOD_REGISTRY,
+        METHOD_REGISTRY._entries,
         "seq-mis",
         CorrectionMethod("sequence", lambda r, m: torch.zeros(2, dtype=torch.float64), METHOD_REGISTRY["seq-mis"].keep),
     )

@@ -59,7 +59,7 @@ def test_all_masked_batch_gives_zero_with_a_graph_not_nan(mode, counts):
 
 
 def test_bad_inputs_raise_value_error():
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="learner.aggregation .token-sum. is not one of"):
         aggregate(torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool), "token-sum")
     with pytest.raises(ValueError, match="shape|same"):
         aggregate(torch.zeros(2, 3), torch.ones(2, 4, dtype=torch.bool), "token-mean")

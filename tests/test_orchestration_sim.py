@@ -19,6 +19,7 @@ from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
 
 from actors.trainer import Trainer
 from system.config.loading import resolve_config
+from system.run_state import checkpoint_dir, learner_dir
 
 pytestmark = pytest.mark.ray
 
@@ -87,41 +88,46 @@ def test_async_is_faster_per_step_than_sync(runs):
 
 def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, monkeypatch):
     """Counted, not declared: every actor method call the driver's train thread issues (a wrapper
-    around ``ActorMethod.remote``) and every reference it blocks on (``ray.get`` / ``ray.wait``).
-    Per step the driver calls ``step`` once on every learner rank and waits for those calls only;
-    the step record (``finish_step``) and the progress report go out without a wait, and the
-    correction service's ``process`` is called by rank 0, never by the driver."""
-    calls, waited, current = [], set(), [None]
+    around ``ActorMethod.remote``) and every reference it blocks on (``ray.get``, or ``ray.wait``
+    with a timeout other than 0). Per step the driver calls ``step`` once on every learner rank and
+    blocks on those calls only (a step queued ahead is submitted while the previous one runs, and
+    polled with ``ray.wait(timeout=0)``); the step record (``finish_step``) and the progress report
+    go out without a wait, and the correction service's ``process`` is called by rank 0, never by
+    the driver."""
+    calls, blocked, inside = [], [], [False]
 
     def refs_of(x):
         return list(x) if isinstance(x, list | tuple) else [x]
+
+    def step_of(method: str, args: tuple) -> int:
+        return {"step": lambda: args[1], "finish_step": lambda: args[0].step, "report": lambda: args[0]["step"]}[method]()
 
     main = threading.main_thread()
     remote, get, wait = ray.actor.ActorMethod.remote, ray.get, ray.wait
 
     def counting_remote(self, *args, **kwargs):
         ref = remote(self, *args, **kwargs)
-        if threading.current_thread() is main and current[0] is not None:
-            calls.append((current[0], self._method_name, tuple(refs_of(ref))))
+        if threading.current_thread() is main and inside[0]:
+            calls.append((step_of(self._method_name, args), self._method_name, tuple(refs_of(ref))))
         return ref
 
     def counting_get(refs, *args, **kwargs):
-        if threading.current_thread() is main and current[0] is not None:
-            waited.update((current[0], r) for r in refs_of(refs))
+        if threading.current_thread() is main and inside[0]:
+            blocked.extend(refs_of(refs))
         return get(refs, *args, **kwargs)
 
     def counting_wait(refs, *args, **kwargs):
-        if threading.current_thread() is main and current[0] is not None:
-            waited.update((current[0], r) for r in refs)
+        if threading.current_thread() is main and inside[0] and kwargs.get("timeout") != 0:
+            blocked.extend(refs)
         return wait(refs, *args, **kwargs)
 
     class CountingTrainer(Trainer):
         def train_one_step(self):
-            current[0] = self.step + 1
+            inside[0] = True
             try:
                 return super().train_one_step()
             finally:
-                current[0] = None
+                inside[0] = False
 
     monkeypatch.setattr(ray.actor.ActorMethod, "remote", counting_remote)
     monkeypatch.setattr(ray, "get", counting_get)
@@ -138,14 +144,46 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
         trainer.shutdown()
         ray.kill(trainer.service, no_restart=True)
     ranks = cfg.learner.num_ranks
+    assert all(m != "process" for _, m, _ in calls)
     for step in range(1, 5):
         issued = sorted(m for s, m, _ in calls if s == step)
         assert issued == sorted(["step"] * ranks + ["finish_step", "report"]), (step, issued)
-        blocking = {m for s, m, refs in calls if s == step and any((step, r) in waited for r in refs)}
-        assert blocking == {"step"}, (step, blocking)  # one blocking call (on all ranks at once) per step
+        outcomes = {refs[0] for s, m, refs in calls if s == step and m == "step"}
+        assert outcomes <= set(blocked), step  # the one blocking call of the step, on every rank at once
         # ``step`` returns (outcome, weights): the driver waits for the outcomes, never reads the weights.
-        weight_refs = [refs[1] for s, m, refs in calls if s == step and m == "step"]
-        assert len(weight_refs) == ranks and not any((step, r) in waited for r in weight_refs), step
+        weight_refs = {refs[1] for s, m, refs in calls if s == step and m == "step"}
+        assert len(weight_refs) == ranks and not weight_refs & set(blocked), step
+        others = {r for s, m, refs in calls if s == step and m != "step" for r in refs}
+        assert not others & set(blocked), step
+    # nothing else was blocked on: 4 steps x the ranks' outcome references
+    assert set(blocked) == {refs[0] for _, m, refs in calls if m == "step"}
+
+
+def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path):
+    """Rollouts 6x faster than the learner (R = 0.05 s, L = 0.3 s), max_lag 1: every step's batch is
+    ready while the previous step trains, so it is submitted then (``pipeline/queued_ahead`` 1) and
+    the learner never waits; except the first step (nothing runs before it) and the step after a
+    checkpoint (``checkpoint_every=3``: the learners must be idle at version 3 when it is saved, so
+    step 4 is submitted only after step 3's checkpoint). The checkpoint holds version 3."""
+    run_dir = tmp_path / "run"
+    cfg = resolve_config(overrides=[
+        f"output_dir={run_dir}", "max_steps=6", "async.max_lag=1", f"prompts_per_step={PROMPTS}",
+        f"rollout.group_size={GROUP}", f"rollout.prompts_per_call={PROMPTS}", "model.warm_start_steps=0",
+        "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=3"])
+    trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
+                      learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.3, payload_params=10_000))
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+        ray.kill(trainer.service, no_restart=True)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["pipeline/queued_ahead"] for r in records] == [0, 1, 1, 0, 1, 1]
+    assert all(r["time/wait_rollout"] == 0.0 for r in records if r["pipeline/queued_ahead"])
+    assert all(r["staleness/lag_max"] <= 1 for r in records)
+    saved = json.loads((Path(learner_dir(checkpoint_dir(run_dir, 3))) / "simulated_rank0.json").read_text())
+    assert saved["policy_version"] == 3
 
 
 def test_both_pauses_are_measured(runs):

@@ -47,6 +47,7 @@ from system.correction.token_is import (
     no_correction_weights_BT,
     token_tis_weights_BT,
 )
+from system.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -68,17 +69,15 @@ class MethodWeights(NamedTuple):
     """bool: the valid tokens the method (and the veto) did not reject."""
 
 
-METHOD_REGISTRY: dict[str, CorrectionMethod] = {
+METHOD_REGISTRY: Registry[CorrectionMethod] = Registry("correction.method.type", METHOD_TYPES, {
     "none": CorrectionMethod("token", no_correction_weights_BT),
     "token-tis": CorrectionMethod("token", token_tis_weights_BT),
     "icepop": CorrectionMethod("token", icepop_weights_BT, icepop_keep_BT),
     "seq-tis": CorrectionMethod("sequence", seq_tis_weights_B),
     "seq-mis": CorrectionMethod("sequence", seq_mis_weights_B, seq_mis_keep_B),
     "geo-rs": CorrectionMethod("sequence", geo_rs_weights_B, geo_rs_keep_B),
-}
-"""Correction methods keyed by the config's ``type``."""
-
-assert tuple(METHOD_REGISTRY) == METHOD_TYPES, "the registry must cover every config type"
+})
+"""Correction methods keyed by ``correction.method.type``."""
 
 
 def _vetoed_B(ratios: LogRatios, veto: float) -> torch.Tensor:
@@ -107,18 +106,9 @@ def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correct
     return torch.where(ratios.valid_BT, w_B[:, None], 0.0)
 
 
-def _registry_entry(method: MethodConfig) -> CorrectionMethod:
-    entry = METHOD_REGISTRY.get(method.type)
-    if entry is None:
-        raise ValueError(
-            f"unknown correction method {method.type!r}; known: {sorted(METHOD_REGISTRY)}"
-        )
-    return entry
-
-
 def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
     """The detached correction weight of every token (w_BT), 0 where not valid."""
-    entry = _registry_entry(method)
+    entry = METHOD_REGISTRY[method.type]
     if entry.level == "token":
         w_BT = _token_weights_BT(ratios, method, entry)
     else:
@@ -128,7 +118,7 @@ def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
 
 def keep_mask(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
     """The method's keep mask k (bool [B, T]): valid, not rejected by the method, not vetoed."""
-    entry = _registry_entry(method)
+    entry = METHOD_REGISTRY[method.type]
     keep_BT = ratios.valid_BT
     if entry.keep is not None:
         decision = entry.keep(ratios, method)

@@ -8,10 +8,16 @@ sees the same prompt at the same index.
 from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
-from system.config.data import ArithmeticTaskConfig, JsonlTaskConfig, ScratchpadAdditionTaskConfig
+from system.config.data import (
+    ArithmeticTaskConfig,
+    JsonlTaskConfig,
+    ScratchpadAdditionTaskConfig,
+    TaskConfig,
+)
 from system.data.arithmetic import ArithmeticPrompts
 from system.data.gsm8k import load_gsm8k
 from system.data.scratchpad import ScratchpadAdditionPrompts
+from system.registry import Registry, config_types
 from system.types import Prompt
 
 
@@ -27,19 +33,17 @@ class PromptSource(Protocol):
 AnyTaskConfig = ArithmeticTaskConfig | ScratchpadAdditionTaskConfig | JsonlTaskConfig
 """Any member of the ``data.task`` union."""
 
-_BUILDERS: dict[str, Callable[..., PromptSource]] = {
+PROMPT_SOURCES: Registry[Callable[..., PromptSource]] = Registry("data.task.type", config_types(TaskConfig), {
     "arithmetic": lambda task, seed: ArithmeticPrompts(task, seed),
     "addition-scratchpad": lambda task, seed: ScratchpadAdditionPrompts(task, seed),
     "gsm8k": lambda task, seed: load_gsm8k(task.path, task.prompt_template),
-}
+})
+"""Prompt-source builders (``(task, seed) -> PromptSource``) keyed by ``data.task.type``."""
 
 
 def build_prompt_source(task: AnyTaskConfig, seed: int) -> PromptSource:
     """The prompts of ``data.task``; ``seed`` fixes the synthetic pool (files ignore it)."""
-    builder = _BUILDERS.get(task.type)
-    if builder is None:
-        raise ValueError(f"data.task.type {task.type!r} is not one of {sorted(_BUILDERS)}")
-    return builder(task, seed)
+    return PROMPT_SOURCES[task.type](task, seed)
 
 
 def iter_prompts(task: AnyTaskConfig, seed: int) -> Iterator[Prompt]:

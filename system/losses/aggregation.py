@@ -19,6 +19,9 @@ from collections.abc import Callable
 
 import torch
 
+from system.config.learner import LearnerConfig
+from system.registry import Registry, config_types
+
 
 def _denominator(global_count: float | None, local_count: torch.Tensor, name: str):
     """The global count when given (at least 1), else the local one (at least 1)."""
@@ -51,11 +54,12 @@ def _seq_mean_token_sum(masked_BT, num_valid_B, num_tokens_global, num_sequences
     return _seq_mean(masked_BT.sum(dim=1), num_valid_B, num_sequences_global)
 
 
-AGGREGATIONS: dict[str, Callable[..., torch.Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum": _seq_mean_token_sum,
-}
+AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry(
+    "learner.aggregation", config_types(LearnerConfig.model_fields["aggregation"].annotation), {
+        "token-mean": _token_mean,
+        "seq-mean-token-mean": _seq_mean_token_mean,
+        "seq-mean-token-sum": _seq_mean_token_sum,
+    })
 """Aggregation modes keyed by ``learner.aggregation``."""
 AGGREGATION_MODES: tuple[str, ...] = tuple(AGGREGATIONS)
 
@@ -72,10 +76,9 @@ def aggregate(
         raise ValueError(
             f"loss must be [B, T] and valid the same shape, got {tuple(loss_BT.shape)} and {tuple(valid_BT.shape)}"
         )
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation mode {mode!r}; known: {list(AGGREGATIONS)}")
+    reduce = AGGREGATIONS[mode]  # a ValueError naming learner.aggregation for an unknown mode
     valid_BT = valid_BT.bool()
     masked_BT = torch.where(valid_BT, loss_BT, 0.0)  # replaced, not multiplied: no NaN survives
-    return AGGREGATIONS[mode](
+    return reduce(
         masked_BT, valid_BT.sum(dim=1), num_valid_tokens_global, num_sequences_global
     )

@@ -12,13 +12,16 @@ from collections.abc import Callable
 
 import torch
 
-from system.config.learner import CTPOLossConfig, PPOLossConfig
+from system.config.learner import CTPOLossConfig, LossConfig, PPOLossConfig
 from system.losses.ctpo import ctpo_token_loss
 from system.losses.policy_gradient import ppo_token_loss
+from system.registry import Registry, config_types
 
 LossOutput = tuple[torch.Tensor, dict]
 
-POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {"ppo": ppo_token_loss, "ctpo": ctpo_token_loss}
+POLICY_LOSSES: Registry[Callable[..., LossOutput]] = Registry(
+    "learner.loss.type", config_types(LossConfig), {"ppo": ppo_token_loss, "ctpo": ctpo_token_loss})
+"""Per-token surrogates keyed by ``learner.loss.type``."""
 
 
 def policy_token_loss(

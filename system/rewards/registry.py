@@ -2,7 +2,8 @@
 
 from collections.abc import Callable
 
-from system.config.data import DigitMatchReward, MathAnswerReward, ScratchpadReward
+from system.config.data import DigitMatchReward, MathAnswerReward, RewardConfig, ScratchpadReward
+from system.registry import Registry, config_types
 from system.rewards.digit_match import digit_match
 from system.rewards.math_answer import math_answer_reward
 from system.rewards.scratchpad import scratchpad_reward
@@ -10,16 +11,14 @@ from system.rewards.scratchpad import scratchpad_reward
 RewardFn = Callable[[str, str], float]
 """``reward(completion_text, reference) -> float``."""
 
-_BUILDERS: dict[str, Callable[..., RewardFn]] = {
+REWARDS: Registry[Callable[..., RewardFn]] = Registry("data.reward.type", config_types(RewardConfig), {
     "digit-match": lambda cfg: digit_match,
     "math-answer": lambda cfg: math_answer_reward(cfg.format_bonus),
     "scratchpad": lambda cfg: scratchpad_reward,
-}
+})
+"""Reward builders (``cfg -> reward function``) keyed by ``data.reward.type``."""
 
 
 def build_reward(cfg: DigitMatchReward | MathAnswerReward | ScratchpadReward) -> RewardFn:
     """The reward function of ``cfg`` (``data.reward``)."""
-    builder = _BUILDERS.get(cfg.type)
-    if builder is None:
-        raise ValueError(f"data.reward.type {cfg.type!r} is not one of {sorted(_BUILDERS)}")
-    return builder(cfg)
+    return REWARDS[cfg.type](cfg)
