@@ -60,6 +60,7 @@ class RolloutLoop:
     def __init__(self, cfg: RunConfig, pool: RolloutPool, sampler: PromptSampler,
                  buffer: TrajectoryBuffer, state: "SharedState", transport: WeightTransport) -> None:
         self.cfg, self.pool, self.sampler, self.buffer, self.state = cfg, pool, sampler, buffer, state
+        self.runtime = pool.runtime  # every Ray call goes through it (``actors.runtime``)
         self.transport = transport
         self.desired_workers = cfg.rollout.num_workers
         """The floor set by the config or ``aisrl scale``; ``target_workers`` adds the cluster's capacity."""
@@ -76,17 +77,22 @@ class RolloutLoop:
     def _run(self) -> None:
         try:
             while not self.stop.is_set():
-                self._poll_control()
-                self._follow_cluster()
-                self._reconcile()
-                self.transport.maintain(self.pool)
-                self._push_weights()
-                self._dispatch()
-                self._collect(timeout=0.05)
+                self.tick(timeout=0.05)
         except BaseException as exc:  # surfaced to the train loop, which fails the run
             self.error = exc
             with self.state.cond:
                 self.state.cond.notify_all()
+
+    def tick(self, timeout: float) -> None:
+        """One pass of the loop: scaling, weights, dispatch, then collect what returned (waiting up to
+        ``timeout`` seconds for a result, or for new weights when nothing is in flight)."""
+        self._poll_control()
+        self._follow_cluster()
+        self._reconcile()
+        self.transport.maintain(self.pool)
+        self._push_weights()
+        self._dispatch()
+        self._collect(timeout)
 
     def _poll_control(self) -> None:
         """Adopt the worker count last set with ``aisrl scale`` (one outstanding query at a time)."""
@@ -95,9 +101,8 @@ class RolloutLoop:
         if self._control_ref is None:
             self._control_ref = self.control.desired.remote()
             return
-        done, _ = ray.wait([self._control_ref], timeout=0)
-        if done:
-            desired = ray.get(done[0])
+        if self.runtime.poll(self._control_ref):
+            desired = self.runtime.get(self._control_ref)
             if desired != self.desired_workers:
                 log.warning("scaling rollout workers %d -> %d", self.desired_workers, desired)
             self.desired_workers, self._control_ref = desired, None
@@ -112,7 +117,7 @@ class RolloutLoop:
         now = time.monotonic()
         if now - self._capacity_checked >= every_s:
             self._capacity_checked = now
-            capacity = rollout_capacity(ray.cluster_resources(), self.cfg)
+            capacity = rollout_capacity(self.runtime.cluster_resources(), self.cfg)
             target = follow_target(self.desired_workers, capacity, r.max_workers)
             if target != self.target_workers:
                 log.warning("rollout capacity %d in the cluster: %d -> %d workers", capacity,
@@ -187,12 +192,12 @@ class RolloutLoop:
             return
         if self.pool.idle():  # an idle worker may be admitted as soon as a step starts
             timeout = min(timeout, 0.005)
-        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        ready, _ = self.runtime.wait(refs, timeout)
         for ref in ready:
             slot = self.pool.by_ref(ref)
             try:
-                result = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
+                result = self.runtime.get(ref)
+            except self.runtime.actor_died as exc:
                 self._worker_lost(slot, exc)
                 continue
             if ref == slot.starting:

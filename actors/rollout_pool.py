@@ -15,6 +15,7 @@ import ray
 
 from actors.placement import RoleOptions
 from actors.rollout_worker import RolloutWorker
+from actors.runtime import RAY, RayRuntime
 from system.config import RunConfig
 from system.types import Prompt
 
@@ -42,9 +43,12 @@ class WorkerSlot:
 
 
 class RolloutPool:
-    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=RolloutWorker) -> None:
-        """``actor_cls``: the Ray actor class of a worker (a simulated engine in orchestration benchmarks)."""
+    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=RolloutWorker,
+                 runtime: RayRuntime = RAY) -> None:
+        """``actor_cls``: the Ray actor class of a worker (a simulated engine in orchestration benchmarks);
+        ``runtime``: the Ray calls (``actors.runtime``; an in-process stand-in in controller tests)."""
         self.cfg = cfg
+        self.runtime = runtime
         self.actor_cls = actor_cls
         self.model_dir = model_dir
         self.options = options
@@ -69,7 +73,7 @@ class RolloutPool:
     def start(self, count: int) -> list[WorkerSlot]:
         """Launch ``count`` workers and wait until every one is up (the run's first workers)."""
         new = self.launch(count)
-        for slot, info in zip(new, ray.get([s.starting for s in new]), strict=True):
+        for slot, info in zip(new, self.runtime.get([s.starting for s in new]), strict=True):
             self.mark_ready(slot, info)
         return new
 
@@ -114,7 +118,7 @@ class RolloutPool:
 
     def remove(self, slot: WorkerSlot) -> None:
         self.slots.pop(slot.worker_id, None)
-        ray.kill(slot.handle, no_restart=True)
+        self.runtime.kill(slot.handle)
 
     def shutdown(self) -> None:
         for slot in self.slots_now():

@@ -1,0 +1,40 @@
+"""The Ray calls of the rollout loop and its pool, in one object.
+
+``RolloutLoop`` and ``RolloutPool`` reach Ray only through a runtime: ``RAY`` in a job, an
+in-process stand-in in ``tests/test_controller_logic.py``, which runs the controller's logic
+(admission, weight pushes, dispatch, collection, worker loss and replacement, scaling) with no
+Ray cluster. Calls on actor handles (``handle.generate.remote(...)``) are made directly: the
+stand-in's handles have the same shape.
+"""
+
+import ray
+
+
+class RayRuntime:
+    actor_died: type[BaseException] = ray.exceptions.RayActorError
+    """What a call on a dead worker raises when its result is read."""
+
+    @staticmethod
+    def wait(refs: list, timeout: float) -> tuple[list, list]:
+        """(the first ready reference, or none within ``timeout`` seconds; the rest)."""
+        return ray.wait(refs, num_returns=1, timeout=timeout)
+
+    @staticmethod
+    def poll(ref) -> bool:
+        """Whether ``ref`` is ready (never blocks)."""
+        return bool(ray.wait([ref], timeout=0)[0])
+
+    @staticmethod
+    def get(ref_or_refs):
+        return ray.get(ref_or_refs)
+
+    @staticmethod
+    def cluster_resources() -> dict:
+        return ray.cluster_resources()
+
+    @staticmethod
+    def kill(handle) -> None:
+        ray.kill(handle, no_restart=True)
+
+
+RAY = RayRuntime()

@@ -1,0 +1,211 @@
+"""The rollout loop's logic with no Ray cluster.
+
+The real ``RolloutLoop``, ``RolloutPool``, sampler, buffer, shared state and object-store
+transport run over an in-process runtime (``actors.runtime``'s interface): a worker handle runs
+each call the moment it is made and returns a completed reference, so every ``tick`` of the loop
+is deterministic. Published "weights" are the version number itself; a fake worker adopts it.
+"""
+
+import numpy as np
+import pytest
+
+from actors.controller import RolloutLoop, SharedState, take_batch
+from actors.placement import RoleOptions
+from actors.rollout_pool import RolloutPool
+from actors.weight_sync import ObjectStoreTransport
+from system.config.loading import resolve_config
+from system.data.buffer import TrajectoryBuffer
+from system.data.prompt_source import build_prompt_source
+from system.data.sampler import PromptSampler
+from system.types import Completion, RolloutGroup, frozen_array
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class Ref:
+    """A call that already ran: its value, or the error reading it raises."""
+
+    def __init__(self, value=None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        try:
+            return Ref(self.fn(*args))
+        except WorkerDied as exc:
+            return Ref(error=exc)
+
+
+class FakeWorker:
+    """A rollout worker handle: ``ready``, ``generate`` and ``update_weights``, each logged."""
+
+    def __init__(self, cfg, model_dir: str, worker_id: str, log: list) -> None:
+        self.cfg, self.worker_id, self.log = cfg, worker_id, log
+        self.version, self.dead, self.killed = 0, False, False
+        self.ready = Method(lambda: {"worker_id": worker_id, "policy_version": 0, "quantization": "fake"})
+        self.generate = Method(self._generate)
+        self.update_weights = Method(self._update)
+
+    def _update(self, version: int) -> int:
+        self.log.append(("update", self.worker_id, version))
+        self.version = version
+        return version
+
+    def _generate(self, prompts, min_version: int) -> list[RolloutGroup]:
+        if self.dead:
+            raise WorkerDied(f"{self.worker_id} died")
+        self.log.append(("generate", self.worker_id, self.version, [p.prompt_id for p in prompts]))
+        return [RolloutGroup(p, tuple(
+            Completion(p.prompt_id, j, frozen_array([1], np.int32), frozen_array([2, 3], np.int32),
+                       frozen_array([-0.5, -0.5], np.float32), "23", 0.0, self.version, "stop", self.worker_id)
+            for j in range(self.cfg.rollout.group_size)), self.version, self.worker_id) for p in prompts]
+
+
+class FakeWorkerClass:
+    """``actor_cls.options(...).remote(cfg, model_dir, worker_id)`` -> a ``FakeWorker``."""
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self.handles: dict[str, FakeWorker] = {}
+
+    def options(self, **kwargs) -> "FakeWorkerClass":
+        return self
+
+    def remote(self, cfg, model_dir: str, worker_id: str) -> FakeWorker:
+        self.handles[worker_id] = FakeWorker(cfg, model_dir, worker_id, self.log)
+        return self.handles[worker_id]
+
+
+class InProcessRuntime:
+    """``actors.runtime.RayRuntime``'s interface over completed references."""
+
+    actor_died = WorkerDied
+
+    def wait(self, refs, timeout):
+        return refs[:1], refs[1:]
+
+    def poll(self, ref) -> bool:
+        return True
+
+    def get(self, ref_or_refs):
+        if isinstance(ref_or_refs, list):
+            return [r.result() for r in ref_or_refs]
+        return ref_or_refs.result()
+
+    def cluster_resources(self) -> dict:
+        return {}
+
+    def kill(self, handle) -> None:
+        handle.killed = True
+
+
+def build(max_lag: int = 1, workers: int = 1):
+    """A loop with B = 2 prompts per step, one 2-prompt call per step, ``workers`` started workers."""
+    cfg = resolve_config(overrides=[
+        f"async.max_lag={max_lag}", "prompts_per_step=2", "rollout.prompts_per_call=2", "rollout.group_size=2",
+        f"rollout.num_workers={workers}", "max_steps=50"])
+    cls = FakeWorkerClass()
+    pool = RolloutPool(cfg, "unused", RoleOptions("rollout_worker", workers, 1.0, 0.0, {}), cls, InProcessRuntime())
+    pool.start(workers)
+    sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
+    buffer = TrajectoryBuffer(max_lag)
+    state = SharedState(0, (0, 0))
+    loop = RolloutLoop(cfg, pool, sampler, buffer, state, ObjectStoreTransport())
+    return cfg, cls, pool, sampler, buffer, state, loop
+
+
+def ticks(loop: RolloutLoop, n: int = 6) -> None:
+    for _ in range(n):
+        loop.tick(timeout=0)
+
+
+def test_admission_keeps_generation_within_max_lag():
+    """max_lag 1, one worker at version 0: it may generate the batches of versions 0 and 1 (consumed
+    by steps 1 and 2), then waits. Step 1 taking its batch frees nothing (the next batch, version 2,
+    would be 2 versions ahead of the worker's weights); version 1 published -> weights pushed first,
+    then one more call, with version 1, for version 2; then it waits again."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    ticks(loop)
+    assert [e[0] for e in cls.log] == ["generate", "generate"] and len(buffer) == 4  # groups
+    groups, _ = take_batch(cfg, buffer, sampler, state, 0, loop)
+    assert len(groups) == 2 and state.steps_started == 1
+    ticks(loop)
+    assert len(cls.log) == 2  # still held back
+    state.publish(1, 1)
+    ticks(loop)
+    assert cls.log[2:] == [("update", "rollout-0", 1), ("generate", "rollout-0", 1, cls.log[2 + 1][3])]
+    ticks(loop)
+    assert len(cls.log) == 4 and len(buffer) == 4
+    counts = sampler.counts()
+    # 6 prompts generated; the 2 of step 1 are taken but not yet marked trained
+    assert (counts["issued"], counts["buffered"], counts["in_flight"], counts["trained"]) == (6, 6, 0, 0)
+
+
+def test_synchronous_mode_generates_only_with_the_weights_that_train_it():
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=0)
+    ticks(loop)
+    assert [e[:3] for e in cls.log] == [("generate", "rollout-0", 0)]  # the version-0 batch only
+    take_batch(cfg, buffer, sampler, state, 0, loop)
+    ticks(loop)
+    assert len(cls.log) == 1
+    state.publish(1, 1)
+    ticks(loop)
+    assert [e[:3] for e in cls.log[1:]] == [("update", "rollout-0", 1), ("generate", "rollout-0", 1)]
+
+
+def test_a_lost_worker_is_replaced_and_its_prompts_served_again():
+    """Worker 0 dies on its next call: its two prompts go back to the sampler, the failure is
+    counted, a replacement (rollout-1) is launched, gets the current weights once ready, and is
+    served the same prompt ids first; none is lost or duplicated."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    state.publish(3, 3)
+    cls.handles["rollout-0"].dead = True
+    loop.tick(timeout=0)  # push v3, dispatch: the call fails when collected
+    assert pool.failures == 1 and "rollout-0" not in pool.slots
+    assert len(sampler.requeued) == 2
+    requeued = list(sampler.requeued)
+    ticks(loop)
+    assert "rollout-1" in pool.slots and pool.slots["rollout-1"].starting is None
+    generated = [e for e in cls.log if e[0] == "generate"]
+    assert generated[0][1:] == ("rollout-1", 3, requeued)  # latest weights, the lost prompts first
+    assert ("update", "rollout-1", 3) in cls.log
+    assert sampler.counts()["duplicates"] == 0 and not sampler.requeued
+
+
+def test_scaling_follows_desired_workers():
+    """1 -> 3 launches two workers; 3 -> 1 retires two (idle ones first) and kills them."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    loop.desired_workers = 3
+    ticks(loop)
+    assert sorted(pool.slots) == ["rollout-0", "rollout-1", "rollout-2"]
+    loop.desired_workers = 1
+    ticks(loop)
+    assert len(pool.slots) == 1
+    assert sum(h.killed for h in cls.handles.values()) == 2
+
+
+@pytest.mark.parametrize("max_lag", [0, 1, 3])
+def test_no_buffered_group_exceeds_the_bound_over_many_steps(max_lag):
+    """Forty steps with two workers: every batch taken at version k holds groups of versions
+    k - max_lag .. k only, and the ledger balances (issued = trained + buffered + in flight)."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=max_lag, workers=2)
+    for k in range(40):
+        ticks(loop, 3)
+        groups, _ = take_batch(cfg, buffer, sampler, state, k, loop)
+        assert all(k - max_lag <= g.policy_version <= k for g in groups), (k, [g.policy_version for g in groups])
+        sampler.mark_trained([g.prompt.prompt_id for g in groups])
+        state.publish(k + 1, k + 1)
+    c = sampler.counts()
+    assert c["trained"] == 80 and c["duplicates"] == 0
+    assert c["issued"] == c["trained"] + c["buffered"] + c["in_flight"] + c["dropped"]
