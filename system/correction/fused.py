@@ -1,0 +1,244 @@
+"""The fused correction pass: spec section 1 diagnostics, per-response sums and sequence-level
+method weights and statistics from two reads of (mu, old, mask), without [B, T] temporaries.
+
+``fused_pass.cpp`` (built by ``fused_build``, loaded with ``ctypes``) reads the batch twice:
+
+    pass 1, per valid token (mask != 0 and d = old - mu finite; dc = clamp(d, -20, 20),
+    e = expm1(dc), rho = exp(dc)), summed per response i:
+        T_i, nonfinite_i, L_i = sum dc, sum d, sum (e - dc), sum |d|, #(|d| > log 5), min d
+    and over the batch: sum dc**2, sum e, sum e**2, sum rho, sum rho**2, sum |exp(old) - exp(mu)|,
+        #(|d| > log 2), max |d|, sum (mu - mu_0), sum (old - old_0) (mu_0, old_0: the first valid
+        token), and a histogram of |d| keyed by its top 16 bits (monotone for |d| >= 0)
+        and Pearson's sums of x = mu - mu_0, y = old - old_0: sum x, sum y, sum x**2, sum y**2, sum x y
+        (centred afterwards: sum x**2 - (sum x)**2 / n, ...; exactly 0 for a constant input)
+    pass 2: the |d| of the histogram bins holding the median's ranks, where the exact order
+        statistics are selected
+
+The diagnostics then follow ``diagnostics.py``'s formulas on those sums (same keys, same ``None``
+cases); chi2_seq and ess_seq, the sequence-level weights (``methods.sequence_weights_B``) and their
+statistics (``method_statistics``' keys) come from the per-response sums. Agreement with the torch
+path is to summation order (``tests/test_correction_fused.py``: 1e-12 relative).
+When the library is not built, ``available()`` is False and callers use the torch path.
+
+Shapes: B = responses in the batch, T = padded response length.
+"""
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from system.correction.diagnostics import DIAGNOSTIC_KEYS
+from system.correction.fused_build import LIBRARY, build
+from system.correction.methods import sequence_weights_B
+from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios
+from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_by_bucket
+
+_ROW = ("num_valid", "nonfinite", "seq_logratio", "sum_d", "sum_k3", "sum_abs", "out5", "min_d")
+_GLOB = ("n", "sum_d", "sum_dc2", "sum_e", "sum_e2", "sum_rho", "sum_rho2", "sum_k3", "sum_abs", "max_abs",
+         "sum_gap", "out2", "out5", "sum_mu", "sum_old", "ref_mu", "ref_old", "sum_mu2", "sum_old2", "sum_mu_old")
+_HIST = 1 << 16
+_lib: ctypes.CDLL | None = None
+_load_error: str | None = None
+
+
+def _library() -> ctypes.CDLL | None:
+    global _lib, _load_error
+    if _lib is None and _load_error is None:
+        try:
+            build()  # a no-op when the library is up to date; rebuilds a stale one if a compiler exists
+        except RuntimeError as exc:
+            _load_error = str(exc)
+            return None
+        try:
+            lib = ctypes.CDLL(str(LIBRARY))
+        except OSError as exc:
+            _load_error = str(exc)
+            return None
+        if (lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols(), lib.aisrl_fused_hist_size()) != (
+                len(_ROW), len(_GLOB), _HIST):
+            _load_error = f"{LIBRARY.name} is out of date (rebuild: python -m system.correction.fused_build)"
+            return None
+        ptr = ctypes.c_void_p
+        lib.aisrl_fused_pass1.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ptr, ptr, ptr]
+        lib.aisrl_fused_pass2.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ptr, ptr,
+                                          ctypes.c_int64, ctypes.c_int64, ptr]
+        _lib = lib
+    return _lib
+
+
+def available() -> bool:
+    """Whether the fused pass is built and loads (else the torch path is used)."""
+    return _library() is not None
+
+
+@dataclass(frozen=True)
+class FusedSums:
+    """What the fused pass returns: per-response sums (float64 / int64 tensors [B]) and the
+    batch's diagnostics (``compute_diagnostics``' keys and values)."""
+
+    num_valid_B: torch.Tensor
+    nonfinite_B: torch.Tensor
+    seq_logratio_B: torch.Tensor
+    sum_d_B: torch.Tensor
+    sum_k3_B: torch.Tensor
+    sum_abs_B: torch.Tensor
+    out5_B: torch.Tensor
+    min_d_B: torch.Tensor
+    """The smallest d of each response's valid tokens (+inf for an empty response)."""
+    diagnostics: dict
+    weight_dtype: torch.dtype
+
+    @property
+    def seq_valid_B(self) -> torch.Tensor:
+        return self.num_valid_B >= 1
+
+    def row_ratios(self) -> LogRatios:
+        """A per-response ``LogRatios`` ([B, 1] token fields: valid = a sequence, d = its minimum d),
+        enough for the sequence-level methods and their veto (``methods.sequence_weights_B``)."""
+        seq_valid_B = self.seq_valid_B
+        zeros_B1 = torch.zeros(len(seq_valid_B), 1, dtype=torch.float64)
+        min_d_B1 = torch.where(seq_valid_B, self.min_d_B, 0.0)[:, None]
+        return LogRatios(
+            valid_BT=seq_valid_B[:, None], d_BT=min_d_B1, dc_BT=zeros_B1, rho_BT=zeros_B1,
+            num_valid_B=self.num_valid_B, seq_valid_B=seq_valid_B, seq_logratio_B=self.seq_logratio_B,
+            rho_seq_B=self.seq_logratio_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp(),
+            nonfinite_tokens=int(self.nonfinite_B.sum().item()), behaviour_BT=zeros_B1, proximal_BT=zeros_B1,
+            nonfinite_B=self.nonfinite_B, weight_dtype=self.weight_dtype)
+
+
+def _as_inputs(behaviour_BT, proximal_BT, mask_BT) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.dtype]:
+    mu = torch.as_tensor(behaviour_BT).detach().cpu()
+    old = torch.as_tensor(proximal_BT).detach().cpu()
+    mask = torch.as_tensor(mask_BT).detach().cpu()
+    if mu.dim() != 2:
+        raise ValueError(f"behaviour_logp must be [B, T], got shape {tuple(mu.shape)}")
+    for name, t in (("proximal_logp", old), ("mask", mask)):
+        if t.shape != mu.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but behaviour_logp has {tuple(mu.shape)}")
+    for name, t in (("behaviour_logp", mu), ("proximal_logp", old)):
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
+    weight_dtype = torch.promote_types(torch.promote_types(mu.dtype, old.dtype), torch.float32)
+    dtype = torch.float32 if weight_dtype == torch.float32 else torch.float64
+    mu_np = np.ascontiguousarray(mu.to(dtype).numpy())
+    old_np = np.ascontiguousarray(old.to(dtype).numpy())
+    mask_np = np.ascontiguousarray((mask if mask.dtype == torch.bool else mask != 0).numpy()).view(np.uint8)
+    return mu_np, old_np, mask_np, weight_dtype
+
+
+def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> FusedSums:
+    """The fused pass over one batch (torch tensors or numpy arrays, any float dtype; mask bool,
+    integer or float). Raises ``RuntimeError`` when the library is not available."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"the fused correction pass is not built ({_load_error}); "
+                           "build it with: python -m system.correction.fused_build")
+    mu, old, mask, weight_dtype = _as_inputs(behaviour_logp_BT, proximal_logp_BT, mask_BT)
+    B, T = mu.shape
+    width = 4 if mu.dtype == np.float32 else 8
+    row = np.zeros((B, len(_ROW)), dtype=np.float64)
+    glob = np.zeros(len(_GLOB), dtype=np.float64)
+    hist = np.zeros(_HIST, dtype=np.uint32)
+    args = [width, mu.ctypes.data, old.ctypes.data, mask.ctypes.data, B, T]
+    if lib.aisrl_fused_pass1(*args, row.ctypes.data, glob.ctypes.data, hist.ctypes.data) != 0:
+        raise RuntimeError("fused pass 1 failed")
+    g = dict(zip(_GLOB, glob.tolist(), strict=True))
+    n = int(g["n"])
+    k1, k2 = ((n + 1) // 2, (n + 1) // 2) if n % 2 == 1 else (n // 2, n // 2 + 1)
+    out = np.zeros(2, dtype=np.float64)
+    if lib.aisrl_fused_pass2(*args, glob.ctypes.data, hist.ctypes.data, max(k1, 1), max(k2, 1), out.ctypes.data) != 0:
+        raise RuntimeError("fused pass 2 failed")
+    rows = {name: torch.from_numpy(np.ascontiguousarray(row[:, j])) for j, name in enumerate(_ROW)}
+    counts = {name: rows[name].to(torch.int64) for name in ("num_valid", "nonfinite")}
+    sums = FusedSums(
+        num_valid_B=counts["num_valid"], nonfinite_B=counts["nonfinite"], seq_logratio_B=rows["seq_logratio"],
+        sum_d_B=rows["sum_d"], sum_k3_B=rows["sum_k3"], sum_abs_B=rows["sum_abs"], out5_B=rows["out5"],
+        min_d_B=rows["min_d"], diagnostics={}, weight_dtype=weight_dtype)
+    sums.diagnostics.update(_diagnostics(sums, g, n, out))
+    return sums
+
+
+def _diagnostics(sums: FusedSums, g: dict, n: int, out: np.ndarray) -> dict:
+    """``compute_diagnostics``' dict from the sums (its formulas; see ``diagnostics.py``)."""
+    n_seq = int(sums.seq_valid_B.sum().item())
+    diag: dict = dict.fromkeys(DIAGNOSTIC_KEYS)
+    diag.update(n_sequences=n_seq, n_tokens=n, nonfinite_tokens=int(sums.nonfinite_B.sum().item()))
+    if n == 0:
+        return diag
+    lower, upper = out.tolist()
+    # centred sums from the shifted ones (x = mu - mu_0): exactly 0 for a constant input
+    xx = max(g["sum_mu2"] - g["sum_mu"] ** 2 / n, 0.0)
+    yy = max(g["sum_old2"] - g["sum_old"] ** 2 / n, 0.0)
+    xy = g["sum_mu_old"] - g["sum_mu"] * g["sum_old"] / n
+    pearson = None if xx == 0.0 or yy == 0.0 else max(-1.0, min(1.0, xy / (math.sqrt(xx) * math.sqrt(yy))))
+    log_rho_seq_B = sums.seq_logratio_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    seq_valid_B = sums.seq_valid_B
+    chi2_B = torch.where(seq_valid_B, torch.expm1(2.0 * log_rho_seq_B), 0.0)
+    rho_seq_B = torch.where(seq_valid_B, log_rho_seq_B.exp(), 0.0)
+    diag.update(
+        kl_k1=(0.0 - g["sum_d"]) / n, kl_k2=0.5 * g["sum_dc2"] / n, kl_k3=g["sum_k3"] / n,
+        chi2_token=(g["sum_e2"] + 2.0 * g["sum_e"]) / n, chi2_seq=float(chi2_B.sum().item()) / n_seq,
+        logp_pearson=pearson,
+        abs_diff_mean=g["sum_abs"] / n, abs_diff_median=lower if n % 2 == 1 else (lower + upper) / 2,
+        abs_diff_max=g["max_abs"], prob_abs_diff_mean=g["sum_gap"] / n,
+        frac_outside_2x=g["out2"] / n, frac_outside_5x=g["out5"] / n,
+        ess_token=min(g["sum_rho"] ** 2 / (n * g["sum_rho2"]), 1.0), ess_seq=ess_fraction(rho_seq_B, n_seq),
+    )
+    return diag
+
+
+def diagnostics_by_lag(sums: FusedSums, lag_B) -> dict[str, dict]:
+    """Per lag (keyed ``str(lag)``, sorted): n_sequences, kl_k1, kl_k3, abs_diff_mean and
+    frac_outside_5x of that lag's responses (``diagnostics_by_lag_of``'s values for these keys)."""
+    lag_B = torch.as_tensor(lag_B)
+    if lag_B.shape != sums.num_valid_B.shape:
+        raise ValueError(f"lag has shape {tuple(lag_B.shape)} but the batch has {sums.num_valid_B.numel()} responses")
+    out = {}
+    for lag in sorted(torch.unique(lag_B).tolist()):
+        rows_B = lag_B == lag
+        n = int(sums.num_valid_B[rows_B].sum().item())
+        entry = {"n_sequences": int(sums.seq_valid_B[rows_B].sum().item())}
+        if n == 0:
+            entry.update(dict.fromkeys(("kl_k1", "kl_k3", "abs_diff_mean", "frac_outside_5x")))
+        else:
+            entry.update(kl_k1=(0.0 - float(sums.sum_d_B[rows_B].sum().item())) / n,
+                         kl_k3=float(sums.sum_k3_B[rows_B].sum().item()) / n,
+                         abs_diff_mean=float(sums.sum_abs_B[rows_B].sum().item()) / n,
+                         frac_outside_5x=float(sums.out5_B[rows_B].sum().item()) / n)
+        out[str(lag)] = entry
+    return out
+
+
+def sequence_method_statistics(sums: FusedSums, w_B: torch.Tensor) -> dict:
+    """``method_statistics`` of a sequence-level weight ``w_B`` carried by every token of its
+    response: token sums are ``T_i``-weighted sums over responses."""
+    n = int(sums.num_valid_B.sum().item())
+    n_seq = int(sums.seq_valid_B.sum().item())
+    if n == 0:
+        return {"keep_token_frac": None, "keep_seq_frac": None, "weight_mean": None, "weight_max": None,
+                "ess": None, "keep_seq_frac_by_len": {key: None for key, _ in LENGTH_BUCKETS}}
+    seq_valid_B = sums.seq_valid_B
+    t_B = sums.num_valid_B.to(torch.float64)
+    w_B = torch.where(seq_valid_B, w_B.to(torch.float64), 0.0)
+    kept_seq_B = seq_valid_B & (w_B > 0)
+    sum_w, sum_w2 = float((t_B * w_B).sum().item()), float((t_B * w_B.square()).sum().item())
+    return {
+        "keep_token_frac": int(sums.num_valid_B[kept_seq_B].sum().item()) / n,
+        "keep_seq_frac": int(kept_seq_B.sum().item()) / n_seq,
+        "weight_mean": sum_w / n,
+        "weight_max": float(torch.where(seq_valid_B, w_B, float("-inf")).max().item()),
+        "ess": 0.0 if sum_w2 == 0.0 else min(sum_w**2 / (n * sum_w2), 1.0),
+        "keep_seq_frac_by_len": fraction_by_bucket(kept_seq_B, sums.num_valid_B, seq_valid_B),
+    }
+
+
+def full_path(behaviour_logp_BT, proximal_logp_BT, mask_BT, method) -> tuple[dict, torch.Tensor, dict]:
+    """Diagnostics, the sequence-level method's weight of each response (in the inputs' weight
+    dtype, as ``compute_weights``), and their statistics: the torch path's ``compute_diagnostics``,
+    ``compute_weights`` and ``method_statistics`` for a sequence-level ``method``."""
+    sums = fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT)
+    w_B = sequence_weights_B(sums.row_ratios(), method).to(sums.weight_dtype)  # as compute_weights returns them
+    return sums.diagnostics, w_B, sequence_method_statistics(sums, w_B)

@@ -1,0 +1,121 @@
+"""The fused correction pass (``system.correction.fused``) against the torch path, value by value.
+
+Every diagnostic, the per-lag sums, the sequence-level weights (veto and self-normalisation
+included) and their statistics agree with ``compute_diagnostics`` / ``diagnostics_by_lag_of`` /
+``compute_weights`` / ``method_statistics`` to 1e-12 relative (they differ in summation order
+only), on batches with non-finite log-probs, empty responses, ties, a constant input, odd and
+even token counts, float32 and float64, and more tokens than the histogram's one bin holds.
+The library is built here if a C++ compiler exists; without one these tests skip (the torch
+path is then the one in use, and it is tested everywhere else).
+"""
+
+import math
+
+import pytest
+import torch
+
+from system.config.correction import GeoRS, SeqMIS, SeqTIS
+from system.correction import (
+    compute_diagnostics,
+    compute_log_ratios,
+    compute_weights,
+    method_statistics,
+)
+from system.correction.diagnostics import diagnostics_by_lag_of
+from system.correction.fused_build import build
+
+if build() is None:
+    pytest.skip("no C++ compiler: the fused pass is not built (the torch path is used)", allow_module_level=True)
+
+from system.correction import fused  # noqa: E402
+
+REL = 1e-12
+
+
+def close(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a == b or abs(a - b) <= REL * max(abs(a), abs(b))
+
+
+def assert_dicts_close(ours: dict, reference: dict) -> None:
+    assert ours.keys() == reference.keys()
+    for key, value in reference.items():
+        if isinstance(value, dict):
+            assert_dicts_close(ours[key], value)
+        else:
+            assert close(ours[key], value), (key, ours[key], value)
+
+
+def batch(B: int, T: int, seed: int, dtype=torch.float32, spread: float = 0.05):
+    g = torch.Generator().manual_seed(seed)
+    mu = -torch.empty(B, T, dtype=torch.float64).exponential_(1.0, generator=g)
+    old = mu + spread * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return mu.to(dtype), old.to(dtype), mask
+
+
+def cases():
+    mu, old, mask = batch(9, 7, 0)
+    mu[0, 1], old[1, 2], mu[2, 0], old[2, 0] = float("nan"), float("inf"), float("-inf"), float("-inf")
+    yield "nonfinite", mu, old, mask
+    yield "float64", *batch(33, 65, 1, torch.float64)
+    yield "wide", *batch(40, 1024, 2, spread=0.3)  # > 2**16 tokens: the median's band selection
+    mu, old, mask = batch(64, 1100, 3)
+    yield "ties", mu, (mu + torch.round((old - mu) * 20) / 20), mask  # |d| on a 0.05 grid: huge bins
+    mu, old, mask = batch(5, 8, 4)
+    yield "constant", torch.full_like(mu, -1.5), old, mask  # Pearson undefined: None
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    yield "empty", torch.zeros(3, 4), torch.zeros(3, 4), mask
+    mu, old, mask = batch(6, 9, 5)
+    mask[:, :] = False
+    mask[0, :3] = True  # 3 tokens: odd count, one response
+    yield "odd", mu, old, mask
+
+
+@pytest.mark.parametrize("name, mu, old, mask", list(cases()), ids=[c[0] for c in cases()])
+def test_diagnostics_and_lags_match_the_torch_path(name, mu, old, mask):
+    ratios = compute_log_ratios(mu, old, mask)
+    sums = fused.fused_sums(mu, old, mask)
+    assert_dicts_close(sums.diagnostics, compute_diagnostics(ratios))
+    lag_B = torch.arange(mu.shape[0]) % 3
+    reference = diagnostics_by_lag_of(ratios, lag_B)
+    ours = fused.diagnostics_by_lag(sums, lag_B)
+    assert ours.keys() == reference.keys()
+    for lag, values in ours.items():
+        assert_dicts_close(values, {k: reference[lag][k] for k in values})
+
+
+@pytest.mark.parametrize("method", [SeqMIS(), SeqMIS(hi=1.2, lo=0.9), SeqMIS(veto=0.95), SeqTIS(self_normalize=True),
+                                    GeoRS(lo=0.99, hi=1.01)], ids=lambda m: f"{m.type}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_sequence_weights_and_statistics_match_the_torch_path(method, dtype):
+    mu, old, mask = batch(50, 40, 6, dtype, spread=0.04)
+    mu[3, 5] = float("nan")
+    ratios = compute_log_ratios(mu, old, mask)
+    w_BT = compute_weights(ratios, method)
+    diag, w_B, stats = fused.full_path(mu, old, mask, method)
+    assert w_B.dtype == w_BT.dtype
+    # the same weights, to the summation order of L_i (float32 results: at most one float32 ulp apart)
+    ulp = REL if dtype == torch.float64 else 2.0**-23
+    assert torch.allclose(torch.where(ratios.valid_BT, w_B[:, None], 0.0), w_BT, rtol=ulp, atol=0.0)
+    assert_dicts_close(stats, method_statistics(ratios, w_BT))
+    assert 0 < stats["keep_seq_frac"] <= 1  # the batch exercises the method
+
+
+def test_the_median_is_exact_when_every_value_shares_one_bin():
+    """All |d| in one histogram bin (1.0 + tiny offsets): pass 2 selects among all of them."""
+    n = 70_001
+    mu = torch.zeros(1, n, dtype=torch.float64)
+    old = (1.0 + torch.arange(n, dtype=torch.float64).flip(0) * 1e-12)[None, :]
+    sums = fused.fused_sums(mu, old, torch.ones(1, n, dtype=torch.bool))
+    assert sums.diagnostics["abs_diff_median"] == 1.0 + (n // 2) * 1e-12
+    assert math.isclose(sums.diagnostics["abs_diff_max"], 1.0 + (n - 1) * 1e-12, rel_tol=0, abs_tol=0)
+
+
+def test_bad_shapes_and_dtypes_are_refused():
+    with pytest.raises(ValueError, match="proximal_logp has shape"):
+        fused.fused_sums(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="must be a floating tensor"):
+        fused.fused_sums(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3), torch.ones(2, 3))
