@@ -55,6 +55,21 @@ inline double select(uint64_t keep, double yes, double no) {  // keep ? yes : no
   return out;
 }
 
+// A double's bits as an int64 that orders like the double (NaN excluded): negative values have
+// their magnitude bits flipped. Its own inverse.
+inline int64_t ordered_bits(double x) {
+  int64_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits ^ ((bits >> 63) & INT64_MAX);
+}
+
+inline double from_ordered_bits(int64_t key) {
+  const int64_t bits = key ^ ((key >> 63) & INT64_MAX);
+  double x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
 inline uint64_t hist_key(double abs_d) {
   uint64_t bits;
   std::memcpy(&bits, &abs_d, sizeof bits);
@@ -84,16 +99,16 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
   glob[G_REF_OLD] = ref_old;
   double max_abs = 0.0;
   std::vector<double> abs_row(static_cast<size_t>(std::max<int64_t>(T, 1)));
-  std::vector<double> d_row(abs_row.size());
   double* abs_j = abs_row.data();  // per row: |d| of each token (-1 where excluded)
-  double* d_j = d_row.data();      // per row: d of each token (+inf where excluded)
+
   for (int64_t i = 0; i < B; ++i) {
     const F* m_row = mu + i * T;
     const F* o_row = old + i * T;
     const uint8_t* k_row = mask + i * T;
     double t = 0, nonfinite = 0, L = 0, sd = 0, sk3 = 0, sabs = 0, out5 = 0, min_d = INFINITY;
-    double sdc2 = 0, se = 0, se2 = 0, srho = 0, srho2 = 0, sgap = 0, out2 = 0, smu = 0, sold = 0, mx = 0;
+    double sdc2 = 0, se = 0, se2 = 0, srho = 0, srho2 = 0, sgap = 0, out2 = 0, smu = 0, sold = 0;
     double smu2 = 0, sold2 = 0, smo = 0;
+    int64_t min_key = ordered_bits(INFINITY), max_key = 0;
     // Branch-free, so the compiler vectorises it (exp / expm1 from the vector math library): an
     // excluded token contributes exact zeros (d, m - ref, o - ref replaced by 0 before any use).
     for (int64_t j = 0; j < T; ++j) {
@@ -126,7 +141,11 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
       sgap += select(keep & (0 - small), std::exp(select(keep, m, 0.0)) * std::fabs(e), 0.0);
       out2 += a > log2 ? 1.0 : 0.0;
       out5 += a > log5 ? 1.0 : 0.0;
-      d_j[j] = select(keep, d, INFINITY);
+      // min d and max |d| as integer reductions on order-preserving bit patterns (they vectorise)
+      const int64_t d_key = ordered_bits(select(keep, d, INFINITY));
+      min_key = d_key < min_key ? d_key : min_key;
+      const int64_t a_key = ordered_bits(a);
+      max_key = a_key > max_key ? a_key : max_key;
       const double x = select(keep, m - ref_mu, 0.0), y = select(keep, o - ref_old, 0.0);
       smu += x;
       sold += y;
@@ -135,15 +154,14 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
       smo += x * y;
       abs_j[j] = select(keep, a, -1.0);
     }
-    for (int64_t j = 0; j < T; ++j) {  // scalar: the histogram, max |d| and min d of the row
-      mx = std::max(mx, abs_j[j]);
+    for (int64_t j = 0; j < T; ++j) {  // scalar: the histogram
       if (abs_j[j] > kClamp) {  // rare: the probability gap of a token with |d| > 20
         sgap += std::fabs(std::exp(static_cast<double>(o_row[j])) - std::exp(static_cast<double>(m_row[j])));
       }
-      min_d = std::min(min_d, d_j[j]);
       if (abs_j[j] >= 0.0) hist[hist_key(abs_j[j])] += 1;
     }
-    max_abs = std::max(max_abs, mx);
+    min_d = from_ordered_bits(min_key);
+    max_abs = std::max(max_abs, from_ordered_bits(max_key));
     double* r = row + i * kRowCols;
     r[ROW_T] = t;
     r[ROW_NONFINITE] = nonfinite;
