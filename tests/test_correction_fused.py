@@ -9,8 +9,7 @@ The library is built here if a C++ compiler exists; without one these tests skip
 path is then the one in use, and it is tested everywhere else).
 """
 
-import math
-
+import numpy as np
 import pytest
 import torch
 
@@ -61,7 +60,7 @@ def cases():
     mu[0, 1], old[1, 2], mu[2, 0], old[2, 0] = float("nan"), float("inf"), float("-inf"), float("-inf")
     yield "nonfinite", mu, old, mask
     yield "float64", *batch(33, 65, 1, torch.float64)
-    yield "wide", *batch(40, 1024, 2, spread=0.3)  # > 2**16 tokens: the median's band selection
+    yield "wide", *batch(80, 1024, 2, spread=0.3)  # > 2**16 positions: the median from a sampled bracket
     mu, old, mask = batch(64, 1100, 3)
     yield "ties", mu, (mu + torch.round((old - mu) * 20) / 20), mask  # |d| on a 0.05 grid: huge bins
     mu, old, mask = batch(5, 8, 4)
@@ -104,14 +103,23 @@ def test_sequence_weights_and_statistics_match_the_torch_path(method, dtype):
     assert 0 < stats["keep_seq_frac"] <= 1  # the batch exercises the method
 
 
-def test_the_median_is_exact_when_every_value_shares_one_bin():
-    """All |d| in one histogram bin (1.0 + tiny offsets): pass 2 selects among all of them."""
+def test_the_median_is_exact_when_the_sampled_bracket_misses():
+    """An adversarial batch: |d| = 0 at exactly the positions the bracket's sample reads and 1 + i 1e-12
+    elsewhere, so the sample brackets [0, 0] and misses the median; the pass is repeated with every
+    value in the band and the median is still exact (and equal to the torch path's)."""
     n = 70_001
     mu = torch.zeros(1, n, dtype=torch.float64)
-    old = (1.0 + torch.arange(n, dtype=torch.float64).flip(0) * 1e-12)[None, :]
+    old = (1.0 + torch.arange(n, dtype=torch.float64) * 1e-12)[None, :]
+    sampled = np.unique(np.random.default_rng(fused._SEED).integers(n, size=fused._SAMPLE))
+    old[0, sampled] = 0.0
+    lo, hi, _ = fused._bracket(mu.numpy(), old.numpy(), np.ones((1, n), dtype=np.uint8))
+    assert lo == hi == 0.0  # the sample saw only zeros
     sums = fused.fused_sums(mu, old, torch.ones(1, n, dtype=torch.bool))
-    assert sums.diagnostics["abs_diff_median"] == 1.0 + (n // 2) * 1e-12
-    assert math.isclose(sums.diagnostics["abs_diff_max"], 1.0 + (n - 1) * 1e-12, rel_tol=0, abs_tol=0)
+    rest = np.sort(np.setdiff1d(np.arange(n), sampled))
+    k = n // 2 - len(sampled)  # 0-indexed rank of the median among the values 1 + i 1e-12
+    assert sums.diagnostics["abs_diff_median"] == 1.0 + rest[k] * 1e-12
+    reference = compute_diagnostics(compute_log_ratios(mu, old, torch.ones(1, n, dtype=torch.bool)))
+    assert sums.diagnostics["abs_diff_median"] == reference["abs_diff_median"]
 
 
 def test_bad_shapes_and_dtypes_are_refused():

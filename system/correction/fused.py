@@ -1,18 +1,18 @@
 """The fused correction pass: spec section 1 diagnostics, per-response sums and sequence-level
 method weights and statistics from two reads of (mu, old, mask), without [B, T] temporaries.
 
-``fused_pass.cpp`` (built by ``fused_build``, loaded with ``ctypes``) reads the batch twice:
+``fused_pass.cpp`` (built by ``fused_build``, loaded with ``ctypes``) reads the batch once:
 
-    pass 1, per valid token (mask != 0 and d = old - mu finite; dc = clamp(d, -20, 20),
+    per valid token (mask != 0 and d = old - mu finite; dc = clamp(d, -20, 20),
     e = expm1(dc), rho = exp(dc)), summed per response i:
         T_i, nonfinite_i, L_i = sum dc, sum d, sum (e - dc), sum |d|, #(|d| > log 5), min d
     and over the batch: sum dc**2, sum e, sum e**2, sum rho, sum rho**2, sum |exp(old) - exp(mu)|,
-        #(|d| > log 2), max |d|, sum (mu - mu_0), sum (old - old_0) (mu_0, old_0: the first valid
-        token), and a histogram of |d| keyed by its top 16 bits (monotone for |d| >= 0)
-        and Pearson's sums of x = mu - mu_0, y = old - old_0: sum x, sum y, sum x**2, sum y**2, sum x y
-        (centred afterwards: sum x**2 - (sum x)**2 / n, ...; exactly 0 for a constant input)
-    pass 2: the |d| of the histogram bins holding the median's ranks, where the exact order
-        statistics are selected
+        #(|d| > log 2), max |d|, and Pearson's sums of x = mu - mu_0, y = old - old_0 (mu_0, old_0:
+        the first valid token): sum x, sum y, sum x**2, sum y**2, sum x y (centred afterwards:
+        sum x**2 - (sum x)**2 / n, ...; exactly 0 for a constant input)
+    the median of |d|: a sample of 16384 positions (fixed seed) brackets it, [lo, hi]; the pass
+        counts the valid |d| below lo and keeps those inside, where the exact order statistics are
+        selected. A bracket that misses (the counts say so) is widened to all values, pass repeated.
 
 The diagnostics then follow ``diagnostics.py``'s formulas on those sums (same keys, same ``None``
 cases); chi2_seq and ess_seq, the sequence-level weights (``methods.sequence_weights_B``) and their
@@ -24,6 +24,7 @@ Shapes: B = responses in the batch, T = padded response length.
 """
 
 import ctypes
+import functools
 import math
 from dataclasses import dataclass
 
@@ -36,10 +37,14 @@ from system.correction.methods import sequence_weights_B
 from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios
 from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_by_bucket
 
+_BAND_MIN_TOKENS = 1 << 16
+"""Up to this many [B, T] positions the bracket is everything (no sample)."""
+_SAMPLE = 16384
+_SEED = 0x5EED
 _ROW = ("num_valid", "nonfinite", "seq_logratio", "sum_d", "sum_k3", "sum_abs", "out5", "min_d")
 _GLOB = ("n", "sum_d", "sum_dc2", "sum_e", "sum_e2", "sum_rho", "sum_rho2", "sum_k3", "sum_abs", "max_abs",
-         "sum_gap", "out2", "out5", "sum_mu", "sum_old", "ref_mu", "ref_old", "sum_mu2", "sum_old2", "sum_mu_old")
-_HIST = 1 << 16
+         "sum_gap", "out2", "out5", "sum_mu", "sum_old", "ref_mu", "ref_old", "sum_mu2", "sum_old2", "sum_mu_old",
+         "below", "band")
 _lib: ctypes.CDLL | None = None
 _load_error: str | None = None
 
@@ -57,14 +62,14 @@ def _library() -> ctypes.CDLL | None:
         except OSError as exc:
             _load_error = str(exc)
             return None
-        if (lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols(), lib.aisrl_fused_hist_size()) != (
-                len(_ROW), len(_GLOB), _HIST):
+        if not hasattr(lib, "aisrl_fused_pass") or (lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols()) != (
+                len(_ROW), len(_GLOB)):
             _load_error = f"{LIBRARY.name} is out of date (rebuild: python -m system.correction.fused_build)"
             return None
         ptr = ctypes.c_void_p
-        lib.aisrl_fused_pass1.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ptr, ptr, ptr]
-        lib.aisrl_fused_pass2.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ptr, ptr,
-                                          ctypes.c_int64, ctypes.c_int64, ptr]
+        lib.aisrl_fused_pass.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64]
+        lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
         _lib = lib
     return _lib
 
@@ -129,6 +134,37 @@ def _as_inputs(behaviour_BT, proximal_BT, mask_BT) -> tuple[np.ndarray, np.ndarr
     return mu_np, old_np, mask_np, weight_dtype
 
 
+@functools.lru_cache(maxsize=8)
+def _sample_positions(num: int) -> np.ndarray:
+    """The bracket's sample: ``_SAMPLE`` positions of ``num``, the same for every batch of that size."""
+    positions = np.random.default_rng(_SEED).integers(num, size=_SAMPLE)
+    positions.setflags(write=False)
+    return positions
+
+
+def _bracket(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, float, int]:
+    """``(lo, hi, capacity)``: a range of |d| that holds the median with near certainty, from a fixed
+    sample of positions (the rank margin is >= 5 binomial standard deviations), and room for the
+    values inside it; everything for small batches."""
+    num = mu.size
+    if num <= _BAND_MIN_TOKENS:
+        return 0.0, math.inf, num
+    positions = _sample_positions(num)
+    d = old.reshape(-1)[positions].astype(np.float64) - mu.reshape(-1)[positions].astype(np.float64)
+    values = np.abs(d[(mask.reshape(-1)[positions] != 0) & np.isfinite(d)])
+    size = values.size
+    if size < 256:
+        return 0.0, math.inf, num
+    margin = 2.5 * math.sqrt(size) + 8.0
+    rank_lo, rank_hi = math.floor(size / 2 - margin), math.ceil(size / 2 + 1 + margin)
+    kth = [r - 1 for r in (rank_lo, rank_hi) if 1 <= r <= size]
+    values = np.partition(values, kth)
+    lo = float(values[rank_lo - 1]) if rank_lo >= 1 else 0.0
+    hi = float(values[rank_hi - 1]) if rank_hi <= size else math.inf
+    expected = (rank_hi - rank_lo) / size * num
+    return lo, hi, min(num, int(2 * expected) + 4096)
+
+
 def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> FusedSums:
     """The fused pass over one batch (torch tensors or numpy arrays, any float dtype; mask bool,
     integer or float). Raises ``RuntimeError`` when the library is not available."""
@@ -139,18 +175,23 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> FusedSums:
     mu, old, mask, weight_dtype = _as_inputs(behaviour_logp_BT, proximal_logp_BT, mask_BT)
     B, T = mu.shape
     width = 4 if mu.dtype == np.float32 else 8
-    row = np.zeros((B, len(_ROW)), dtype=np.float64)
-    glob = np.zeros(len(_GLOB), dtype=np.float64)
-    hist = np.zeros(_HIST, dtype=np.uint32)
-    args = [width, mu.ctypes.data, old.ctypes.data, mask.ctypes.data, B, T]
-    if lib.aisrl_fused_pass1(*args, row.ctypes.data, glob.ctypes.data, hist.ctypes.data) != 0:
-        raise RuntimeError("fused pass 1 failed")
-    g = dict(zip(_GLOB, glob.tolist(), strict=True))
-    n = int(g["n"])
-    k1, k2 = ((n + 1) // 2, (n + 1) // 2) if n % 2 == 1 else (n // 2, n // 2 + 1)
+    lo, hi, capacity = _bracket(mu, old, mask)
+    while True:
+        row = np.zeros((B, len(_ROW)), dtype=np.float64)
+        glob = np.zeros(len(_GLOB), dtype=np.float64)
+        band = np.empty(max(capacity, 1), dtype=np.float64)
+        if lib.aisrl_fused_pass(width, mu.ctypes.data, old.ctypes.data, mask.ctypes.data, B, T, lo, hi,
+                                row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity) != 0:
+            raise RuntimeError("the fused correction pass failed")
+        g = dict(zip(_GLOB, glob.tolist(), strict=True))
+        n, below, num_band = int(g["n"]), int(g["below"]), int(g["band"])
+        k1, k2 = ((n + 1) // 2, (n + 1) // 2) if n % 2 == 1 else (n // 2, n // 2 + 1)
+        if n == 0 or (below < k1 and k2 <= below + num_band and num_band <= capacity):
+            break
+        lo, hi, capacity = 0.0, math.inf, B * T  # the bracket missed: every valid |d| is in the band
     out = np.zeros(2, dtype=np.float64)
-    if lib.aisrl_fused_pass2(*args, glob.ctypes.data, hist.ctypes.data, max(k1, 1), max(k2, 1), out.ctypes.data) != 0:
-        raise RuntimeError("fused pass 2 failed")
+    if n and lib.aisrl_select(band.ctypes.data, num_band, k1 - below - 1, k2 - below - 1, out.ctypes.data) != 0:
+        raise RuntimeError("the fused correction pass's selection failed")
     rows = {name: torch.from_numpy(np.ascontiguousarray(row[:, j])) for j, name in enumerate(_ROW)}
     counts = {name: rows[name].to(torch.int64) for name in ("num_valid", "nonfinite")}
     sums = FusedSums(

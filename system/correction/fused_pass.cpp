@@ -1,10 +1,11 @@
 // The correction core's fused pass (system/correction/fused.py has the formulas and the caller).
 //
-// Two reads of (mu, old, mask), [B, T] row-major: pass 1 gives every per-response and batch
-// sum of spec sections 0-1 (Pearson's as sums of x = mu - mu_0, y = old - old_0 and their
-// squares and product) and a histogram of |d| over its top 16 bits; pass 2 collects the |d| of
-// the histogram bins that hold the median ranks, whose exact order statistics are then selected. All arithmetic in double; a token is valid
-// when mask != 0 and old - mu is finite (as system/correction/ratios.py).
+// One read of (mu, old, mask), [B, T] row-major, gives every per-response and batch sum of spec
+// sections 0-1 (Pearson's as sums of x = mu - mu_0, y = old - old_0, their squares and product),
+// the count of valid |d| below a bracket [lo, hi] the caller chose around the median, and the |d|
+// inside it, where the median's exact order statistics are then selected. A bracket that misses
+// (told by the counts) is widened to everything and the pass repeated. All arithmetic in double;
+// a token is valid when mask != 0 and old - mu is finite (as system/correction/ratios.py).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,8 +24,6 @@ __attribute__((simd("notinbranch"))) double expm1(double) noexcept;
 namespace {
 
 constexpr double kClamp = 20.0;
-constexpr int kHistBits = 16;
-constexpr int kHistSize = 1 << kHistBits;
 
 // Per-response outputs, ROW_* columns of the [B, kRowCols] array.
 enum RowCol { ROW_T, ROW_NONFINITE, ROW_L, ROW_SUM_D, ROW_SUM_K3, ROW_SUM_ABS, ROW_OUT5, ROW_MIN_D, kRowCols };
@@ -32,7 +31,7 @@ enum RowCol { ROW_T, ROW_NONFINITE, ROW_L, ROW_SUM_D, ROW_SUM_K3, ROW_SUM_ABS, R
 enum GlobCol {
   G_N, G_SUM_D, G_SUM_DC2, G_SUM_E, G_SUM_E2, G_SUM_RHO, G_SUM_RHO2, G_SUM_K3, G_SUM_ABS, G_MAX_ABS,
   G_SUM_GAP, G_OUT2, G_OUT5, G_SUM_MU, G_SUM_OLD, G_REF_MU, G_REF_OLD, G_SUM_MU2, G_SUM_OLD2, G_SUM_MU_OLD,
-  kGlobCols
+  G_BELOW, G_BAND, kGlobCols
 };
 
 inline uint64_t nonzero(uint64_t x) {  // 1 if x != 0 else 0, in integer arithmetic (vectorises)
@@ -70,12 +69,6 @@ inline double from_ordered_bits(int64_t key) {
   return x;
 }
 
-inline uint64_t hist_key(double abs_d) {
-  uint64_t bits;
-  std::memcpy(&bits, &abs_d, sizeof bits);
-  return bits >> (64 - kHistBits);  // monotone in abs_d >= 0
-}
-
 template <typename F>
 bool first_valid(const F* mu, const F* old, const uint8_t* mask, int64_t n, double* ref_mu, double* ref_old) {
   for (int64_t k = 0; k < n; ++k) {
@@ -92,14 +85,16 @@ bool first_valid(const F* mu, const F* old, const uint8_t* mask, int64_t n, doub
 
 template <typename F>
 void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T, double log2, double log5,
-           double* row, double* glob, uint32_t* hist) {
+           double lo, double hi, double* row, double* glob, double* band, int64_t capacity) {
   double ref_mu = 0.0, ref_old = 0.0;
   first_valid(mu, old, mask, B * T, &ref_mu, &ref_old);
   glob[G_REF_MU] = ref_mu;
   glob[G_REF_OLD] = ref_old;
   double max_abs = 0.0;
   std::vector<double> abs_row(static_cast<size_t>(std::max<int64_t>(T, 1)));
-  double* abs_j = abs_row.data();  // per row: |d| of each token (-1 where excluded)
+  double* abs_j = abs_row.data();  // per row: |d| of each token inside [lo, hi] (-1 elsewhere)
+  double below = 0.0;
+  int64_t nb = 0;
 
   for (int64_t i = 0; i < B; ++i) {
     const F* m_row = mu + i * T;
@@ -107,7 +102,7 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
     const uint8_t* k_row = mask + i * T;
     double t = 0, nonfinite = 0, L = 0, sd = 0, sk3 = 0, sabs = 0, out5 = 0, min_d = INFINITY;
     double sdc2 = 0, se = 0, se2 = 0, srho = 0, srho2 = 0, sgap = 0, out2 = 0, smu = 0, sold = 0;
-    double smu2 = 0, sold2 = 0, smo = 0;
+    double smu2 = 0, sold2 = 0, smo = 0, big = 0;
     int64_t min_key = ordered_bits(INFINITY), max_key = 0;
     // Branch-free, so the compiler vectorises it (exp / expm1 from the vector math library): an
     // excluded token contributes exact zeros (d, m - ref, o - ref replaced by 0 before any use).
@@ -152,13 +147,21 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
       smu2 += x * x;
       sold2 += y * y;
       smo += x * y;
-      abs_j[j] = select(keep, a, -1.0);
+      below += select(keep, a < lo ? 1.0 : 0.0, 0.0);
+      abs_j[j] = select(keep, a >= lo && a <= hi ? a : -1.0, -1.0);
+      big += select(keep, a > kClamp ? 1.0 : 0.0, 0.0);
     }
-    for (int64_t j = 0; j < T; ++j) {  // scalar: the histogram
-      if (abs_j[j] > kClamp) {  // rare: the probability gap of a token with |d| > 20
-        sgap += std::fabs(std::exp(static_cast<double>(o_row[j])) - std::exp(static_cast<double>(m_row[j])));
+    if (big > 0.0) {  // rare: the probability gap of the tokens with |d| > 20, from both exponentials
+      for (int64_t j = 0; j < T; ++j) {
+        const double m = static_cast<double>(m_row[j]), o = static_cast<double>(o_row[j]);
+        if (k_row[j] && std::isfinite(o - m) && std::fabs(o - m) > kClamp) sgap += std::fabs(std::exp(o) - std::exp(m));
       }
-      if (abs_j[j] >= 0.0) hist[hist_key(abs_j[j])] += 1;
+    }
+    for (int64_t j = 0; j < T; ++j) {  // scalar: the band inside [lo, hi]
+      if (abs_j[j] >= 0.0) {
+        if (nb < capacity) band[nb] = abs_j[j];
+        ++nb;  // counted past the capacity too: the caller sees the band did not fit
+      }
     }
     min_d = from_ordered_bits(min_key);
     max_abs = std::max(max_abs, from_ordered_bits(max_key));
@@ -189,38 +192,9 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
     glob[G_SUM_OLD2] += sold2;
     glob[G_SUM_MU_OLD] += smo;
   }
+  glob[G_BELOW] = below;
+  glob[G_BAND] = static_cast<double>(nb);
   glob[G_MAX_ABS] = max_abs;
-}
-
-// Pass 2: the valid |d| whose histogram key lies in [key_lo, key_hi], into band (returns their count).
-template <typename F>
-int64_t pass2(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T, uint32_t key_lo,
-              uint32_t key_hi, double* band, int64_t capacity) {
-  int64_t nb = 0;
-  std::vector<double> abs_row(static_cast<size_t>(std::max<int64_t>(T, 1)));
-  double* abs_j = abs_row.data();
-  for (int64_t i = 0; i < B; ++i) {
-    const F* m_row = mu + i * T;
-    const F* o_row = old + i * T;
-    const uint8_t* k_row = mask + i * T;
-    const uint64_t span = key_hi - key_lo;
-    for (int64_t j = 0; j < T; ++j) {  // vectorised: |d| where valid and in the band, else -1
-      const double d = static_cast<double>(o_row[j]) - static_cast<double>(m_row[j]);
-      const double a = std::fabs(d);
-      // key_lo <= key <= key_hi from sign bits: both offset and span - offset are >= 0 (keys < 2^16)
-      const uint64_t offset = hist_key(a) - static_cast<uint64_t>(key_lo);
-      const uint64_t in_band = 1 - ((offset | (span - offset)) >> 63);
-      const uint64_t keep = 0 - (nonzero(k_row[j]) & finite_bits(d) & in_band);
-      abs_j[j] = select(keep, a, -1.0);
-    }
-    for (int64_t j = 0; j < T; ++j) {
-      if (abs_j[j] >= 0.0) {
-        if (nb < capacity) band[nb] = abs_j[j];
-        ++nb;  // counted past the capacity too: the caller refuses a count that differs from pass 1's
-      }
-    }
-  }
-  return nb;
 }
 
 }  // namespace
@@ -229,64 +203,30 @@ extern "C" {
 
 int aisrl_fused_row_cols() { return kRowCols; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
-int aisrl_fused_hist_size() { return kHistSize; }
 
-// dtype: 4 (float32 mu/old) or 8 (float64). row: [B, kRowCols]; glob: [kGlobCols]; hist: [kHistSize]; zeroed by the caller.
-int aisrl_fused_pass1(int dtype, const void* mu, const void* old, const uint8_t* mask, int64_t B, int64_t T,
-                      double* row, double* glob, uint32_t* hist) {
+// dtype: 4 (float32 mu/old) or 8 (float64). row: [B, kRowCols] and glob: [kGlobCols], zeroed by the
+// caller; band: room for `capacity` values (glob[G_BAND] says how many fell inside [lo, hi]).
+int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* mask, int64_t B, int64_t T,
+                     double lo, double hi, double* row, double* glob, double* band, int64_t capacity) {
   const double log2 = std::log(2.0), log5 = std::log(5.0);
   if (dtype == 4) {
-    pass1(static_cast<const float*>(mu), static_cast<const float*>(old), mask, B, T, log2, log5, row, glob, hist);
+    pass1(static_cast<const float*>(mu), static_cast<const float*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
+          band, capacity);
   } else if (dtype == 8) {
-    pass1(static_cast<const double*>(mu), static_cast<const double*>(old), mask, B, T, log2, log5, row, glob, hist);
+    pass1(static_cast<const double*>(mu), static_cast<const double*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
+          band, capacity);
   } else {
     return -1;
   }
   return 0;
 }
 
-// Order statistics of ranks k1 <= k2 (1-indexed among the n valid |d|): pass 2 collects the
-// band of histogram bins holding them and selects there. out: [value_k1, value_k2].
-int aisrl_fused_pass2(int dtype, const void* mu, const void* old, const uint8_t* mask, int64_t B, int64_t T,
-                      const double* glob, const uint32_t* hist, int64_t k1, int64_t k2, double* out) {
-  const double n = glob[G_N];
-  if (n <= 0) return 0;
-  // the bins of ranks k1 and k2, and how many values lie below the first
-  int64_t below = 0, cum = 0;
-  uint32_t key_lo = 0, key_hi = 0;
-  bool lo_found = false;
-  for (uint32_t key = 0; key < static_cast<uint32_t>(kHistSize); ++key) {
-    const int64_t c = hist[key];
-    if (!lo_found && cum + c >= k1) {
-      key_lo = key;
-      below = cum;
-      lo_found = true;
-    }
-    if (cum + c >= k2) {
-      key_hi = key;
-      break;
-    }
-    cum += c;
-  }
-  int64_t band_size = 0;
-  for (uint32_t key = key_lo; key <= key_hi; ++key) band_size += hist[key];
-  std::vector<double> band(static_cast<size_t>(std::max<int64_t>(band_size, 1)));
-  int64_t nb;
-  if (dtype == 4) {
-    nb = pass2(static_cast<const float*>(mu), static_cast<const float*>(old), mask, B, T, key_lo, key_hi,
-               band.data(), band_size);
-  } else if (dtype == 8) {
-    nb = pass2(static_cast<const double*>(mu), static_cast<const double*>(old), mask, B, T, key_lo, key_hi,
-               band.data(), band_size);
-  } else {
-    return -1;
-  }
-  if (nb != band_size) return -2;
-  const int64_t r1 = k1 - below - 1, r2 = k2 - below - 1;
-  std::nth_element(band.begin(), band.begin() + r1, band.begin() + nb);
+// The values of ranks r1 <= r2 (0-indexed, r2 <= r1 + 1) of band[0:n]: out = [value_r1, value_r2].
+int aisrl_select(double* band, int64_t n, int64_t r1, int64_t r2, double* out) {
+  if (r1 < 0 || r2 < r1 || r2 > r1 + 1 || r2 >= n) return -1;
+  std::nth_element(band, band + r1, band + n);
   out[0] = band[r1];
-  // rank k2 = k1 + 1 (or k1): the smallest value after position r1
-  out[1] = r2 != r1 ? *std::min_element(band.begin() + r1 + 1, band.begin() + nb) : out[0];
+  out[1] = r2 != r1 ? *std::min_element(band + r1 + 1, band + n) : out[0];
   return 0;
 }
 
