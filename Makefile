@@ -39,8 +39,19 @@ report-demo: $(STAMP)
 	$(BIN)/aisrl demo-dump runs/demo/step_000000.npz
 	$(BIN)/aisrl report runs/demo/step_000000.npz --out runs/demo/report
 
-bench: $(STAMP)
+# verl 0.9.1 for the side-by-side only: into its own folder (never a dependency of aisrl), no deps
+# beyond its import chain (the rest, torch/ray/transformers/numpy, is the venv's).
+VERL_BENCH := $(VENV)/verl-bench
+VERL_PKGS := verl==0.9.1 "tensordict>=0.10,<0.11" omegaconf antlr4-python3-runtime==4.9.3 codetiming pyvers orjson cloudpickle
+
+$(VERL_BENCH)/.installed: $(STAMP)
+	@echo "installing verl 0.9.1 for the side-by-side benchmark into $(VERL_BENCH)"
+	@$(BIN)/pip install -q --no-deps --target $(VERL_BENCH) $(VERL_PKGS) $(QUIET)
+	touch $@
+
+bench: $(STAMP) $(VERL_BENCH)/.installed
 	$(BIN)/python benchmarks/bench_correction.py
+	PYTHONPATH=$(VERL_BENCH) $(BIN)/python benchmarks/bench_correction_vs_verl.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
