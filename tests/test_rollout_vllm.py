@@ -39,6 +39,12 @@ PROMPTS = [ArithmeticPrompts(ArithmeticTaskConfig(num_prompts=500), seed=0)[i] f
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
+    # The fused correction pass's library is loaded (and run) in this process before any engine is
+    # built: a library that broke vLLM's engine construction (as numba's llvmlite did) fails here.
+    from system.correction import fused
+
+    if fused.available():
+        fused.fused_sums(np.zeros((2, 3), np.float32), np.full((2, 3), -0.1, np.float32), np.ones((2, 3), bool))
     return build_tiny_model(CFG.model, CFG.data.task, CFG.seed, tmp_path_factory.mktemp("models"))
 
 
