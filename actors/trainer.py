@@ -91,6 +91,7 @@ class Trainer:
         self.model_dir = str(resolve_model_dir(cfg))
         self.step = saved.get("step", 0)
         self.nonfinite_streak = 0  # consecutive steps with a non-finite loss, gradient or log-prob
+        self._queued: SubmittedStep | None = None  # a step submitted behind the running one
         try:
             self._build(saved)
         except BaseException:
@@ -167,7 +168,6 @@ class Trainer:
         self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
         self._idle_mark = 0.0
         self._completed_at = time.perf_counter()
-        self._queued: SubmittedStep | None = None
         record: dict = {}
         try:
             while self._queued is not None or (self.step < self.cfg.max_steps and not self.stop_requested.is_set()):
