@@ -46,6 +46,8 @@ ARMS = {
     "seq-tis": ["correction.method.type=seq-tis"],
     "seq-mis": ["correction.method.type=seq-mis"],
     "seq-mis+ais": ["correction.method.type=seq-mis", "correction.ais.enabled=true"],
+    "seq-mis+ais-per-lag": ["correction.method.type=seq-mis", "correction.ais.enabled=true",
+                            "correction.ais.per_lag=true"],
     "icepop": ["correction.method.type=icepop"],
     "ctpo": ["learner.loss.type=ctpo", "learner.mini_batches=2", "correction.method.type=seq-tis",
              "correction.method.c=5.0"],
