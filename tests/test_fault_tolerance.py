@@ -96,6 +96,18 @@ def wait_for(predicate, timeout_s: float, what: str) -> float:
     return time.monotonic() - start
 
 
+def max_broadcast_receivers(run_dir) -> int:
+    """The most receivers any step's weights were broadcast to, in the records written so far."""
+    path = run_dir / "metrics.jsonl"
+    most = 0
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            most = max(most, json.loads(line).get("weight_sync/broadcast_receivers", 0))
+        except json.JSONDecodeError:  # the line being written right now
+            continue
+    return most
+
+
 def aisrl_scale(run_dir, workers: int) -> None:
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", "scale", str(run_dir), "--workers", str(workers)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -115,6 +127,9 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
     up = wait_for(lambda: len(trainer.pool.ready()) == 2, 180, "a second ready worker")
     step_up = trainer.step
     wait_for(lambda: trainer.step >= step_up + 3, 60, "training to go on with 2 workers")
+    # the generation of both workers forms in the background (rank 0 opens it between steps, each
+    # worker joins between its calls): wait until a step has broadcast to both, however fast steps go
+    wait_for(lambda: max_broadcast_receivers(trainer.run_dir) == 2, 90, "a broadcast to both workers")
     aisrl_scale(trainer.run_dir, 1)
     wait_for(lambda: len(trainer.pool.slots) == 1, 60, "one worker retired")
     step_down = trainer.step
