@@ -251,6 +251,11 @@ class SharedState:
         newer weights, or with nothing left to generate), summed over workers; counted when a worker
         is dispatched again."""
 
+    def wake(self) -> None:
+        """Wake every waiter on the condition (e.g. when a learner step has ended)."""
+        with self.cond:
+            self.cond.notify_all()
+
     def publish(self, version: int, ref: ray.ObjectRef) -> None:
         with self.cond:
             self.published = (version, ref)
@@ -261,8 +266,9 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
                learner_version: int, rollout: RolloutLoop, give_up=None) -> tuple[list[RolloutGroup], float]:
     """Block until B admissible groups are buffered; drop stale ones with a reason. (groups, seconds waited).
 
-    With ``give_up`` (a callable, polled every 5 ms): ``([], seconds)`` as soon as it returns True
-    before the batch is ready (queueing a step ahead stops once the running step has ended)."""
+    With ``give_up`` (a callable, checked whenever the condition is notified, and every 50 ms):
+    ``([], seconds)`` as soon as it returns True before the batch is ready (queueing a step ahead
+    stops once the running step has ended; its end notifies the condition, ``SharedState.wake``)."""
     started = time.perf_counter()
     with state.cond:
         while True:
@@ -277,4 +283,4 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
                 return groups, time.perf_counter() - started
             if give_up is not None and give_up():
                 return [], time.perf_counter() - started
-            state.cond.wait(timeout=1.0 if give_up is None else 0.005)
+            state.cond.wait(timeout=1.0 if give_up is None else 0.05)

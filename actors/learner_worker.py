@@ -5,6 +5,7 @@ A step is one call to every rank (``LearnerGroup.submit``, awaited with ``Pendin
 itself, so the batch's token arrays never travel back through the driver.
 """
 
+import threading
 from dataclasses import replace
 
 import ray
@@ -125,6 +126,18 @@ class PendingStep:
         refs = [outcome for outcome, _ in self.calls]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(ready) == len(refs)
+
+    def on_done(self, callback) -> "threading.Event":
+        """An event set (and ``callback()`` called, from Ray's thread) once rank 0's call has returned:
+        a waiter can sleep on its own condition instead of polling the step."""
+        finished = threading.Event()
+
+        def mark(_future) -> None:
+            finished.set()
+            callback()
+
+        self.calls[0][0].future().add_done_callback(mark)
+        return finished
 
     def result(self) -> StepOutcome:
         """Rank 0's outcome (the one blocking wait of a step), whose ``weights`` is the object-store

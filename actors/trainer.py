@@ -189,7 +189,8 @@ class Trainer:
         current = self._queued or self._submit(self.step)
         self._queued = None
         if self._may_queue_after(current.step):
-            self._queued = self._submit(current.step, give_up=current.pending.done)
+            ended = current.pending.on_done(self.state.wake)  # the wait below sleeps until a batch or this
+            self._queued = self._submit(current.step, give_up=ended.is_set)
         return self._complete(current)
 
     def _may_queue_after(self, step: int) -> bool:
