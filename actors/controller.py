@@ -17,13 +17,14 @@ The driver makes one blocking call per step (``PendingStep.result``); no token a
 through it after the batch is put, and the record reaches the sinks while the next step runs
 (Ray runs one caller's calls to an actor in order, so a later checkpoint sees every record).
 
-Queueing ahead (``async.max_lag >= 1``): while step k runs, the driver polls the buffer; if the
-batch of step k+1 is complete before step k ends, it is put and step k+1 is submitted at once,
-so it waits in the learners' queue and starts the moment step k ends (no driver round trip
-between steps; ``pipeline/queued_ahead`` = 1). The staleness bound is the same (the batch is
-checked against the version step k+1 trains), and no lag-0 sample is lost by it: the weights of
-version k+1 exist only once step k ends. Not across a checkpoint (the learners must be idle at the
-saved version), the last step, or a stop request.
+Queueing ahead (``async.queue_ahead``, with ``async.max_lag >= 1``; off by default): while step k
+runs, the driver waits on the buffer; if the batch of step k+1 is complete before step k ends, it
+is put and step k+1 is submitted at once, so it waits in the learners' queue and starts the moment
+step k ends (no driver round trip between steps; ``pipeline/queued_ahead`` = 1). The staleness
+bound is the same (the batch is checked against the version step k+1 trains), but batches are
+taken as soon as they are admissible, so they hold fewer lag-0 samples than when the driver takes
+them after step k (then the worker often has time to sample with version k+1). Not across a
+checkpoint (the learners must be idle at the saved version), the last step, or a stop request.
 
 Admission (``async.max_lag``): a generate call is sent to a worker holding version ``v`` only
 if the step that will consume its groups, ``k = steps_started + (buffered + in flight) // B``,

@@ -194,12 +194,12 @@ class Trainer:
         return self._complete(current)
 
     def _may_queue_after(self, step: int) -> bool:
-        """A next step may wait in the learners' queue behind ``step`` unless the run ends or
-        checkpoints after ``step`` (the learners must then be idle at that version), or the pipeline
-        is synchronous (its batch needs the weights ``step`` produces)."""
+        """With ``async.queue_ahead``, a next step may wait in the learners' queue behind ``step`` unless
+        the run ends or checkpoints after ``step`` (the learners must then be idle at that version), or
+        the pipeline is synchronous (its batch needs the weights ``step`` produces)."""
         ckpt = self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0
-        return (self.cfg.async_.max_lag > 0 and step < self.cfg.max_steps and not ckpt
-                and not self.stop_requested.is_set())
+        return (self.cfg.async_.queue_ahead and self.cfg.async_.max_lag > 0 and step < self.cfg.max_steps
+                and not ckpt and not self.stop_requested.is_set())
 
     def _submit(self, version: int, give_up=None) -> "SubmittedStep | None":
         """Take the batch trained at ``version``, put it, start the step on every rank (not awaited).

@@ -333,7 +333,7 @@ def test_dry_run_prints_one_json_object_with_config_and_placement():
     assert set(doc) == {"config", "placement"}
     want = resolve_config([], ["correction.method.type=icepop", "learner.num_ranks=4"])
     assert RunConfig.model_validate(doc["config"]) == want
-    assert doc["config"]["async"] == {"max_lag": 1}  # users' spelling
+    assert doc["config"]["async"] == {"max_lag": 1, "queue_ahead": False}  # users' spelling
     roles = {r["role"]: r["count"] for r in doc["placement"]}
     assert roles == {"rollout_worker": 1, "learner_rank": 4, "correction_service": 1}
 

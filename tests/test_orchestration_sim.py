@@ -71,6 +71,11 @@ def test_no_trained_sample_exceeds_max_lag(runs):
     assert max(async_lags) == 1  # never above the bound, and the pipeline did run one version ahead
 
 
+def test_no_step_is_queued_ahead_by_default(runs):
+    """``async.queue_ahead`` is off unless asked for: every step is submitted after the previous one ended."""
+    assert all(r["pipeline/queued_ahead"] == 0 for lag in runs for r in runs[lag][0])
+
+
 def test_async_is_faster_per_step_than_sync(runs):
     """Steady state per step (after the warm-up steps), from ``time/step`` in metrics.jsonl.
 
@@ -135,7 +140,7 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
     cfg = resolve_config(overrides=[
         f"output_dir={tmp_path / 'run'}", "max_steps=4", f"prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
         f"rollout.prompts_per_call={PROMPTS}", "model.warm_start_steps=0", "report.wandb.mode=disabled",
-        "report.console=false", "report.dump_every=0", "checkpoint_every=0"])
+        "report.console=false", "report.dump_every=0", "checkpoint_every=0", "async.queue_ahead=true"])
     trainer = CountingTrainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
                               learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
     try:
@@ -167,7 +172,7 @@ def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path)
     step 4 is submitted only after step 3's checkpoint). The checkpoint holds version 3."""
     run_dir = tmp_path / "run"
     cfg = resolve_config(overrides=[
-        f"output_dir={run_dir}", "max_steps=6", "async.max_lag=1", f"prompts_per_step={PROMPTS}",
+        f"output_dir={run_dir}", "max_steps=6", "async.max_lag=1", "async.queue_ahead=true", f"prompts_per_step={PROMPTS}",
         f"rollout.group_size={GROUP}", f"rollout.prompts_per_call={PROMPTS}", "model.warm_start_steps=0",
         "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=3"])
     trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),

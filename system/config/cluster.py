@@ -8,6 +8,12 @@ from system.config.base import StrictModel
 class AsyncConfig(StrictModel):
     max_lag: int = Field(default=1, ge=0)
     """A sample may be generated with weights at most this many policy versions behind the learner; 0 = synchronous on-policy."""
+    queue_ahead: bool = False
+    """With ``max_lag >= 1``: submit the next step as soon as its batch is complete, while the running step
+    trains, so the learner goes on without a driver round trip (5-15 ms less per step with simulated
+    engines). The trade: batches are taken as soon as they are admissible, so they hold fewer lag-0
+    samples (the ablation's drift regime, max_lag 1: 33 % of trained samples at lag 0 without it,
+    about 2 % with it). Off by default, so runs keep the freshness the measured results had."""
 
 
 class RayConfig(StrictModel):
