@@ -121,12 +121,6 @@ class PendingStep:
     def __init__(self, calls: list[tuple[ray.ObjectRef, ray.ObjectRef]]) -> None:
         self.calls = calls
 
-    def done(self) -> bool:
-        """Whether every rank has finished the step (never blocks, fetches nothing)."""
-        refs = [outcome for outcome, _ in self.calls]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        return len(ready) == len(refs)
-
     def on_done(self, callback) -> "threading.Event":
         """An event set (and ``callback()`` called, from Ray's thread) once rank 0's call has returned:
         a waiter can sleep on its own condition instead of polling the step."""

@@ -28,21 +28,30 @@ STEPS, WARMUP = 5, 2
 PROMPTS, GROUP = 8, 4
 
 
-def run_simulated(run_dir: Path, max_lag: int) -> tuple[list[dict], dict]:
-    cfg = resolve_config(overrides=[
-        f"output_dir={run_dir}", f"max_steps={STEPS}", f"async.max_lag={max_lag}",
-        f"prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}", f"rollout.prompts_per_call={PROMPTS}",
-        "model.warm_start_steps=0", "report.wandb.mode=disabled", "report.console=false",
-        "report.dump_every=0", "checkpoint_every=0",
-    ])
-    trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=R, weight_load="copy"),
-                      learner_cls=SimulatedLearnerRank.actor_class(train_seconds=L, payload_params=100_000))
+def sim_config(run_dir: Path, *overrides: str):
+    """The simulated runs' config: B = 8 prompts x 4 samples in one call, no warm start, no sinks
+    beyond metrics.jsonl, no checkpoint; ``overrides`` on top."""
+    return resolve_config(overrides=[
+        f"output_dir={run_dir}", f"prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
+        f"rollout.prompts_per_call={PROMPTS}", "model.warm_start_steps=0", "report.wandb.mode=disabled",
+        "report.console=false", "report.dump_every=0", "checkpoint_every=0", *overrides])
+
+
+def run_to_end(trainer: Trainer) -> list[dict]:
+    """Run ``trainer``, stop what it started, return its metrics.jsonl records."""
     try:
         trainer.run()
     finally:
         trainer.shutdown()
         ray.kill(trainer.service, no_restart=True)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_simulated(run_dir: Path, max_lag: int) -> tuple[list[dict], dict]:
+    cfg = sim_config(run_dir, f"max_steps={STEPS}", f"async.max_lag={max_lag}")
+    records = run_to_end(Trainer(
+        cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=R, weight_load="copy"),
+        learner_cls=SimulatedLearnerRank.actor_class(train_seconds=L, payload_params=100_000)))
     return records, json.loads((run_dir / "ledger.json").read_text())
 
 
@@ -137,17 +146,9 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
     monkeypatch.setattr(ray.actor.ActorMethod, "remote", counting_remote)
     monkeypatch.setattr(ray, "get", counting_get)
     monkeypatch.setattr(ray, "wait", counting_wait)
-    cfg = resolve_config(overrides=[
-        f"output_dir={tmp_path / 'run'}", "max_steps=4", f"prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
-        f"rollout.prompts_per_call={PROMPTS}", "model.warm_start_steps=0", "report.wandb.mode=disabled",
-        "report.console=false", "report.dump_every=0", "checkpoint_every=0", "async.queue_ahead=true"])
-    trainer = CountingTrainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
-                              learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
-    try:
-        trainer.run()
-    finally:
-        trainer.shutdown()
-        ray.kill(trainer.service, no_restart=True)
+    cfg = sim_config(tmp_path / "run", "max_steps=4", "async.queue_ahead=true")
+    run_to_end(CountingTrainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
+                               learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000)))
     ranks = cfg.learner.num_ranks
     assert all(m != "process" for _, m, _ in calls)
     for step in range(1, 5):
@@ -171,18 +172,10 @@ def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path)
     checkpoint (``checkpoint_every=3``: the learners must be idle at version 3 when it is saved, so
     step 4 is submitted only after step 3's checkpoint). The checkpoint holds version 3."""
     run_dir = tmp_path / "run"
-    cfg = resolve_config(overrides=[
-        f"output_dir={run_dir}", "max_steps=6", "async.max_lag=1", "async.queue_ahead=true", f"prompts_per_step={PROMPTS}",
-        f"rollout.group_size={GROUP}", f"rollout.prompts_per_call={PROMPTS}", "model.warm_start_steps=0",
-        "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=3"])
-    trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
-                      learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.3, payload_params=10_000))
-    try:
-        trainer.run()
-    finally:
-        trainer.shutdown()
-        ray.kill(trainer.service, no_restart=True)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    cfg = sim_config(run_dir, "max_steps=6", "async.max_lag=1", "async.queue_ahead=true", "checkpoint_every=3")
+    records = run_to_end(Trainer(
+        cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
+        learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.3, payload_params=10_000)))
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [r["pipeline/queued_ahead"] for r in records] == [0, 1, 1, 0, 1, 1]
     assert all(r["time/wait_rollout"] == 0.0 for r in records if r["pipeline/queued_ahead"])

@@ -34,7 +34,7 @@ import torch
 from system.correction.diagnostics import DIAGNOSTIC_KEYS
 from system.correction.fused_build import LIBRARY, build
 from system.correction.methods import sequence_weights_B
-from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios
+from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios, check_inputs
 from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_by_bucket
 
 _BAND_MIN_TOKENS = 1 << 16
@@ -118,15 +118,7 @@ def _as_inputs(behaviour_BT, proximal_BT, mask_BT) -> tuple[np.ndarray, np.ndarr
     mu = torch.as_tensor(behaviour_BT).detach().cpu()
     old = torch.as_tensor(proximal_BT).detach().cpu()
     mask = torch.as_tensor(mask_BT).detach().cpu()
-    if mu.dim() != 2:
-        raise ValueError(f"behaviour_logp must be [B, T], got shape {tuple(mu.shape)}")
-    for name, t in (("proximal_logp", old), ("mask", mask)):
-        if t.shape != mu.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but behaviour_logp has {tuple(mu.shape)}")
-    for name, t in (("behaviour_logp", mu), ("proximal_logp", old)):
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
-    weight_dtype = torch.promote_types(torch.promote_types(mu.dtype, old.dtype), torch.float32)
+    weight_dtype = check_inputs(mu, old, mask)  # the torch path's checks and weight dtype
     dtype = torch.float32 if weight_dtype == torch.float32 else torch.float64
     mu_np = np.ascontiguousarray(mu.to(dtype).numpy())
     old_np = np.ascontiguousarray(old.to(dtype).numpy())

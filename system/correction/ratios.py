@@ -63,7 +63,9 @@ class LogRatios:
         return int(self.seq_valid_B.sum().item())
 
 
-def _check_inputs(behaviour_BT, proximal_BT, mask_BT) -> None:
+def check_inputs(behaviour_BT, proximal_BT, mask_BT) -> torch.dtype:
+    """Refuse shape or dtype mismatches (naming the input); the weight dtype: the log-probs' floating
+    dtype promoted to at least float32."""
     if behaviour_BT.dim() != 2:
         raise ValueError(f"behaviour_logp must be [B, T], got shape {tuple(behaviour_BT.shape)}")
     for name, t in (("proximal_logp", proximal_BT), ("mask", mask_BT)):
@@ -74,6 +76,7 @@ def _check_inputs(behaviour_BT, proximal_BT, mask_BT) -> None:
     for name, t in (("behaviour_logp", behaviour_BT), ("proximal_logp", proximal_BT)):
         if not t.is_floating_point():
             raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
+    return torch.promote_types(torch.promote_types(behaviour_BT.dtype, proximal_BT.dtype), torch.float32)
 
 
 def valid_tokens(mask_BT, *logps_BT):
@@ -100,10 +103,7 @@ def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatio
     behaviour_BT = torch.as_tensor(behaviour_logp_BT).detach()
     proximal_BT = torch.as_tensor(proximal_logp_BT).detach()
     mask_BT = torch.as_tensor(mask_BT, device=behaviour_BT.device).detach()
-    _check_inputs(behaviour_BT, proximal_BT, mask_BT)
-    weight_dtype = torch.promote_types(
-        torch.promote_types(behaviour_BT.dtype, proximal_BT.dtype), torch.float32
-    )
+    weight_dtype = check_inputs(behaviour_BT, proximal_BT, mask_BT)
     # Fresh float64 copies, zeroed in place where not valid: non-finite values are replaced
     # first, so none survives the product with the mask.
     mu_BT = behaviour_BT.to(torch.float64, copy=True)
