@@ -30,6 +30,7 @@ import re
 import shutil
 from pathlib import Path
 
+from system.data.sampler import check_cursor
 from system.learner.checkpoint import checkpoint_problems, is_complete
 
 _STEP = re.compile(r"^step_(\d+)$")
@@ -82,7 +83,7 @@ def check_controller_state(state: dict, where: str | Path) -> None:
     """Raise ``ValueError`` naming ``where`` and the part when a part is missing or the parts disagree.
 
     Checked: every key of ``CONTROLLER_KEYS``; the RNG states of python, numpy and torch; the
-    AIS state of the correction service; and that the buffered groups are exactly the
+    AIS state of the correction service; that the sampler's cursor agrees with its ledger; and that the buffered groups are exactly the
     prompts the sampler's ledger marks generated (a lost buffer would otherwise leave them
     neither trained nor re-issued).
     """
@@ -93,6 +94,11 @@ def check_controller_state(state: dict, where: str | Path) -> None:
     missing += [] if "ais" in state["correction"] else ["correction.ais"]
     if missing:
         raise ValueError(f"{where}: checkpoint lacks {', '.join(missing)}; it cannot resume this run exactly")
+    if "num_prompts" in state["sampler"]:  # (the sampler knows the source's length on load otherwise)
+        try:
+            check_cursor(state["sampler"])
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     generated = {pid for pid, s in state["sampler"]["state"].items() if s == "generated"}
     buffered = {g.prompt.prompt_id for g in state["buffer"]}
     if generated != buffered:

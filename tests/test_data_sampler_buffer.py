@@ -103,6 +103,17 @@ def test_a_cursor_behind_its_ledger_refuses_to_issue_an_id_twice():
     for p in trained:
         s.mark_generated(p.prompt_id)
     s.mark_trained([p.prompt_id for p in trained])
-    s.load_state_dict({**old, "state": s.state_dict()["state"]})
+    stale = {**old, "state": s.state_dict()["state"]}
+    # refused when read: the three trained ids lie at or past cursor 0 (first: the first one drawn)
+    with pytest.raises(ValueError, match=f"3 ids at or past it already issued \\(first {trained[0].prompt_id};"):
+        s.load_state_dict(stale)
+    # the other way: a cursor ahead of its ledger (the ledger lost the ids it issued)
+    s2 = PromptSampler(ListSource(10), seed=0)
+    s2.next_prompts(2)
+    with pytest.raises(ValueError, match="2 ids before it not in the ledger"):
+        s2.load_state_dict({**s2.state_dict(), "state": {}})
+    # and should a state slip past the check, drawing still refuses to issue an id twice
+    s3 = PromptSampler(ListSource(10), seed=0)
+    s3.state = dict(stale["state"])
     with pytest.raises(RuntimeError, match=f"prompt {trained[0].prompt_id} would be issued a second time"):
-        s.next_prompts(1)
+        s3.next_prompts(1)

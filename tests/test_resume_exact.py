@@ -120,15 +120,19 @@ def resume_copy(source: Path, dest: Path, keep_step: int, donor_step: int = 2) -
 
 
 VARIANTS = {
-    "model": lambda ck, donor, scratch: swap_learner_part(ck, donor, "model", scratch),
     "optimizer": lambda ck, donor, scratch: swap_learner_part(ck, donor, "optim", scratch),
-    "schedule": lambda ck, donor, scratch: swap_trainer_json(ck, donor, "scheduler"),
     "sampler": lambda ck, donor, scratch: edit_controller(
         ck, lambda s: s.update(sampler={**run_state.load_controller_state(donor)["sampler"],
                                         "state": s["sampler"]["state"]})),
     "ais": lambda ck, donor, scratch: edit_controller(
         ck, lambda s: s.update(correction=run_state.load_controller_state(donor)["correction"])),
 }
+"""One part of each kind, each through the whole stack: the learner's DCP half (the optimiser: the
+part whose staleness shows latest), the correction service's state, the controller's sampler. The
+model weights and the LR schedule go through the same DCP save / load as the optimiser; that a
+resumed learner takes the identical next step (model, optimiser, LR) is ``test_learner_fsdp``'s
+checkpoint round trip, and that they matter at all is the first test here (a resume that ignored
+them would not reproduce the uninterrupted run)."""
 
 
 @pytest.mark.parametrize("part", sorted(VARIANTS))
@@ -137,8 +141,8 @@ def test_a_stale_part_changes_the_resumed_run(part, uninterrupted, tmp_path):
 
     (Two steps: a step's metrics are measured before its update, so a stale optimiser state
     shows in the step after. ``sampler``: the cursor from step 2 with step 4's ledger would
-    re-serve prompts already trained; the sampler refuses to issue an id twice, which fails
-    the run with that message.)
+    re-serve prompts already trained: the checkpoint is refused when read, before any actor
+    starts, naming the disagreement.)
     """
     source, full = uninterrupted
     if part == "ais":  # the AIS state (the alpha EMA) after step 2 must differ from the one after step 4
@@ -148,8 +152,10 @@ def test_a_stale_part_changes_the_resumed_run(part, uninterrupted, tmp_path):
     VARIANTS[part](ckpt, donor, tmp_path)
     shutil.rmtree(donor)
     if part == "sampler":  # the cursor is behind the ledger: refused before a prompt is trained twice
-        with pytest.raises(RuntimeError, match="would be issued a second time"):
-            train(run, 6, resume=True)
+        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        with pytest.raises(run_state.CheckpointError, match="no usable checkpoint.*would be issued a second time"):
+            Trainer(resolve_config(overrides=[f"output_dir={run}", "max_steps=6", *RESUME]), resume=True)
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing touched
         return
     resumed = train(run, 6, resume=True)
     assert [compared(r) for r in resumed[4:]] != [compared(r) for r in full[4:]]

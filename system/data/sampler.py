@@ -17,6 +17,30 @@ from system.types import Prompt
 ISSUED, GENERATED, TRAINED, DROPPED = "issued", "generated", "trained", "dropped"
 
 
+def epoch_order(seed: int, epoch: int, num_prompts: int) -> np.ndarray:
+    """The order in which epoch ``epoch`` serves the source's indices (a seeded permutation)."""
+    return np.random.default_rng([seed, epoch]).permutation(num_prompts)
+
+
+def check_cursor(sd: dict) -> None:
+    """Raise ``ValueError`` when a sampler state's cursor disagrees with its ledger.
+
+    The cursor's epoch has issued exactly the ids at positions ``[0, cursor)`` of its order: an
+    id at or past the cursor already in the ledger would be issued a second time (a cursor older
+    than the ledger), an id before it missing from the ledger was lost (a ledger older than the
+    cursor). Checked when a checkpoint is read, before anything of a resumed run starts.
+    """
+    order = epoch_order(sd["seed"], sd["epoch"], sd["num_prompts"])
+    ids = [f"e{sd['epoch']}-{int(i)}" for i in order]
+    ahead = [pid for pid in ids[sd["cursor"]:] if pid in sd["state"]]
+    lost = [pid for pid in ids[:sd["cursor"]] if pid not in sd["state"]]
+    if ahead or lost:
+        raise ValueError(
+            f"sampler: the cursor (epoch {sd['epoch']}, {sd['cursor']}) disagrees with its ledger: "
+            + (f"{len(ahead)} ids at or past it already issued (first {ahead[0]}; they would be issued a "
+               "second time)" if ahead else f"{len(lost)} ids before it not in the ledger (first {lost[0]})"))
+
+
 class PromptSampler:
     def __init__(self, source: PromptSource, seed: int) -> None:
         if len(source) == 0:
@@ -32,7 +56,7 @@ class PromptSampler:
         self.duplicates = 0
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
+        return epoch_order(self.seed, epoch, len(self.source))
 
     def _prompt(self, prompt_id: str) -> Prompt:
         index = int(prompt_id.split("-", 1)[1])
@@ -105,6 +129,7 @@ class PromptSampler:
         if sd.get("num_prompts", len(self.source)) != len(self.source):
             raise ValueError(f"sampler checkpoint was taken over {sd['num_prompts']} prompts, the configured task has "
                              f"{len(self.source)}: resume with the run's data.* settings")
+        check_cursor({**sd, "num_prompts": len(self.source)})
         self.epoch, self.cursor = sd["epoch"], sd["cursor"]
         self._order = self._permutation(self.epoch)
         self.requeued = deque(sd["requeued"])
