@@ -181,7 +181,10 @@ def test_submit_runs_the_validated_config_to_success(head, tmp_path):
                 token=head.token, home=tmp_path, timeout=180)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "done: 2 steps" in out.stdout + out.stderr
-    assert [json.loads(r)["step"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    resumed = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [1, 2] and resumed[1]["policy_version"] == 2
+    ledger = json.loads((run / "ledger.json").read_text())
+    assert ledger["trained"] == 2 * 4 and ledger["duplicates"] == 0  # prompts_per_step 4, none twice
     assert json.loads((run / "config.json").read_text())["max_steps"] == 2
 
 

@@ -166,7 +166,7 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
 
 
 def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path):
-    """Rollouts 6x faster than the learner (R = 0.05 s, L = 0.3 s), max_lag 1: every step's batch is
+    """Rollouts 12x faster than the learner (R = 0.05 s, L = 0.6 s), max_lag 1: every step's batch is
     ready while the previous step trains, so it is submitted then (``pipeline/queued_ahead`` 1) and
     the learner never waits; except the first step (nothing runs before it) and the step after a
     checkpoint (``checkpoint_every=3``: the learners must be idle at version 3 when it is saved, so
@@ -175,7 +175,9 @@ def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path)
     cfg = sim_config(run_dir, "max_steps=6", "async.max_lag=1", "async.queue_ahead=true", "checkpoint_every=3")
     records = run_to_end(Trainer(
         cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
-        learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.3, payload_params=10_000)))
+        # (L = 0.6 s, not less: a batch of the version published at a step's start must be generated
+        # within the step, and the full suite's background load once stretched that past 0.3 s)
+        learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.6, payload_params=10_000)))
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [r["pipeline/queued_ahead"] for r in records] == [0, 1, 1, 0, 1, 1]
     assert all(r["time/wait_rollout"] == 0.0 for r in records if r["pipeline/queued_ahead"])

@@ -60,6 +60,9 @@ def uninterrupted(loopback_ray, tmp_path_factory) -> tuple[Path, list[dict]]:
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(uninterrupted, tmp_path):
     _, full = uninterrupted
     assert all(k in full[0] for k in COMPARED), [k for k in COMPARED if k not in full[0]]
+    # synchronous mode (async.max_lag 0): every step trains only samples of its own version
+    assert [r["staleness/lag_max"] for r in full] == [0] * 6
+    assert all(r["staleness/sequences_lag_0"] == r["learner/num_sequences"] for r in full)
     # AIS v2: alpha_0 = 0 and beta = 0.5, so the first alpha is half the first alpha_raw
     assert full[0]["ais/alpha"] == 0.5 * full[0]["ais/alpha_raw"]
     run = tmp_path / "stopped"
