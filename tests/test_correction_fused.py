@@ -73,10 +73,13 @@ def cases():
     yield "odd", mu, old, mask
 
 
+@pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "3-threads"])
 @pytest.mark.parametrize("name, mu, old, mask", list(cases()), ids=[c[0] for c in cases()])
-def test_diagnostics_and_lags_match_the_torch_path(name, mu, old, mask):
+def test_diagnostics_and_lags_match_the_torch_path(name, mu, old, mask, threads):
+    """(3 threads: the rows in three ranges whose sums, band and maximum are combined; "empty" has
+    3 rows, one each, "odd" one valid row, in the first range.)"""
     ratios = compute_log_ratios(mu, old, mask)
-    sums = fused.fused_sums(mu, old, mask)
+    sums = fused.fused_sums(mu, old, mask, threads=threads)
     assert_dicts_close(sums.diagnostics, compute_diagnostics(ratios))
     lag_B = torch.arange(mu.shape[0]) % 3
     reference = diagnostics_by_lag_of(ratios, lag_B)
@@ -103,23 +106,37 @@ def test_sequence_weights_and_statistics_match_the_torch_path(method, dtype):
     assert 0 < stats["keep_seq_frac"] <= 1  # the batch exercises the method
 
 
-def test_the_median_is_exact_when_the_sampled_bracket_misses():
+@pytest.mark.parametrize("rows, threads", [(1, 1), (2, 2)])
+def test_the_median_is_exact_when_the_sampled_bracket_misses(rows, threads):
     """An adversarial batch: |d| = 0 at exactly the positions the bracket's sample reads and 1 + i 1e-12
     elsewhere, so the sample brackets [0, 0] and misses the median; the pass is repeated with every
-    value in the band and the median is still exact (and equal to the torch path's)."""
-    n = 70_001
-    mu = torch.zeros(1, n, dtype=torch.float64)
-    old = (1.0 + torch.arange(n, dtype=torch.float64) * 1e-12)[None, :]
+    value in the band and the median is still exact (and equal to the torch path's). Also as two
+    rows on two threads: the band is the two ranges' bands joined."""
+    n = 70_002
+    flat = (1.0 + torch.arange(n, dtype=torch.float64) * 1e-12)
     sampled = np.unique(np.random.default_rng(fused._SEED).integers(n, size=fused._SAMPLE))
-    old[0, sampled] = 0.0
-    lo, hi, _ = fused._bracket(mu.numpy(), old.numpy(), np.ones((1, n), dtype=np.uint8))
+    flat[sampled] = 0.0
+    mu, old, mask = torch.zeros(rows, n // rows, dtype=torch.float64), flat.reshape(rows, -1), torch.ones(
+        rows, n // rows, dtype=torch.bool)
+    lo, hi, _ = fused._bracket(mu.numpy(), old.numpy(), mask.numpy().view(np.uint8))
     assert lo == hi == 0.0  # the sample saw only zeros
-    sums = fused.fused_sums(mu, old, torch.ones(1, n, dtype=torch.bool))
+    sums = fused.fused_sums(mu, old, mask, threads=threads)
     rest = np.sort(np.setdiff1d(np.arange(n), sampled))
-    k = n // 2 - len(sampled)  # 0-indexed rank of the median among the values 1 + i 1e-12
-    assert sums.diagnostics["abs_diff_median"] == 1.0 + rest[k] * 1e-12
-    reference = compute_diagnostics(compute_log_ratios(mu, old, torch.ones(1, n, dtype=torch.bool)))
+    # n even: the mean of the values of 0-indexed ranks n/2 - 1 and n/2 overall, i.e. ranks k, k + 1
+    # among the values 1 + i 1e-12 (the zeros come first)
+    k = n // 2 - 1 - len(sampled)
+    assert sums.diagnostics["abs_diff_median"] == ((1.0 + rest[k] * 1e-12) + (1.0 + rest[k + 1] * 1e-12)) / 2
+    reference = compute_diagnostics(compute_log_ratios(mu, old, mask))
     assert sums.diagnostics["abs_diff_median"] == reference["abs_diff_median"]
+
+
+def test_thread_count_follows_torch_and_the_batch_size(monkeypatch):
+    per = fused._POSITIONS_PER_THREAD
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert [fused.pass_threads(n) for n in (10, per - 1, per, 3 * per, 100 * per)] == [1, 1, 1, 3, 4]
+    assert fused.pass_threads(10, threads=3) == 3  # asked for: used (the pass caps it at B rows)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        fused.pass_threads(10, threads=0)
 
 
 def test_bad_shapes_and_dtypes_are_refused():

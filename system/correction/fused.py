@@ -1,7 +1,8 @@
 """The fused correction pass: spec section 1 diagnostics, per-response sums and sequence-level
 method weights and statistics from two reads of (mu, old, mask), without [B, T] temporaries.
 
-``fused_pass.cpp`` (built by ``fused_build``, loaded with ``ctypes``) reads the batch once:
+``fused_pass.cpp`` (built by ``fused_build``, loaded with ``ctypes``) reads the batch once (its
+rows split among :func:`pass_threads` threads, each range's sums added in range order):
 
     per valid token (mask != 0 and d = old - mu finite; dc = clamp(d, -20, 20),
     e = expm1(dc), rho = exp(dc)), summed per response i:
@@ -39,6 +40,7 @@ from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
+_POSITIONS_PER_THREAD = 1 << 17
 _SAMPLE = 16384
 _SEED = 0x5EED
 _ROW = ("num_valid", "nonfinite", "seq_logratio", "sum_d", "sum_k3", "sum_abs", "out5", "min_d")
@@ -68,7 +70,8 @@ def _library() -> ctypes.CDLL | None:
             return None
         ptr = ctypes.c_void_p
         lib.aisrl_fused_pass.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64,
-                                         ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64]
+                                         ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64,
+                                         ctypes.c_int]
         lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
         _lib = lib
     return _lib
@@ -157,9 +160,23 @@ def _bracket(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, 
     return lo, hi, min(num, int(2 * expected) + 4096)
 
 
-def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> FusedSums:
+def pass_threads(num_positions: int, threads: int | None = None) -> int:
+    """Threads for a pass over ``num_positions`` [B, T] positions: ``threads`` when given, else
+    torch's intra-op thread count (what the process was given: a Ray actor's ``num_cpus``,
+    ``--threads`` in the benchmarks) but at most one per ``_POSITIONS_PER_THREAD`` positions (a
+    thread's start, ~50 us, is then a few per cent of its share). The pass uses at most B."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        return threads
+    return max(1, min(torch.get_num_threads(), num_positions // _POSITIONS_PER_THREAD))
+
+
+def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads: int | None = None) -> FusedSums:
     """The fused pass over one batch (torch tensors or numpy arrays, any float dtype; mask bool,
-    integer or float). Raises ``RuntimeError`` when the library is not available."""
+    integer or float), on :func:`pass_threads` threads (the rows split among them; the result
+    depends on the count only through summation order). Raises ``RuntimeError`` when the
+    library is not available."""
     lib = _library()
     if lib is None:
         raise RuntimeError(f"the fused correction pass is not built ({_load_error}); "
@@ -168,12 +185,13 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> FusedSums:
     B, T = mu.shape
     width = 4 if mu.dtype == np.float32 else 8
     lo, hi, capacity = _bracket(mu, old, mask)
+    num_threads = pass_threads(B * T, threads)
     while True:
         row = np.zeros((B, len(_ROW)), dtype=np.float64)
         glob = np.zeros(len(_GLOB), dtype=np.float64)
         band = np.empty(max(capacity, 1), dtype=np.float64)
         if lib.aisrl_fused_pass(width, mu.ctypes.data, old.ctypes.data, mask.ctypes.data, B, T, lo, hi,
-                                row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity) != 0:
+                                row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity, num_threads) != 0:
             raise RuntimeError("the fused correction pass failed")
         g = dict(zip(_GLOB, glob.tolist(), strict=True))
         n, below, num_band = int(g["n"]), int(g["below"]), int(g["band"])
@@ -268,10 +286,11 @@ def sequence_method_statistics(sums: FusedSums, w_B: torch.Tensor) -> dict:
     }
 
 
-def full_path(behaviour_logp_BT, proximal_logp_BT, mask_BT, method) -> tuple[dict, torch.Tensor, dict]:
+def full_path(behaviour_logp_BT, proximal_logp_BT, mask_BT, method,
+              threads: int | None = None) -> tuple[dict, torch.Tensor, dict]:
     """Diagnostics, the sequence-level method's weight of each response (in the inputs' weight
     dtype, as ``compute_weights``), and their statistics: the torch path's ``compute_diagnostics``,
     ``compute_weights`` and ``method_statistics`` for a sequence-level ``method``."""
-    sums = fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT)
+    sums = fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads)
     w_B = sequence_weights_B(sums.row_ratios(), method).to(sums.weight_dtype)  # as compute_weights returns them
     return sums.diagnostics, w_B, sequence_method_statistics(sums, w_B)

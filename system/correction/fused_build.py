@@ -16,7 +16,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("fused_pass.cpp")
 LIBRARY = Path(__file__).with_name("_fused_pass.so")
-FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread",
          # vectorised sums and libm calls, keeping NaN / inf semantics (no -ffast-math)
          "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
 LIBS = ["-lmvec", "-lm"]

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 // glibc's vector math library (libmvec) has SIMD exp and expm1; declaring them lets GCC call
@@ -83,20 +84,19 @@ bool first_valid(const F* mu, const F* old, const uint8_t* mask, int64_t n, doub
   return false;
 }
 
+// Rows [i0, i1) of the batch: their row outputs, and this range's batch sums into `glob` (zeroed
+// by the caller) and its |d| inside [lo, hi] into `band` (at most `capacity` stored, all counted).
 template <typename F>
-void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T, double log2, double log5,
-           double lo, double hi, double* row, double* glob, double* band, int64_t capacity) {
-  double ref_mu = 0.0, ref_old = 0.0;
-  first_valid(mu, old, mask, B * T, &ref_mu, &ref_old);
-  glob[G_REF_MU] = ref_mu;
-  glob[G_REF_OLD] = ref_old;
+void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64_t i1, int64_t T, double log2,
+               double log5, double lo, double hi, double ref_mu, double ref_old, double* row, double* glob,
+               std::vector<double>& band, int64_t capacity) {
   double max_abs = 0.0;
   std::vector<double> abs_row(static_cast<size_t>(std::max<int64_t>(T, 1)));
   double* abs_j = abs_row.data();  // per row: |d| of each token inside [lo, hi] (-1 elsewhere)
   double below = 0.0;
   int64_t nb = 0;
 
-  for (int64_t i = 0; i < B; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     const F* m_row = mu + i * T;
     const F* o_row = old + i * T;
     const uint8_t* k_row = mask + i * T;
@@ -159,7 +159,7 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
     }
     for (int64_t j = 0; j < T; ++j) {  // scalar: the band inside [lo, hi]
       if (abs_j[j] >= 0.0) {
-        if (nb < capacity) band[nb] = abs_j[j];
+        if (nb < capacity) band.push_back(abs_j[j]);
         ++nb;  // counted past the capacity too: the caller sees the band did not fit
       }
     }
@@ -197,6 +197,42 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
   glob[G_MAX_ABS] = max_abs;
 }
 
+// The whole batch on `threads` threads, each a contiguous range of rows; the ranges' sums are
+// added in range order (so a result depends on the thread count only through summation order).
+template <typename F>
+void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T, double log2, double log5,
+           double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads) {
+  double ref_mu = 0.0, ref_old = 0.0;
+  first_valid(mu, old, mask, B * T, &ref_mu, &ref_old);
+  const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, B)));
+  std::vector<std::vector<double>> globs(n, std::vector<double>(kGlobCols, 0.0));
+  std::vector<std::vector<double>> bands(n);
+  auto run = [&](int k) {
+    pass_rows(mu, old, mask, B * k / n, B * (k + 1) / n, T, log2, log5, lo, hi, ref_mu, ref_old, row,
+              globs[k].data(), bands[k], capacity);
+  };
+  std::vector<std::thread> workers;
+  for (int k = 1; k < n; ++k) workers.emplace_back(run, k);
+  run(0);
+  for (auto& w : workers) w.join();
+  int64_t stored = 0;
+  for (int k = 0; k < n; ++k) {
+    const double* g = globs[k].data();
+    for (int c = 0; c < kGlobCols; ++c) {
+      if (c == G_MAX_ABS) {
+        glob[c] = std::max(glob[c], g[c]);
+      } else if (c != G_REF_MU && c != G_REF_OLD) {
+        glob[c] += g[c];
+      }
+    }
+    for (double v : bands[k]) {
+      if (stored < capacity) band[stored++] = v;
+    }
+  }
+  glob[G_REF_MU] = ref_mu;
+  glob[G_REF_OLD] = ref_old;
+}
+
 }  // namespace
 
 extern "C" {
@@ -205,16 +241,18 @@ int aisrl_fused_row_cols() { return kRowCols; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
 
 // dtype: 4 (float32 mu/old) or 8 (float64). row: [B, kRowCols] and glob: [kGlobCols], zeroed by the
-// caller; band: room for `capacity` values (glob[G_BAND] says how many fell inside [lo, hi]).
+// caller; band: room for `capacity` values (glob[G_BAND] says how many fell inside [lo, hi]);
+// threads: how many threads share the rows (1: the calling thread only).
 int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* mask, int64_t B, int64_t T,
-                     double lo, double hi, double* row, double* glob, double* band, int64_t capacity) {
+                     double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads) {
   const double log2 = std::log(2.0), log5 = std::log(5.0);
+  if (threads < 1) return -1;
   if (dtype == 4) {
     pass1(static_cast<const float*>(mu), static_cast<const float*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
-          band, capacity);
+          band, capacity, threads);
   } else if (dtype == 8) {
     pass1(static_cast<const double*>(mu), static_cast<const double*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
-          band, capacity);
+          band, capacity, threads);
   } else {
     return -1;
   }
