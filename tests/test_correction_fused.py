@@ -130,6 +130,20 @@ def test_the_median_is_exact_when_the_sampled_bracket_misses(rows, threads):
     assert sums.diagnostics["abs_diff_median"] == reference["abs_diff_median"]
 
 
+def test_a_library_of_another_abi_or_layout_is_not_used():
+    """A library built from an older source (another argument list or output layout) is refused,
+    so the torch path runs instead of a call with the wrong arguments."""
+    from types import SimpleNamespace
+
+    def lib(abi, rows=len(fused._ROW), glob=len(fused._GLOB)):
+        return SimpleNamespace(aisrl_fused_abi=lambda: abi, aisrl_fused_row_cols=lambda: rows,
+                               aisrl_fused_glob_cols=lambda: glob)
+    assert fused.compatible(lib(fused._ABI))
+    assert not fused.compatible(lib(fused._ABI - 1))
+    assert not fused.compatible(lib(fused._ABI, glob=len(fused._GLOB) - 1))
+    assert not fused.compatible(SimpleNamespace(aisrl_fused_row_cols=lambda: 8))  # before the ABI symbol
+
+
 def test_thread_count_follows_torch_and_the_batch_size(monkeypatch):
     per = fused._POSITIONS_PER_THREAD
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)

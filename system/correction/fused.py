@@ -40,6 +40,8 @@ from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
+_ABI = 2
+"""``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
 _POSITIONS_PER_THREAD = 1 << 17
 _SAMPLE = 16384
 _SEED = 0x5EED
@@ -64,8 +66,7 @@ def _library() -> ctypes.CDLL | None:
         except OSError as exc:
             _load_error = str(exc)
             return None
-        if not hasattr(lib, "aisrl_fused_pass") or (lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols()) != (
-                len(_ROW), len(_GLOB)):
+        if not compatible(lib):
             _load_error = f"{LIBRARY.name} is out of date (rebuild: python -m system.correction.fused_build)"
             return None
         ptr = ctypes.c_void_p
@@ -75,6 +76,14 @@ def _library() -> ctypes.CDLL | None:
         lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
         _lib = lib
     return _lib
+
+
+def compatible(lib) -> bool:
+    """Whether a loaded library is the one this module calls: its ABI version and output widths."""
+    if not all(hasattr(lib, f) for f in ("aisrl_fused_abi", "aisrl_fused_row_cols", "aisrl_fused_glob_cols")):
+        return False
+    return (lib.aisrl_fused_abi(), lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols()) == (
+        _ABI, len(_ROW), len(_GLOB))
 
 
 def available() -> bool:

@@ -237,6 +237,8 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
 
 extern "C" {
 
+// Bumped whenever an exported function's arguments change (fused.py refuses another version).
+int aisrl_fused_abi() { return 2; }
 int aisrl_fused_row_cols() { return kRowCols; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
 
