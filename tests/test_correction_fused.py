@@ -135,12 +135,14 @@ def test_a_library_of_another_abi_or_layout_is_not_used():
     so the torch path runs instead of a call with the wrong arguments."""
     from types import SimpleNamespace
 
-    def lib(abi, rows=len(fused._ROW), glob=len(fused._GLOB)):
+    rows, glob = len(fused._ROW), len(fused._GLOB)
+
+    def lib(abi, rows, glob):
         return SimpleNamespace(aisrl_fused_abi=lambda: abi, aisrl_fused_row_cols=lambda: rows,
                                aisrl_fused_glob_cols=lambda: glob)
-    assert fused.compatible(lib(fused._ABI))
-    assert not fused.compatible(lib(fused._ABI - 1))
-    assert not fused.compatible(lib(fused._ABI, glob=len(fused._GLOB) - 1))
+    assert fused.compatible(lib(fused._ABI, rows, glob))
+    assert not fused.compatible(lib(fused._ABI - 1, rows, glob))
+    assert not fused.compatible(lib(fused._ABI, rows, glob - 1))
     assert not fused.compatible(SimpleNamespace(aisrl_fused_row_cols=lambda: 8))  # before the ABI symbol
 
 
