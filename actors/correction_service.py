@@ -13,6 +13,7 @@ from system.correction.service import CorrectionCore
 from system.report.dump import token_text_grid
 from system.report.mismatch_report import write_report
 from system.report.run_logger import RunLogger
+from system.report.wandb_sink import remove_process_temp_dirs
 from system.types import CorrectionInput, StepRecord
 
 
@@ -73,4 +74,6 @@ class CorrectionService:
         self.core.load_state_dict(sd)
 
     def close(self) -> None:
+        """The run's sinks closed; this process logs no more, so wandb's temporary directories go too."""
         self.logger.close()
+        remove_process_temp_dirs()

@@ -3,6 +3,10 @@ stops training (offline files written; an unreachable server is said once and sk
 
 import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,3 +105,37 @@ def test_wandb_alert_is_rate_limited_per_title_and_never_raises(tmp_path, caplog
         assert sink.alert("drift: staleness", "b", step=41) is False  # a failed alert does not start the limit
     assert sum("W&B alert failed" in r.message for r in caplog.records) == 1
     assert sink.run is run and not sink.failed  # the run keeps logging
+
+
+_TEMP_DIRS_PROBE = """
+import json, os, sys, tempfile
+tempfile.tempdir = sys.argv[2]  # this process's system temp dir: the test's own
+from system.report.wandb_sink import WandbSink, remove_process_temp_dirs
+off = WandbSink("disabled", "aisrl-test", sys.argv[1], {})
+imported_when_off = "wandb" in sys.modules
+sink = WandbSink("offline", "aisrl-test", sys.argv[1], {"seed": 0})
+sink.log_histogram(1, "h", [0.0, 1.0])
+sink.close()
+made = sorted(os.listdir(sys.argv[2]))
+removed = remove_process_temp_dirs()
+print(json.dumps({"imported_when_off": imported_when_off, "made": made, "removed": removed,
+                  "left": sorted(os.listdir(sys.argv[2]))}))
+os._exit(0)  # as a Ray actor ends: no interpreter exit, so nothing of wandb's cleans up after this
+"""
+
+
+def test_wandb_is_imported_only_by_a_logging_sink_and_leaves_no_temp_dirs(tmp_path):
+    """wandb's import makes two process-wide temporary directories that it removes only at interpreter
+    exit, which a Ray actor never reaches: the correction service's close removes them. Probed in a
+    fresh interpreter whose temp dir is the test's (so the test sees exactly what it made)."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _TEMP_DIRS_PROBE, str(tmp_path / "run"), str(temp)], cwd=root,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "offline", "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["imported_when_off"] is False  # a disabled sink never imports wandb
+    assert any(name.endswith("wandb-media") for name in seen["made"]), seen  # what the import made
+    assert sorted(Path(p).name for p in seen["removed"]) == [n for n in seen["made"] if "wandb" in n]
+    assert seen["left"] == [n for n in seen["made"] if "wandb" not in n] and sorted(os.listdir(temp)) == seen["left"]

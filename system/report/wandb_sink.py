@@ -2,20 +2,48 @@
 
 Offline mode by default writes ``wandb/offline-run-*`` under the run directory for a later
 ``wandb sync``. The API key is read by wandb from the environment; it never enters the config.
+``wandb`` is imported when a sink with W&B on is made, so only the process that logs imports it.
 """
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
-import wandb
 
 from system.report.sinks import NullSink
 
 log = logging.getLogger(__name__)
 ALERT_EVERY_STEPS = 10
 """Default rate limit of ``WandbSink.alert``: at most one alert per title within this many steps."""
+
+
+def _wandb():
+    import wandb
+
+    return wandb
+
+
+def remove_process_temp_dirs() -> list[str]:
+    """Remove the two process-wide temporary directories ``wandb`` makes when its modules are
+    imported (media and artifact staging, under the system temp dir): wandb removes them only at
+    interpreter exit, which a Ray actor stopped with its job never reaches, so every run left two
+    directories in /tmp. Call once the process will log no more (the correction service's close).
+    wandb internals (``MEDIA_TMP``, ``Artifact._TMP_DIR``; checked on wandb 0.31): an attribute
+    that is not there is skipped. Returns the paths removed."""
+    found = []
+    media = sys.modules.get("wandb.sdk.data_types._private")
+    found.append(getattr(media, "MEDIA_TMP", None))
+    artifact = sys.modules.get("wandb.sdk.artifacts.artifact")
+    found.append(getattr(getattr(artifact, "Artifact", None), "_TMP_DIR", None))
+    removed = []
+    for tmp in found:
+        name = getattr(tmp, "name", None)
+        if name and hasattr(tmp, "cleanup") and os.path.isdir(name):
+            tmp.cleanup()
+            removed.append(name)
+    return removed
 
 
 class WandbSink(NullSink):
@@ -34,6 +62,7 @@ class WandbSink(NullSink):
             # Our own helper process: a WANDB_SERVICE inherited from a parent that uses W&B (a
             # notebook, a test runner, the driver of a Ray job) would tie this run to its helper.
             os.environ.pop("WANDB_SERVICE", None)
+            wandb = _wandb()
             self.run = wandb.init(
                 mode=mode, project=project, entity=entity, name=name or Path(run_dir).name,
                 dir=str(run_dir), config=config, id=resume_id, resume="allow" if resume_id else None,
@@ -68,11 +97,11 @@ class WandbSink(NullSink):
 
     def log_histogram(self, step, name, values):
         if self.run is not None:
-            self._call("log a histogram", {name: wandb.Histogram(np.asarray(values), num_bins=64)}, step)
+            self._call("log a histogram", {name: _wandb().Histogram(np.asarray(values), num_bins=64)}, step)
 
     def log_table(self, step, name, columns, rows):
         if self.run is not None:
-            self._call("log a table", {name: wandb.Table(columns=columns, data=rows)}, step)
+            self._call("log a table", {name: _wandb().Table(columns=columns, data=rows)}, step)
 
     def alert(self, title: str, text: str, step: int | None = None, min_steps: int = ALERT_EVERY_STEPS) -> bool:
         """A W&B alert (``wandb.alert`` on this run, level WARN); True when sent. Rate limit: one per
@@ -84,7 +113,7 @@ class WandbSink(NullSink):
         if step is not None and last is not None and step - last < min_steps:
             return False
         try:
-            self.run.alert(title=title, text=text, level=wandb.AlertLevel.WARN)
+            self.run.alert(title=title, text=text, level=_wandb().AlertLevel.WARN)
         except Exception as exc:  # noqa: BLE001 - an alert is a courtesy, never a failure of the run
             if not self._alert_failed:
                 log.warning("W&B alert failed (%s: %s); the alarm stays in the console and metrics.jsonl",
