@@ -5,8 +5,9 @@ three input arrays once: ``mu.sum(), old.sum(), mask.sum()``, the issue's defini
 the "read floor", the same with ``count_nonzero(mask)``, which allocates nothing), aisrl's
 core, and a straightforward per-metric implementation (``naive_diagnostics``), each timed as
 the median of ``--repeats`` calls after 2 warm-up calls (``harness.time_median``), on
-``--threads`` torch threads: default 1, since aisrl's CPU kernels are single-threaded and one
-thread times steadily on a shared machine. Reports tokens/s and the ratios.
+``--threads`` torch threads (the fused pass splits its rows among as many, ``fused.pass_threads``):
+default 1, which times steadily on a shared machine; results of more threads are kept as
+``correction_core_cpu_<n>threads.json``. Reports tokens/s and the ratios.
 Run: ``make bench``; see ``benchmarks/README.md``.
 """
 
@@ -96,7 +97,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="65536,262144,1048576,4194304")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads (the fused pass follows it: fused.pass_threads)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sync = torch.cuda.synchronize if args.device == "cuda" else None
@@ -120,7 +122,8 @@ def main() -> None:
                f"{row['fused_over_read_floor']:5.1f}x read)" if "fused_s" in row else ""),
             file=sys.stderr,
         )
-    emit(f"correction_core_{args.device}", {
+    # one thread: correction_core_<device>.json; more: correction_core_<device>_<n>threads.json
+    emit(f"correction_core_{args.device}" + (f"_{args.threads}threads" if args.threads != 1 else ""), {
         "device": args.device, "seq_len": SEQ_LEN, "threads": args.threads,
         "load_average": os.getloadavg(),
         "timing": "median wall time of --repeats calls after 2 warm-up calls (naive: half as many)",

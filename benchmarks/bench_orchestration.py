@@ -56,7 +56,8 @@ from system.config.loading import resolve_config  # noqa: E402
 from system.models.model_dir import resolve_model_dir  # noqa: E402
 
 GB = 1e9
-SPLIT = ("time/wait_rollout", "time/proximal", "time/correction", "time/update", "time/sync", "time/step")
+SPLIT = ("time/wait_rollout", "time/proximal", "time/correction", "time/correction_service", "time/update", "time/sync",
+         "time/step")
 BASE = ["model.warm_start_steps=0", "report.wandb.mode=disabled", "report.console=false",
         "report.dump_every=0", "checkpoint_every=0", "async.queue_ahead=true"]
 PROCESS_GB = 0.45
