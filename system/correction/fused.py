@@ -42,7 +42,9 @@ _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
 _ABI = 2
 """``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
-_POSITIONS_PER_THREAD = 1 << 17
+_POSITIONS_PER_THREAD = 1 << 21
+"""A thread per 2M positions at most: on the 2-core AMD EPYC a second thread did not pay at 1M
+positions (8.2 -> 8.8-10.9 ms) and paid little and unsteadily at 4M (27-37 -> 24-32 ms)."""
 _SAMPLE = 16384
 _SEED = 0x5EED
 _ROW = ("num_valid", "nonfinite", "seq_logratio", "sum_d", "sum_k3", "sum_abs", "out5", "min_d")
@@ -172,8 +174,8 @@ def _bracket(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, 
 def pass_threads(num_positions: int, threads: int | None = None) -> int:
     """Threads for a pass over ``num_positions`` [B, T] positions: ``threads`` when given, else
     torch's intra-op thread count (what the process was given: a Ray actor's ``num_cpus``,
-    ``--threads`` in the benchmarks) but at most one per ``_POSITIONS_PER_THREAD`` positions (a
-    thread's start, ~50 us, is then a few per cent of its share). The pass uses at most B."""
+    ``--threads`` in the benchmarks) but at most one per ``_POSITIONS_PER_THREAD`` positions.
+    The pass uses at most B."""
     if threads is not None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
