@@ -7,7 +7,8 @@
             ─▶ buffer.add                          ─▶ ONE call to the learner group (every rank):
     newer weights? push before the next generate        proximal log-probs, all-gather; rank 0 ─▶
                                                         correction service (weights, metrics, dumps;
-                                                        it reads the batch from the object store);
+                                                        it reads the batch from the object store),
+                                                        in flight during the update's first forward;
                                                         broadcast weights, update, export (version k+1)
                                                    ◀── rank 0: metrics + object-store ref of the weights
                                                    ─▶ publish the ref for the rollout loop

@@ -47,8 +47,9 @@ class LearnerRank:
         """
         batch = ray.get(holder[0])
 
-        def correct(proximal_BT):
-            return ray.get(service.process.remote(step, holder, proximal_BT, self.core.policy_version))
+        def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
+            ref = service.process.remote(step, holder, proximal_BT, self.core.policy_version)
+            return lambda: ray.get(ref)
 
         outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
         if self.rank != 0:

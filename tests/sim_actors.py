@@ -234,19 +234,31 @@ class SimulatedLearnerRank:
         proximal = np.where(mask, np.minimum(resp["behaviour_logp"] + noise, 0.0), 0.0).astype(np.float32)
         _deadline_sleep(t0, self.settings.proximal_seconds)
         t1 = time.perf_counter()
-        weights, correction = (ray.get(service.process.remote(step, holder, proximal, self._policy_version))
-                               if self.rank == 0 else (np.ones_like(proximal), {}))
+        # as run_step: the call starts, the update's first micro-batch forward runs, then the wait
+        call = service.process.remote(step, holder, proximal, self._policy_version) if self.rank == 0 else None
         t2 = time.perf_counter()
+        _deadline_sleep(t2, self.settings.train_seconds * self._first_forward_share(batch.num_sequences))
+        tw = time.perf_counter()
+        weights, correction = ray.get(call) if call is not None else (np.ones_like(proximal), {})
+        wait = time.perf_counter() - tw
         learner = self._train_metrics(batch, weights)
-        _deadline_sleep(t2, self.settings.train_seconds)
+        _deadline_sleep(t2, self.settings.train_seconds + wait)
         t3 = time.perf_counter()
         payload = self.export_weights()
         t4 = time.perf_counter()
         if self.rank != 0:
             return None, None
         return StepOutcome(learner=learner, correction=correction, payload=None,
-                           seconds={"proximal": t1 - t0, "correction": t2 - t1, "update": t3 - t2,
+                           seconds={"proximal": t1 - t0, "correction": t2 - t1 + wait, "update": t3 - t2 - wait,
                                     "export": t4 - t3}), payload
+
+    def _first_forward_share(self, num_sequences: int) -> float:
+        """The share of the simulated update before its first loss: one micro-batch's forward pass,
+        a third of that micro-batch's forward + backward, of ``updates x mini-batches x micro-batches``."""
+        lc = self.cfg.learner
+        rows = max(1, num_sequences // self.world_size // lc.mini_batches)
+        micro = -(-rows // lc.micro_batch_size)
+        return 1.0 / (3.0 * lc.updates_per_batch * lc.mini_batches * micro)
 
     def _train_metrics(self, batch: LearnerBatch, weights_BT: np.ndarray) -> dict:
         """Global metrics with the real keys; the policy version advances by one."""

@@ -251,10 +251,16 @@ def _group_step_main(rank, world_size, port, model_dir, out_dir):
     batch, weights = make_batch(), make_weights(make_batch())
     core = LearnerCore(_learner_cfg(world_size, "float32"), model_dir, rank, world_size, port)
     seen = {}
+    forwards = []
+    core.model.register_forward_hook(lambda *_: forwards.append(1))
 
-    def correct(proximal_BT):
-        seen["proximal"] = proximal_BT
-        return weights, {"mismatch/kl_k1": 0.5}
+    def correct(proximal_BT):  # as the Ray shell: the call starts here, its result is waited for later
+        seen["proximal"], seen["forwards_at_start"] = proximal_BT, len(forwards)
+
+        def wait():
+            seen["forwards_at_wait"] = len(forwards)
+            return weights, {"mismatch/kl_k1": 0.5}
+        return wait
 
     outcome = run_step(core, batch, rank, world_size, correct if rank == 0 else None)
     if rank == 0:
@@ -262,15 +268,16 @@ def _group_step_main(rank, world_size, port, model_dir, out_dir):
         np.savez(os.path.join(out_dir, "v1.npz"), **{k: v.float().numpy() for k, v in decode_weights(outcome.payload)})
         with open(os.path.join(out_dir, "outcome.json"), "w") as f:
             json.dump({"learner": outcome.learner, "correction": outcome.correction,
-                       "seconds": outcome.seconds, "version": outcome.payload.policy_version}, f)
+                       "seconds": outcome.seconds, "version": outcome.payload.policy_version,
+                       "forwards": [seen["forwards_at_start"], seen["forwards_at_wait"]]}, f)
     else:
         assert outcome.payload is None and outcome.correction == {}
     core.close()
 
 
 def test_one_call_step_equals_the_step_by_parts(runs, model_dir, tmp_path):
-    """``run_step`` on 2 ranks (all-gather of old, rank 0's correction call, broadcast of the weights,
-    update, export) gives what the same parts called one by one give (``_rank_main``'s step 1,
+    """``run_step`` on 2 ranks (all-gather of old, rank 0's correction call started, the update's first
+    forward, the wait and the broadcast of the weights, the rest of the update, export) gives what the same parts called one by one give (``_rank_main``'s step 1,
     itself checked against the naive one-process reference): the same arithmetic, so equal."""
     metrics, exports, old, _ = runs(2, "float32")
     _spawn(_group_step_main, 2, model_dir, str(tmp_path))
@@ -279,6 +286,8 @@ def test_one_call_step_equals_the_step_by_parts(runs, model_dir, tmp_path):
     with open(tmp_path / "outcome.json") as f:
         outcome = json.load(f)
     assert outcome["version"] == 1 and outcome["correction"] == {"mismatch/kl_k1": 0.5}
+    # the call was waited for one forward pass (the update's first micro-batch) after it started
+    assert outcome["forwards"][1] == outcome["forwards"][0] + 1, outcome["forwards"]
     for key in ("loss", "grad_norm", "num_valid_tokens", "weight_mean"):
         assert outcome["learner"][key] == pytest.approx(metrics["step1"][key], rel=1e-6), key
     assert outcome["learner"]["nonfinite_proximal_tokens"] == 0

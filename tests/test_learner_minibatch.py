@@ -142,6 +142,34 @@ def test_mini_batches_match_the_naive_reference(tmp_path):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-3 * cfg.lr, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_weights_in_flight_are_fetched_once_after_the_first_forward_and_change_nothing(tmp_path):
+    """A callable weights source (the correction call still running) is called exactly once, after
+    the first micro-batch's forward pass (so the call overlaps it), and the updates are the same,
+    bit for bit, as with the tensor given up front (2 epochs x 2 mini-batches)."""
+    results = {}
+    for mode in ("tensor", "in flight"):
+        cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(
+            tmp_path / mode, updates_per_batch=2, mini_batches=2)
+        forwards, fetched_at = [], []
+        model.register_forward_hook(lambda *_, forwards=forwards: forwards.append(1))
+
+        def fetch(w_BT=w_BT, forwards=forwards, fetched_at=fetched_at):
+            fetched_at.append(len(forwards))
+            return w_BT
+        weights = w_BT if mode == "tensor" else fetch
+        metrics = train_updates(model, opt, sched, shard, old_BT, weights, norms, cfg, TEMPERATURE)
+        results[mode] = (metrics, {n: p.detach().clone() for n, p in model.named_parameters()}, fetched_at)
+    (m_tensor, p_tensor, _), (m_flight, p_flight, fetched_at) = results["tensor"], results["in flight"]
+    assert fetched_at == [1]  # once, when one forward pass (the first micro-batch's) had run
+    assert m_flight == m_tensor
+    for name, p in p_tensor.items():
+        assert torch.equal(p_flight[name], p), name
+    # the fetched weights are checked like given ones
+    cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path / "bad", mini_batches=2)
+    with pytest.raises(ValueError, match="weights have shape"):
+        train_updates(model, opt, sched, shard, old_BT, lambda: w_BT[:-1], norms, cfg, TEMPERATURE)
+
+
 def test_normalisers_of_another_batch_are_refused(tmp_path):
     cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, mini_batches=2)
     wrong = LossNormalisers(norms.num_valid_tokens + 1, norms.num_sequences)

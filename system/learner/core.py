@@ -25,6 +25,8 @@ mini-batch over all ranks (the global ones with one mini-batch); the policy vers
 once per batch.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -87,20 +89,25 @@ class LearnerCore:
     def train_step(
         self,
         batch_shard: LearnerBatch,
-        weights: np.ndarray,
+        weights: np.ndarray | Callable[[], np.ndarray],
         normalisers: LossNormalisers,
         proximal_logp: np.ndarray | None = None,
     ) -> dict[str, float]:
         """``updates_per_batch`` x ``mini_batches`` optimiser steps on this shard; the policy version
         advances by one.
 
-        ``weights`` is this shard's ``[B_shard, T]`` block of the correction weights;
+        ``weights`` is this shard's ``[B_shard, T]`` block of the correction weights, or a callable
+        returning it (a correction call in flight, waited for after the first forward pass);
         ``normalisers`` the global batch's counts. Metrics are global over ranks: means over the
         updates, ``last/<key>`` on the last update (``step_metrics.combine_updates``).
         """
         shard = shard_tensors(batch_shard, self.device)
         old_BT = self._proximal_for(batch_shard, proximal_logp)
-        w_BT = torch.tensor(np.asarray(weights, dtype=np.float32), device=self.device)
+        def as_tensor(w: np.ndarray) -> torch.Tensor:
+            return torch.tensor(np.asarray(w, dtype=np.float32), device=self.device)
+
+        # in flight (a callable): fetched by the update after its first forward pass (``step``)
+        w_BT = (lambda: as_tensor(weights())) if callable(weights) else as_tensor(weights)
         metrics = train_updates(
             self.model, self.optimizer, self.scheduler, shard, old_BT, w_BT,
             normalisers, self.cfg, self.sampling,

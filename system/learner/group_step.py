@@ -6,12 +6,14 @@ rank then runs :func:`run_step`, and no token array goes back through the driver
     rank r (of R), shard = rows [r B/R, (r+1) B/R) of the global batch
       1. proximal_r = log-probs of the shard's sampled tokens, current weights, no grad   [B/R, T]
       2. proximal   = all-gather of every rank's proximal_r (process group)                 [B, T]
-      3. rank 0:  weights, metrics = correct(proximal)   (one call to the correction service,
-                  which reads the batch itself from the object store)                      [B, T]
-      4. weights    = broadcast from rank 0 (process group)
-      5. the update on the shard with weights[rows] and the GLOBAL loss normalisers
-         (valid tokens and sequences of the whole batch, spec section 5)
-      6. export of the new weights (collective; the payload lands on rank 0)
+      3. rank 0:  correct(proximal) STARTS the one call to the correction service (which
+                  reads the batch itself from the object store)
+      4. the update on the shard with the GLOBAL loss normalisers (valid tokens and sequences
+         of the whole batch, spec section 5); after its first micro-batch's forward pass, the
+         first point that needs a weight, rank 0 waits for the call and every rank receives
+         weights[rows] by a broadcast from rank 0 (process group), so the call of step 3
+         overlaps that forward pass                                                          [B, T]
+      5. export of the new weights (collective; the payload lands on rank 0)
 
 Every rank computes the normalisers itself from the all-gathered ``proximal`` and the batch's
 own arrays, so they agree without a further collective. ``correct`` is the only link to the
@@ -33,8 +35,9 @@ from system.learner.batch import LearnerBatch, shard_batch
 from system.learner.step import LossNormalisers, loss_normalisers
 from system.weight_payload import WeightPayload
 
-Correct = Callable[[np.ndarray], tuple[np.ndarray, dict]]
-"""``proximal_BT -> (weights_BT, correction metrics)`` for the global batch (rank 0 only)."""
+Correct = Callable[[np.ndarray], "tuple[np.ndarray, dict] | Callable[[], tuple[np.ndarray, dict]]"]
+"""``proximal_BT -> (weights_BT, correction metrics)`` for the global batch (rank 0 only), or a
+zero-argument callable returning them: a call in flight, waited for when the update needs them."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ class StepOutcome:
     learner: dict[str, float]
     correction: dict[str, float | int | None]
     seconds: dict[str, float]
-    """``proximal``, ``correction`` (gather + service + broadcast), ``update``, ``export``."""
+    """``proximal``, ``correction`` (gather + starting the service call + the wait for it after the
+    update's first forward + broadcast), ``update`` (without that wait), ``export``."""
     payload: WeightPayload | None
     """The new policy version's full weights (rank 0); None on the other ranks."""
     weight_sync: dict = field(default_factory=dict)
@@ -62,7 +66,7 @@ def nonfinite_proximal_tokens(mask_BT: np.ndarray, behaviour_BT: np.ndarray, pro
 
 
 def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Correct | None) -> StepOutcome:
-    """Steps 1-6 of the module docstring on this rank (collective: every rank calls it together).
+    """Steps 1-5 of the module docstring on this rank (collective: every rank calls it together).
 
     ``core`` is this rank's ``LearnerCore``; ``correct`` is called on rank 0 only (None elsewhere).
     """
@@ -73,18 +77,31 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
     proximal_shard_BT = core.compute_proximal_logprobs(shard)
     t1 = time.perf_counter()
     proximal_BT = distributed.all_gather_rows(proximal_shard_BT, core.device)
-    weights_BT, correction = correct(proximal_BT) if rank == 0 else (None, {})
-    weights_BT = distributed.broadcast_array(weights_BT, proximal_BT.shape, np.float32, core.device)
+    started = correct(proximal_BT) if rank == 0 else None  # rank 0: the call is on its way
     t2 = time.perf_counter()
+    size = batch.num_sequences // world_size
+    got: dict = {"correction": {}, "wait": 0.0}
+
+    def weights_of_this_shard() -> np.ndarray:
+        """Called by the update after its first forward pass, on every rank (collective)."""
+        tw = time.perf_counter()
+        weights_BT = None
+        if rank == 0:
+            weights_BT, got["correction"] = started() if callable(started) else started
+        weights_BT = distributed.broadcast_array(weights_BT, proximal_BT.shape, np.float32, core.device)
+        got["wait"] = time.perf_counter() - tw
+        return weights_BT[rank * size:(rank + 1) * size]
+
     resp = batch.response_arrays()
     norms: LossNormalisers = loss_normalisers(resp["response_mask"], resp["behaviour_logp"], proximal_BT)
-    size = batch.num_sequences // world_size
-    learner = core.train_step(shard, weights_BT[rank * size:(rank + 1) * size], norms)
+    learner = core.train_step(shard, weights_of_this_shard, norms)
     learner["nonfinite_proximal_tokens"] = float(
         nonfinite_proximal_tokens(resp["response_mask"], resp["behaviour_logp"], proximal_BT))
     t3 = time.perf_counter()
     payload = core.export_weights()
     t4 = time.perf_counter()
-    return StepOutcome(learner=learner, correction=dict(correction),
-                       seconds={"proximal": t1 - t0, "correction": t2 - t1, "update": t3 - t2, "export": t4 - t3},
+    # correction: starting the call + waiting for it (+ the broadcast); update: the rest of the update
+    return StepOutcome(learner=learner, correction=dict(got["correction"]),
+                       seconds={"proximal": t1 - t0, "correction": t2 - t1 + got["wait"],
+                                "update": t3 - t2 - got["wait"], "export": t4 - t3},
                        payload=payload)

@@ -17,8 +17,15 @@ Mini-batches (``train_updates``): with ``learner.mini_batches`` = M, each epoch 
 step k trains on the k-th contiguous row slice of every rank's shard, so "the global batch"
 above becomes the union of those slices over the ranks, and ``N_tok`` / ``N_seq`` are counted
 on it alone (all-reduced once per batch; still before any weight masks a token).
+
+Weights in flight: ``weights_BT`` may be a zero-argument callable instead of a tensor (the
+correction call still running). It is called once, right after the first micro-batch's forward
+pass, the first point where a weight is needed (its loss), so the call overlaps that forward.
+On several ranks the callable is itself collective (rank 0 waits, then broadcasts): every rank
+reaches it at the same point of the same schedule.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +81,25 @@ def mini_batch_normalisers(
     return [LossNormalisers(int(tok), int(seq)) for tok, seq in counts_K2.tolist()]
 
 
+Weights = torch.Tensor | Callable[[], torch.Tensor]
+"""The correction weights of a shard ``[B, T]``, or a callable that returns them (in flight)."""
+
+
+class _WeightsOnce:
+    """A callable weights source resolved once (the first caller waits; the rest reuse the tensor)."""
+
+    def __init__(self, fetch: Callable[[], torch.Tensor], shape: tuple[int, ...]) -> None:
+        self.fetch, self.shape, self.value = fetch, shape, None
+
+    def get(self) -> torch.Tensor:
+        if self.value is None:
+            value = self.fetch()
+            if tuple(value.shape) != self.shape:
+                raise ValueError(f"weights have shape {tuple(value.shape)}, expected the shard's [B, T] = {self.shape}")
+            self.value = value
+        return self.value
+
+
 def _checked_weights(weights_BT: torch.Tensor, valid_BT: torch.Tensor) -> torch.Tensor:
     if weights_BT.shape != valid_BT.shape:
         raise ValueError(f"weights have shape {tuple(weights_BT.shape)}, expected [B, T] = {tuple(valid_BT.shape)}")
@@ -95,14 +121,15 @@ def train_step(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     shard: ShardTensors,
     proximal_logp_BT: torch.Tensor,
-    weights_BT: torch.Tensor,
+    weights_BT: Weights,
     normalisers: LossNormalisers,
     cfg: LearnerConfig,
     sampling: float | Sampling,
 ) -> dict[str, float]:
     """One optimiser step; returns metrics reduced over all ranks. Collective: call on every rank.
 
-    ``sampling``: the rollout's temperature, top-p and top-k (``forward.response_logprobs``)."""
+    ``sampling``: the rollout's temperature, top-p and top-k (``forward.response_logprobs``).
+    ``weights_BT``: a tensor, or a callable called after the first micro-batch's forward."""
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     if proximal_logp_BT.shape != shard.response_mask_BT.shape:
         raise ValueError(
@@ -111,18 +138,22 @@ def train_step(
         )
     valid_BT = valid_tokens(shard.response_mask_BT, shard.behaviour_logp_BT, proximal_logp_BT)
     old_BT = torch.where(valid_BT, proximal_logp_BT, 0.0).detach()
-    w_BT = _checked_weights(weights_BT, valid_BT)
+    w_BT = _checked_weights(weights_BT, valid_BT) if isinstance(weights_BT, torch.Tensor) else None
     num_tok, num_seq = max(1, normalisers.num_valid_tokens), max(1, normalisers.num_sequences)
     sums = MetricSums(proximal_logp_BT.device)
     optimizer.zero_grad(set_to_none=True)
     for rows in micro_batch_slices(shard.num_sequences, cfg.micro_batch_size):
         cur_BT, entropy_BT = response_logprobs(model, shard, rows, sampling, with_entropy=True)
+        if w_BT is None:  # in flight until now: the first loss needs them
+            w_BT = _checked_weights(weights_BT(), valid_BT)
         loss_BT, stats = policy_token_loss(
             cur_BT, old_BT[rows], shard.advantages_B[rows], w_BT[rows], valid_BT[rows], cfg.loss
         )
         loss = aggregate(loss_BT, valid_BT[rows], cfg.aggregation, num_tok, num_seq)
         (loss * world_size).backward()
         sums.add_micro_batch(loss, valid_BT[rows], w_BT[rows], entropy_BT, stats)
+    if w_BT is None:  # no micro-batch (an empty shard): still take part in the weights' collective
+        _checked_weights(weights_BT(), valid_BT)
     grad_norm = global_grad_norm(model, cfg.grad_clip)
     lr = scheduler.get_last_lr()[0]
     stepped = bool(torch.isfinite(grad_norm))
@@ -141,7 +172,7 @@ def train_updates(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     shard: ShardTensors,
     proximal_logp_BT: torch.Tensor,
-    weights_BT: torch.Tensor,
+    weights_BT: Weights,
     normalisers: LossNormalisers,
     cfg: LearnerConfig,
     sampling: float | Sampling,
@@ -158,7 +189,9 @@ def train_updates(
     ``combine_updates`` (means over the updates, ``last/<key>`` of the last update).
     """
     expected = tuple(shard.response_mask_BT.shape)
-    for name, t in (("proximal log-probs", proximal_logp_BT), ("weights", weights_BT)):
+    weights = _WeightsOnce(weights_BT if callable(weights_BT) else (lambda: weights_BT), expected)
+    checked = [("proximal log-probs", proximal_logp_BT)] + ([] if callable(weights_BT) else [("weights", weights_BT)])
+    for name, t in checked:
         if tuple(t.shape) != expected:
             raise ValueError(f"{name} have shape {tuple(t.shape)}, expected the shard's [B, T] = {expected}")
     slices = mini_batch_slices(shard.num_sequences, cfg.mini_batches)
@@ -176,8 +209,10 @@ def train_updates(
     per_update = []
     for _ in range(cfg.updates_per_batch):
         for rows, norm in zip(slices, norms, strict=True):
+            # in flight: the first step's first forward runs before it is waited for
+            w = weights.get()[rows] if weights.value is not None else (lambda rows=rows: weights.get()[rows])
             per_update.append(train_step(
-                model, optimizer, scheduler, shard.rows(rows), proximal_logp_BT[rows], weights_BT[rows],
+                model, optimizer, scheduler, shard.rows(rows), proximal_logp_BT[rows], w,
                 norm, cfg, sampling,
             ))
     return combine_updates(per_update, epochs=cfg.updates_per_batch)
