@@ -3,7 +3,7 @@
 A helper process (``tests/checkpoint_writer.py``) writes run checkpoints back to back, exactly
 as the trainer does (DCP learner half into ``*.partial``, renamed when complete, then
 ``controller.pkl`` through a temp file); checkpoint ``k`` has every parameter equal to ``k``.
-It is SIGKILLed at random moments, 12 times, each time restarted from the newest complete
+It is SIGKILLed at random moments, 12 times (more, up to 30, until 3 kills landed mid-write), each time restarted from the newest complete
 checkpoint (as ``--resume`` does). After each kill the newest checkpoint that
 ``latest_run_checkpoint`` accepts must load completely with its two halves agreeing: every
 parameter equal to its step, AdamW state for every parameter, the controller at the same
@@ -32,6 +32,9 @@ from system.learner import distributed  # noqa: E402
 from system.learner.checkpoint import load_checkpoint  # noqa: E402
 
 KILLS = 12
+MAX_KILLS = 30
+"""At least ``KILLS`` kills, more (up to ``MAX_KILLS``) until 3 of them landed mid-write: where a kill
+lands depends on the machine's speed and load (a fresh-clone run beside heavy disk traffic had 2 of 12)."""
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,9 @@ def test_killed_writer_leaves_only_loadable_checkpoints(process_group, tmp_path)
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     steps, mid_write = [], 0
-    for _ in range(KILLS):
+    for kill in range(MAX_KILLS):
+        if kill >= KILLS and mid_write >= 3:
+            break
         proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                 start_new_session=True)
@@ -89,4 +94,4 @@ def test_killed_writer_leaves_only_loadable_checkpoints(process_group, tmp_path)
         mid_write += bool(half_written(run_dir))
         steps.append(check_latest(run_dir))
     assert all(s >= 1 for s in steps) and steps == sorted(steps)  # progress is never lost
-    assert mid_write >= 3, f"only {mid_write} of {KILLS} kills landed mid-write"
+    assert mid_write >= 3, f"only {mid_write} of {len(steps)} kills landed mid-write"
