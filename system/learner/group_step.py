@@ -35,9 +35,9 @@ from system.learner.batch import LearnerBatch, shard_batch
 from system.learner.step import LossNormalisers, loss_normalisers
 from system.weight_payload import WeightPayload
 
-Correct = Callable[[np.ndarray], "tuple[np.ndarray, dict] | Callable[[], tuple[np.ndarray, dict]]"]
-"""``proximal_BT -> (weights_BT, correction metrics)`` for the global batch (rank 0 only), or a
-zero-argument callable returning them: a call in flight, waited for when the update needs them."""
+Correct = Callable[[np.ndarray], Callable[[], tuple[np.ndarray, dict]]]
+"""``proximal_BT -> wait``: starts the correction of the global batch (rank 0 only) and returns the
+call in flight, ``wait() -> (weights_BT, correction metrics)``, called when the update needs them."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
         tw = time.perf_counter()
         weights_BT = None
         if rank == 0:
-            weights_BT, got["correction"] = started() if callable(started) else started
+            weights_BT, got["correction"] = started()
         weights_BT = distributed.broadcast_array(weights_BT, proximal_BT.shape, np.float32, core.device)
         got["wait"] = time.perf_counter() - tw
         return weights_BT[rank * size:(rank + 1) * size]

@@ -209,10 +209,10 @@ def train_updates(
     per_update = []
     for _ in range(cfg.updates_per_batch):
         for rows, norm in zip(slices, norms, strict=True):
-            # in flight: the first step's first forward runs before it is waited for
-            w = weights.get()[rows] if weights.value is not None else (lambda rows=rows: weights.get()[rows])
+            # fetched by the first step after its first forward; later steps get the fetched tensor
             per_update.append(train_step(
-                model, optimizer, scheduler, shard.rows(rows), proximal_logp_BT[rows], w,
+                model, optimizer, scheduler, shard.rows(rows), proximal_logp_BT[rows],
+                lambda rows=rows: weights.get()[rows],
                 norm, cfg, sampling,
             ))
     return combine_updates(per_update, epochs=cfg.updates_per_batch)
