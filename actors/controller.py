@@ -2,10 +2,10 @@
 
     rollout loop (thread)                         train loop (caller's thread), one step
     ─────────────────────                         ──────────────────────────────────────
-    sampler ─prompts─▶ idle worker (admitted)     buffer.take(B, version k)  (stale groups dropped)
-    worker ─groups─▶ ledger.mark_generated        ─▶ collate, ray.put(batch)
-            ─▶ buffer.add                          ─▶ ONE call to the learner group (every rank):
-    newer weights? push before the next generate        proximal log-probs, all-gather; rank 0 ─▶
+    newer weights? offer them to every worker     buffer.take(B, version k)  (stale groups dropped)
+    sampler ─prompts─▶ worker with room (admitted) ─▶ collate, ray.put(batch)
+    worker ─groups─▶ ledger.mark_generated         ─▶ ONE call to the learner group (every rank):
+            ─▶ buffer.add                               proximal log-probs, all-gather; rank 0 ─▶
                                                         correction service (weights, metrics, dumps;
                                                         it reads the batch from the object store),
                                                         in flight during the update's first forward;
@@ -27,10 +27,17 @@ taken as soon as they are admissible, so they hold fewer lag-0 samples than when
 them after step k (then the worker often has time to sample with version k+1). Not across a
 checkpoint (the learners must be idle at the saved version), the last step, or a stop request.
 
-Admission (``async.max_lag``): a generate call is sent to a worker holding version ``v`` only
+Workers hold up to ``rollout.calls_per_worker`` generate calls: the next one is queued behind the
+running one, so a worker starts it the moment the previous returns (no round trip through this
+loop). Weights are *offered* to a worker beside its calls, and a call adopts the newest version
+offered by the time it starts (``system.rollout.weight_mailbox``): queueing a call early never
+makes its samples staler than sending it at the last moment would.
+
+Admission (``async.max_lag``): a generate call is sent to a worker offered version ``v`` only
 if the step that will consume its groups, ``k = steps_started + (buffered + in flight) // B``,
-satisfies ``k - v <= max_lag``. ``max_lag = 0`` is the synchronous on-policy mode. The
-buffer re-checks the bound at batch time, so no trained sample ever exceeds it.
+satisfies ``k - v <= max_lag`` (queued calls count as in flight; the worker refuses to sample
+below ``k - max_lag``). ``max_lag = 0`` is the synchronous on-policy mode. The buffer re-checks
+the bound at batch time, so no trained sample ever exceeds it.
 """
 
 import logging
@@ -40,7 +47,7 @@ import time
 import ray
 
 from actors.placement import follow_target, rollout_capacity
-from actors.rollout_pool import RolloutPool, WorkerSlot
+from actors.rollout_pool import GenerateCall, RolloutPool, WorkerSlot
 from actors.weight_sync import WeightTransport
 from system.config import RunConfig
 from system.data.buffer import TrajectoryBuffer
@@ -143,7 +150,7 @@ class RolloutLoop:
             self.pool.launch(self.target_workers - live)
         elif live > self.target_workers:
             self.pool.retire(live - self.target_workers, starting_only=self.cfg.rollout.follow_cluster)
-        for slot in [s for s in self.pool.slots_now() if s.retiring and s.inflight is None]:
+        for slot in [s for s in self.pool.slots_now() if s.retiring and not s.calls]:
             self.pool.remove(slot)
         if self.pool.ready() or not self._lost_since_ready:
             self._last_alive = time.monotonic()
@@ -164,7 +171,7 @@ class RolloutLoop:
                 slot.policy_version = version
 
     def _inflight_prompts(self) -> int:
-        return sum(len(s.inflight_prompts) for s in self.pool.busy())
+        return sum(len(c.prompts) for s in self.pool.busy() for c in s.calls)
 
     def _admitted(self, slot: WorkerSlot) -> bool:
         per_step = self.cfg.prompts_per_step
@@ -175,16 +182,16 @@ class RolloutLoop:
             consuming_step < self.cfg.max_steps
 
     def _dispatch(self) -> None:
-        for slot in self.pool.idle():
-            if not self._admitted(slot):
-                continue
-            with self.state.cond:
-                prompts = self.sampler.next_prompts(self.cfg.rollout.prompts_per_call)
-                if slot.idle_since is not None:
-                    self.state.rollout_idle_s += time.monotonic() - slot.idle_since
-                    slot.idle_since = None
-            slot.inflight_prompts = prompts
-            slot.inflight = slot.handle.generate.remote(prompts, slot.policy_version)
+        """Fill every worker with room up to ``rollout.calls_per_worker`` admitted calls."""
+        depth = self.cfg.rollout.calls_per_worker
+        for slot in self.pool.with_room():
+            while len(slot.calls) < depth and self._admitted(slot):
+                with self.state.cond:
+                    prompts = self.sampler.next_prompts(self.cfg.rollout.prompts_per_call)
+                    if slot.idle_since is not None:
+                        self.state.rollout_idle_s += time.monotonic() - slot.idle_since
+                        slot.idle_since = None
+                slot.calls.append(GenerateCall(slot.handle.generate.remote(prompts, slot.policy_version), prompts))
 
     def _collect(self, timeout: float) -> None:
         refs = self.pool.pending_refs()
@@ -192,7 +199,7 @@ class RolloutLoop:
             with self.state.cond:  # woken by new weights or a started step
                 self.state.cond.wait(timeout)
             return
-        if self.pool.idle():  # an idle worker may be admitted as soon as a step starts
+        if self.pool.with_room():  # a worker with room may be admitted as soon as a step starts
             timeout = min(timeout, 0.005)
         ready, _ = self.runtime.wait(refs, timeout)
         for ref in ready:
@@ -207,8 +214,9 @@ class RolloutLoop:
                 if self.pool.failures:
                     self.pool.replacement_seconds.append(time.monotonic() - slot.launched_at)
                 continue
-            slot.inflight, slot.inflight_prompts = None, []
-            slot.idle_since = time.monotonic()
+            slot.calls = [c for c in slot.calls if c.ref != ref]
+            if not slot.calls:
+                slot.idle_since = time.monotonic()
             self._accept(result)
 
     def _accept(self, groups: list[RolloutGroup]) -> None:
@@ -221,9 +229,9 @@ class RolloutLoop:
 
     def _worker_lost(self, slot: WorkerSlot, exc: BaseException) -> None:
         log.warning("rollout worker %s lost (%s); re-issuing its %d prompts and replacing it",
-                    slot.worker_id, type(exc).__name__, len(slot.inflight_prompts))
+                    slot.worker_id, type(exc).__name__, len(slot.inflight_prompts()))
         with self.state.cond:
-            self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts])
+            self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts()])
         self.pool.failures += 1
         self._lost_since_ready = True
         self.pool.slots.pop(slot.worker_id, None)
@@ -237,7 +245,7 @@ class RolloutLoop:
             self._collect(timeout=0.5)
         with self.state.cond:
             for slot in self.pool.busy():
-                self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts])
+                self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts()])
 
 
 class SharedState:

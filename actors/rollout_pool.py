@@ -1,9 +1,10 @@
 """The rollout workers of a job: launch, replace, resize; track each one's weights and in-flight call.
 
-Worker calls are all made from the controller's rollout loop, so a weight push queued on a
-worker always runs before the generate call submitted after it (Ray keeps per-caller order,
-and queues calls on an actor that is still starting). A worker is *starting* until its
-``ready`` call returns; a *retiring* worker gets no new prompts and leaves once idle.
+Worker calls are all made from the controller's rollout loop. A worker holds up to
+``rollout.calls_per_worker`` generate calls (the running one and the ones queued behind it; Ray
+runs them in the order sent, and queues calls on an actor that is still starting); weights are
+offered beside them (``actors.rollout_worker``). A worker is *starting* until its ``ready`` call
+returns; a *retiring* worker gets no new prompts and leaves once idle.
 """
 
 import logging
@@ -27,19 +28,29 @@ _WORKER_ENV = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_L
 
 
 @dataclass
+class GenerateCall:
+    ref: ray.ObjectRef
+    prompts: list[Prompt]
+
+
+@dataclass
 class WorkerSlot:
     worker_id: str
     handle: ray.actor.ActorHandle
     starting: ray.ObjectRef | None
     launched_at: float
     policy_version: int = 0
+    """The newest version offered to the worker (its next call adopts it)."""
     quantization: str = ""
     fp8_kernel: dict | None = None
-    inflight: ray.ObjectRef | None = None
-    inflight_prompts: list[Prompt] = field(default_factory=list)
+    calls: list[GenerateCall] = field(default_factory=list)
+    """Generate calls sent and not yet returned, oldest (running) first."""
     retiring: bool = False
     idle_since: float | None = None
-    """When the worker last became idle (ready, or its call returned); None while it generates."""
+    """When the worker last became idle (ready, or its last call returned); None while it generates."""
+
+    def inflight_prompts(self) -> list[Prompt]:
+        return [p for call in self.calls for p in call.prompts]
 
 
 class RolloutPool:
@@ -96,21 +107,28 @@ class RolloutPool:
     def ready(self) -> list[WorkerSlot]:
         return [s for s in self.slots_now() if s.starting is None]
 
-    def idle(self) -> list[WorkerSlot]:
-        return [s for s in self.slots_now() if s.starting is None and s.inflight is None and not s.retiring]
+    def with_room(self) -> list[WorkerSlot]:
+        """Ready, not retiring workers holding fewer than ``rollout.calls_per_worker`` calls."""
+        depth = self.cfg.rollout.calls_per_worker
+        return [s for s in self.slots_now() if s.starting is None and not s.retiring and len(s.calls) < depth]
 
     def busy(self) -> list[WorkerSlot]:
-        return [s for s in self.slots_now() if s.inflight is not None]
+        return [s for s in self.slots_now() if s.calls]
 
     def pending_refs(self) -> list[ray.ObjectRef]:
-        return [r for s in self.slots_now() for r in (s.starting, s.inflight) if r is not None]
+        refs = []
+        for s in self.slots_now():
+            if s.starting is not None:
+                refs.append(s.starting)
+            refs.extend(call.ref for call in s.calls)
+        return refs
 
     def by_ref(self, ref: ray.ObjectRef) -> WorkerSlot:
-        return next(s for s in self.slots_now() if ref in (s.starting, s.inflight))
+        return next(s for s in self.slots_now() if ref == s.starting or any(c.ref == ref for c in s.calls))
 
     def retire(self, count: int, starting_only: bool = False) -> None:
         """Mark ``count`` workers retiring, idle and starting ones first (only starting ones if asked)."""
-        order = sorted(self.live(), key=lambda s: (s.inflight is not None, s.starting is None))
+        order = sorted(self.live(), key=lambda s: (bool(s.calls), s.starting is None))
         if starting_only:
             order = [s for s in order if s.starting is not None]
         for slot in order[:count]:

@@ -1,24 +1,37 @@
-"""Rollout worker actor: a thin shell over ``system.rollout.worker.RolloutWorkerCore`` (one vLLM engine)."""
+"""Rollout worker actor: a thin shell over ``system.rollout.worker.RolloutWorkerCore`` (one vLLM engine).
+
+Two kinds of call reach it. ``generate`` runs in the actor's default group, one call at a time in
+the order sent (the controller queues the next call behind the running one). Weights are
+*offered* (``offer_weights``, in the ``weights`` group, so the offer does not wait behind
+generation): each generate call adopts the newest version offered by the time it starts
+(``system.rollout.weight_mailbox``), and an idle worker loads an offer at once.
+"""
 
 import ray
 
 from system.config import RunConfig
+from system.rollout.weight_mailbox import WeightMailbox
 from system.rollout.worker import RolloutWorkerCore
 from system.types import Prompt, RolloutGroup
 from system.weight_broadcast import BroadcastReceiver, GroupAddress
 from system.weight_payload import WeightPayload
+
+OFFER_WAIT_S = 60.0
+"""How long a generate call waits for the version it requires: the controller offers a version before it
+sends a call that requires it, so this only bounds an offer that never arrives."""
 
 
 class StaleWeightsError(RuntimeError):
     """A generate call reached a worker whose weights are older than the controller allows."""
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"weights": 1})
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
         self.worker_id = worker_id
         self.core = RolloutWorkerCore(cfg, model_dir, worker_id)
         self.receiver = BroadcastReceiver()
+        self.mailbox: WeightMailbox[list] = WeightMailbox(self.core.policy_version)
         self.weight_sources = {"broadcast": 0, "object_store": 0}
 
     def ready(self) -> dict:
@@ -26,32 +39,41 @@ class RolloutWorker:
                 "quantization": self.core.quantization_scheme, "fp8_kernel": self.core.fp8_kernel}
 
     def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
-        """G samples per prompt with the current weights; refuses weights older than allowed."""
-        if self.core.policy_version < min_policy_version:
-            raise StaleWeightsError(
-                f"worker {self.worker_id} holds policy version {self.core.policy_version}, "
-                f"the controller requires >= {min_policy_version}"
-            )
-        return self.core.generate_groups(prompts, self.core.policy_version)
+        """G samples per prompt with the newest offered weights; waits up to ``OFFER_WAIT_S`` for version
+        ``min_policy_version`` to be offered, and refuses to sample with older weights."""
+        with self.mailbox.engine:
+            held = self.mailbox.adopt(self._load, min_policy_version, OFFER_WAIT_S)
+            if held < min_policy_version:
+                raise StaleWeightsError(f"worker {self.worker_id} holds policy version {held}, the controller "
+                                        f"requires >= {min_policy_version} (not offered within {OFFER_WAIT_S:.0f} s)")
+            return self.core.generate_groups(prompts, held)
 
-    def update_weights(self, payload: WeightPayload) -> int:
-        """Swap in new weights (runs between generate calls: actor calls execute one at a time)."""
-        self.core.update_weights(payload)
-        return self.core.policy_version
+    @ray.method(concurrency_group="weights")
+    def offer_weights(self, version: int, holder: list) -> None:
+        """Offer ``version`` (``holder`` is ``[object-store reference]``, resolved only if it is loaded
+        from there); an idle worker loads it now."""
+        if self.mailbox.offer(version, holder):
+            self.mailbox.try_adopt(self._load)
 
-    def join_broadcast(self, address: GroupAddress, rank: int, timeout_s: float, delta: bool) -> None:
-        """Become member ``rank`` of a weight-broadcast generation (received, and with ``delta``
-        decoded, in the background)."""
-        self.receiver.join(address, rank, timeout_s, delta)
-
-    def update_weights_from(self, version: int, holder: list) -> str:
-        """Load ``version``: the broadcast copy if it arrived, else the object store's (``holder`` is
-        ``[reference]``, resolved only then). Returns where it came from."""
+    def _load(self, version: int, holder: list) -> None:
+        """The broadcast copy of ``version`` if it arrived, else the object store's."""
         payload = self.receiver.take(version)
         source = "broadcast" if payload is not None else "object_store"
         self.core.update_weights(payload if payload is not None else ray.get(holder[0]))
         self.weight_sources[source] += 1
-        return source
+
+    def update_weights(self, payload: WeightPayload) -> int:
+        """Load ``payload`` now (a direct load, outside the offer path)."""
+        with self.mailbox.engine:
+            self.core.update_weights(payload)
+            self.mailbox.held_version = max(self.mailbox.held_version, payload.policy_version)
+            return self.core.policy_version
+
+    @ray.method(concurrency_group="weights")
+    def join_broadcast(self, address: GroupAddress, rank: int, timeout_s: float, delta: bool) -> None:
+        """Become member ``rank`` of a weight-broadcast generation (received, and with ``delta``
+        decoded, in the background)."""
+        self.receiver.join(address, rank, timeout_s, delta)
 
     def stats(self) -> dict:
         """The engine's counters, and how many versions came by broadcast and from the object store."""

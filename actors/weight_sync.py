@@ -28,7 +28,8 @@ class WeightTransport(Protocol):
         ...
 
     def push(self, worker: ray.actor.ActorHandle, handle: object, policy_version: int) -> ray.ObjectRef:
-        """Queue the load on ``worker`` (it runs between generate calls); returns the call's ref."""
+        """Offer the version to ``worker`` (its next generate call loads it, or it loads it now if idle;
+        ``actors.rollout_worker``); returns the call's ref."""
         ...
 
     def maintain(self, pool: RolloutPool) -> None:
@@ -47,7 +48,9 @@ class ObjectStoreTransport:
         return learners.export_weights()
 
     def push(self, worker: ray.actor.ActorHandle, handle: ray.ObjectRef, policy_version: int) -> ray.ObjectRef:
-        return worker.update_weights.remote(handle)
+        # in a list, so the reference travels unresolved: the worker reads it only if it loads this version
+        # from the object store (with a collective transport it may have the broadcast copy)
+        return worker.offer_weights.remote(policy_version, [handle])
 
     def maintain(self, pool: RolloutPool) -> None:
         pass
@@ -67,9 +70,6 @@ class CollectiveTransport(ObjectStoreTransport):
         self.members: tuple[str, ...] = ()
         self._opening: tuple[ray.ObjectRef, list] | None = None
         self.reform = False  # set by the train loop when a broadcast failed
-
-    def push(self, worker: ray.actor.ActorHandle, handle: ray.ObjectRef, policy_version: int) -> ray.ObjectRef:
-        return worker.update_weights_from.remote(policy_version, [handle])
 
     def maintain(self, pool: RolloutPool) -> None:
         if self._opening is not None:

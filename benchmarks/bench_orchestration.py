@@ -214,7 +214,7 @@ def bench_weight_sync(params: list[float], repeats: int, warmup: int, object_sto
                 t0 = time.perf_counter()
                 ref = transport.publish(learners, i)
                 t1 = time.perf_counter()
-                ray.get(transport.push(worker, ref))
+                ray.get(transport.push(worker, ref, i + 1))  # an idle worker loads an offer at once
                 t2 = time.perf_counter()
                 del ref
                 export.append(t1 - t0), load.append(t2 - t1), total.append(t2 - t0)

@@ -45,6 +45,7 @@ from system.config import RunConfig
 from system.learner.batch import LearnerBatch
 from system.learner.group_step import StepOutcome
 from system.rewards.registry import build_reward
+from system.rollout.weight_mailbox import WeightMailbox
 from system.types import Completion, Prompt, RolloutGroup
 from system.weight_payload import WeightPayload
 
@@ -89,13 +90,14 @@ class SimulatedRolloutWorker:
     def actor_class(cls, **settings) -> ray.actor.ActorClass:
         """A Ray actor class of this simulated worker with ``settings`` (see ``SimulatedRolloutSettings``)."""
         baked = type(cls.__name__, (cls,), {"settings": replace(cls.settings, **settings)})
-        return ray.remote(baked)
+        return ray.remote(concurrency_groups={"weights": 1})(baked)
 
     def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
         self.cfg, self.worker_id = cfg, worker_id
         self.vocab_size = _vocab_size(model_dir)
         self.reward = build_reward(cfg.data.reward)
         self.policy_version = 0
+        self.mailbox: WeightMailbox[list] = WeightMailbox(0)
         self._num_calls = 0
         self._loaded: dict[str, np.ndarray] = {}
         self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
@@ -106,7 +108,21 @@ class SimulatedRolloutWorker:
         return {"worker_id": self.worker_id, "policy_version": self.policy_version, "quantization": "simulated"}
 
     def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
-        """G simulated samples per prompt stamped with the held version; refuses weights older than allowed."""
+        """G simulated samples per prompt stamped with the newest offered version (``RolloutWorker``'s
+        mailbox); refuses weights older than allowed."""
+        with self.mailbox.engine:
+            self.mailbox.adopt(self._load, min_policy_version, 60.0)
+            return self._generate(prompts, min_policy_version)
+
+    @ray.method(concurrency_group="weights")
+    def offer_weights(self, version: int, holder: list) -> None:
+        if self.mailbox.offer(version, holder):
+            self.mailbox.try_adopt(self._load)
+
+    def _load(self, version: int, holder: list) -> None:
+        self.update_weights(ray.get(holder[0]))
+
+    def _generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
         started = time.perf_counter()
         if self.policy_version < min_policy_version:
             raise RuntimeError(f"simulated worker {self.worker_id} holds policy version {self.policy_version}, "
@@ -160,6 +176,7 @@ class SimulatedRolloutWorker:
                     dst = self._loaded[name] = np.empty_like(arr)
                 np.copyto(dst, arr)
         self.policy_version = payload.policy_version
+        self.mailbox.held_version = max(self.mailbox.held_version, payload.policy_version)
         self._stats["num_weight_updates"] += 1
         self._stats["weight_update_seconds"] += time.perf_counter() - started
         self._stats["weight_bytes"] = payload.num_bytes

@@ -48,19 +48,20 @@ class Method:
 
 
 class FakeWorker:
-    """A rollout worker handle: ``ready``, ``generate`` and ``update_weights``, each logged."""
+    """A rollout worker handle: ``ready``, ``generate`` and ``offer_weights``, each logged (an offer is
+    loaded at once: every call here has returned before the next is made, so the worker is idle)."""
 
     def __init__(self, cfg, model_dir: str, worker_id: str, log: list) -> None:
         self.cfg, self.worker_id, self.log = cfg, worker_id, log
         self.version, self.dead, self.killed = 0, False, False
         self.ready = Method(lambda: {"worker_id": worker_id, "policy_version": 0, "quantization": "fake"})
         self.generate = Method(self._generate)
-        self.update_weights = Method(self._update)
+        self.offer_weights = Method(self._offer)
 
-    def _update(self, version: int) -> int:
+    def _offer(self, version: int, holder: list) -> None:
+        assert holder == [version]  # published "weights" are the version number, passed unresolved
         self.log.append(("update", self.worker_id, version))
         self.version = version
-        return version
 
     def _generate(self, prompts, min_version: int) -> list[RolloutGroup]:
         if self.dead:
@@ -165,20 +166,21 @@ def test_synchronous_mode_generates_only_with_the_weights_that_train_it():
 
 
 def test_a_lost_worker_is_replaced_and_its_prompts_served_again():
-    """Worker 0 dies on its next call: its two prompts go back to the sampler, the failure is
-    counted, a replacement (rollout-1) is launched, gets the current weights once ready, and is
-    served the same prompt ids first; none is lost or duplicated."""
+    """Worker 0 dies on its next calls (two, ``rollout.calls_per_worker``): their four prompts go back
+    to the sampler, the failure is counted, a replacement (rollout-1) is launched, gets the current
+    weights once ready, and is served the same prompt ids first; none is lost or duplicated."""
     cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
     state.publish(3, 3)
     cls.handles["rollout-0"].dead = True
-    loop.tick(timeout=0)  # push v3, dispatch: the call fails when collected
+    loop.tick(timeout=0)  # push v3, dispatch two calls: the first fails when collected
     assert pool.failures == 1 and "rollout-0" not in pool.slots
-    assert len(sampler.requeued) == 2
+    assert len(sampler.requeued) == 4
     requeued = list(sampler.requeued)
     ticks(loop)
     assert "rollout-1" in pool.slots and pool.slots["rollout-1"].starting is None
     generated = [e for e in cls.log if e[0] == "generate"]
-    assert generated[0][1:] == ("rollout-1", 3, requeued)  # latest weights, the lost prompts first
+    # latest weights, the lost prompts first, in their order
+    assert [g[1:] for g in generated[:2]] == [("rollout-1", 3, requeued[:2]), ("rollout-1", 3, requeued[2:])]
     assert ("update", "rollout-1", 3) in cls.log
     assert sampler.counts()["duplicates"] == 0 and not sampler.requeued
 

@@ -20,6 +20,8 @@ from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
 from actors.trainer import Trainer
 from system.config.loading import resolve_config
 from system.run_state import checkpoint_dir, learner_dir
+from system.types import Prompt
+from system.weight_payload import WeightPayload
 
 pytestmark = pytest.mark.ray
 
@@ -213,3 +215,26 @@ def test_console_line_shows_both_pauses():
     line = format_fields({"reward/mean": 0.5, "time/wait_rollout": 1.234, "time/rollout_idle": 0.0})
     assert "reward 0.500" in line and "learner waited 1.23s" in line and "rollout idle 0.00s" in line
     assert "kl -" in line  # an absent metric shows as '-'
+
+
+def test_a_queued_call_samples_with_weights_offered_after_it_was_queued(loopback_ray):
+    """A worker holds two calls; version 1 is offered while the first runs. The offer does not wait
+    behind generation (it returns while the first call still runs), the first call's samples keep
+    version 0 and the queued call's carry version 1, loaded once; both calls run back to back."""
+    cfg = sim_config(Path("/nonexistent"), "max_steps=1")
+    worker = SimulatedRolloutWorker.actor_class(seconds_per_call=0.6, weight_load="copy").remote(
+        cfg, "/nonexistent", "rollout-q")
+    try:
+        ray.get(worker.ready.remote())
+        prompts = [Prompt(prompt_id=f"q{i}", text=f"{i}+{i}=", reference=str(2 * i)) for i in range(2)]
+        first = worker.generate.remote(prompts[:1], 0)
+        queued = worker.generate.remote(prompts[1:], 0)
+        payload = WeightPayload(policy_version=1, arrays={"w": np.arange(8, dtype=np.int16)}, dtypes={"w": "bfloat16"})
+        offered = worker.offer_weights.remote(1, [ray.put(payload)])
+        ready, _ = ray.wait([offered], timeout=0.4)
+        assert ready and not ray.wait([first], timeout=0)[0]  # the offer returned while the first call runs
+        assert {c.policy_version for g in ray.get(first) for c in g.completions} == {0}
+        assert {c.policy_version for g in ray.get(queued) for c in g.completions} == {1}
+        assert ray.get(worker.stats.remote())["num_weight_updates"] == 1
+    finally:
+        ray.kill(worker, no_restart=True)

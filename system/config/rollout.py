@@ -51,6 +51,11 @@ class RolloutConfig(StrictModel):
     """Longest response, in tokens (the tiny task's answers take at most ``num_digits + 2``)."""
     prompts_per_call: int = Field(default=32, ge=1)
     """Prompts a worker generates for in one call."""
+    calls_per_worker: int = Field(default=2, ge=1, le=8)
+    """Generate calls a worker holds at once: the running one and ``calls_per_worker - 1`` queued behind
+    it, so the next call starts the moment one returns instead of after a round trip through the
+    controller. Each call adopts the newest weights offered by the time it starts; admission
+    (``async.max_lag``) counts queued calls as in flight. 1: a call is sent when the previous returned."""
     worker_timeout_s: float = Field(default=90.0, gt=0.0)
     """After a worker is lost, fail the run if no rollout worker has been alive for this long (lost
     workers are replaced meanwhile): the time a replacement has to start, and within about this
