@@ -27,6 +27,7 @@ Shapes: B = responses in the batch, T = padded response length.
 import ctypes
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,9 +130,12 @@ class FusedSums:
 
 
 def _as_inputs(behaviour_BT, proximal_BT, mask_BT) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.dtype]:
-    mu = torch.as_tensor(behaviour_BT).detach().cpu()
-    old = torch.as_tensor(proximal_BT).detach().cpu()
-    mask = torch.as_tensor(mask_BT).detach().cpu()
+    with warnings.catch_warnings():
+        # arrays read from Ray's object store are read-only; nothing here writes to them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        mu = torch.as_tensor(behaviour_BT).detach().cpu()
+        old = torch.as_tensor(proximal_BT).detach().cpu()
+        mask = torch.as_tensor(mask_BT).detach().cpu()
     weight_dtype = check_inputs(mu, old, mask)  # the torch path's checks and weight dtype
     dtype = torch.float32 if weight_dtype == torch.float32 else torch.float64
     mu_np = np.ascontiguousarray(mu.to(dtype).numpy())
