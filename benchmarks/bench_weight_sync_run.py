@@ -9,6 +9,14 @@ reconstruction error shows up there, on top of FP8's). Writes
 ``benchmarks/results/weight_sync_run_cpu.json``.
 
     python benchmarks/bench_weight_sync_run.py --seeds 0 1
+
+``--split`` runs ``object_store`` and ``delta``, each synchronous (``async.max_lag=0``: every
+trained sample at lag 0) and asynchronous (``max_lag`` 1), and splits the mismatch (median over
+steps of ``mismatch_by_lag/<lag>/kl_k1``) into its parts: FP8 (and kernels) = the lag-0 kl with
+the object store; the codec = the lag-0 kl with ``delta`` minus that; staleness = the lag-1 kl of
+the asynchronous object-store run minus the FP8 part. Writes ``weight_sync_split_cpu.json``.
+
+    python benchmarks/bench_weight_sync_run.py --split --seeds 0 1
 """
 
 import argparse
@@ -52,13 +60,59 @@ def sync_summary(records: list[dict]) -> dict:
     return out
 
 
+def by_lag_median(records: list[dict], lag: int, key: str = "kl_k1") -> float | None:
+    """Median over steps of ``mismatch_by_lag/<lag>/<key>`` (steps with samples at that lag only)."""
+    values = [r[f"mismatch_by_lag/{lag}/{key}"] for r in records
+              if r.get(f"mismatch_by_lag/{lag}/{key}") is not None]
+    return float(np.median(values)) if values else None
+
+
+def run_once(seed: int, overrides: list[str]) -> tuple[list[dict], float]:
+    out = Path(tempfile.mkdtemp(prefix="aisrl-bench-sync-"))
+    cmd = [sys.executable, "-c", "from actors.cli import app; app()", "train", f"output_dir={out}",
+           "report.console=false", f"seed={seed}", *overrides]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], wall
+
+
+def split(seeds: list[int], overrides: list[str]) -> dict:
+    """The mismatch split into FP8, codec and staleness parts (see the module docstring)."""
+    runs, parts = {}, {}
+    for seed in seeds:
+        for transport in ("object_store", "delta"):
+            for lag in (0, 1):
+                records, wall = run_once(seed, [f"weight_sync.type={transport}", f"async.max_lag={lag}", *overrides])
+                codec = [r["weight_sync/codec_rel_error"] for r in records if "weight_sync/codec_rel_error" in r]
+                runs[f"{transport}/max_lag{lag}/seed{seed}"] = r = {
+                    "wall_seconds_incl_startup": wall, **summarise(records),
+                    "kl_k1_lag0_median": by_lag_median(records, 0), "kl_k1_lag1_median": by_lag_median(records, 1),
+                    "codec_rel_error_median": float(np.median(codec)) if codec else None}
+                print(f"seed {seed} {transport:12s} max_lag {lag}: kl_k1 lag 0 {r['kl_k1_lag0_median']}, lag 1 "
+                      f"{r['kl_k1_lag1_median']}, codec error {r['codec_rel_error_median']}, reward "
+                      f"{r['reward_first_10']:.3f} -> {r['reward_last_10']:.3f}", file=sys.stderr, flush=True)
+        fp8 = runs[f"object_store/max_lag0/seed{seed}"]["kl_k1_lag0_median"]
+        parts[f"seed{seed}"] = {
+            "fp8": fp8,
+            "codec": runs[f"delta/max_lag0/seed{seed}"]["kl_k1_lag0_median"] - fp8,
+            "staleness": (runs[f"object_store/max_lag1/seed{seed}"]["kl_k1_lag1_median"] or float("nan")) - fp8,
+            "delta_async_lag1_total": runs[f"delta/max_lag1/seed{seed}"]["kl_k1_lag1_median"]}
+    return {"overrides": overrides, "seeds": seeds, "metric": "median over steps of mismatch_by_lag/<lag>/kl_k1",
+            "split": parts, "runs": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides of the default")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
     parser.add_argument("--name", default="weight_sync_run_cpu")
+    parser.add_argument("--split", action="store_true", help="the FP8 / codec / staleness split of the mismatch")
     args = parser.parse_args()
+    if args.split:
+        emit("weight_sync_split_cpu", split(args.seeds, args.overrides))
+        return
     runs = {}
     for seed in args.seeds:
         for transport in args.transports:

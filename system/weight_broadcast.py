@@ -221,7 +221,7 @@ class BroadcastSender:
                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0}
         if self.encoder is not None:
             metrics |= {"compression_ratio": payload.num_bytes / max(wire.num_bytes, 1),
-                        "full_version": int(not is_delta(wire))}
+                        "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error}
         return metrics
 
     def close(self) -> None:

@@ -58,6 +58,9 @@ class DeltaEncoder:
         self.reference: dict[str, torch.Tensor] | None = None
         self._q: dict[str, torch.Tensor] = {}
         self._since_full = 0
+        self.rel_error = 0.0
+        """``||W - R|| / ||W||`` (Frobenius, over every tensor) after the last ``encode``: how far the
+        receivers' reconstruction ``R`` is from the weights it stands for (0 after a full version)."""
 
     def reset(self) -> None:
         """The next version goes in full (a new group of receivers)."""
@@ -67,12 +70,14 @@ class DeltaEncoder:
         state = dict(decode_weights(payload))
         if self.reference is None or self._since_full + 1 >= self.full_every:
             self.reference = {k: v.to(torch.float32).clone() for k, v in state.items()}
-            self._since_full = 0
+            self._since_full, self.rel_error = 0, 0.0
             return payload
         self._since_full += 1
         arrays, dtypes = {}, {}
+        residual_sq, weight_sq = 0.0, 0.0
         for name, w in state.items():
-            e = w.to(torch.float32) - self.reference[name]
+            w32 = w.to(torch.float32)
+            e = w32 - self.reference[name]
             if e.dim() == 2 and self.rank * sum(e.shape) < e.numel():
                 q_prev = self._q.get(name)
                 if q_prev is None:
@@ -89,6 +94,9 @@ class DeltaEncoder:
                 arrays[f"{name}::q8"], arrays[f"{name}::scale"] = q8.numpy(), scale.numpy()
                 dtypes[f"{name}::q8"] = dtypes[f"{name}::scale"] = INT8
             self.reference[name] += d
+            residual_sq += float(((e - d).double() ** 2).sum())
+            weight_sq += float((w32.double() ** 2).sum())
+        self.rel_error = (residual_sq / weight_sq) ** 0.5 if weight_sq > 0 else 0.0
         return WeightPayload(policy_version=payload.policy_version, arrays=arrays, dtypes=dtypes)
 
 

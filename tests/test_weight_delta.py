@@ -62,10 +62,14 @@ def test_error_feedback_delivers_what_one_delta_could_not():
     after = {"m": (before + jump).to(torch.bfloat16)}
     enc = DeltaEncoder(rank=4, full_every=1000)
     enc.encode(encode_weights({"m": before.to(torch.bfloat16)}, 1))
+    assert enc.rel_error == 0.0  # a full version: the receivers hold the weights
     errors = []
     for v in range(2, 40):
         enc.encode(encode_weights(after, v))
         errors.append(float((enc.reference["m"] - after["m"].float()).norm() / jump.norm()))
+        # the streamed codec error, ||W - R|| / ||W||, from the reconstruction the receivers hold
+        want = float((after["m"].float() - enc.reference["m"]).norm() / after["m"].float().norm())
+        assert enc.rel_error == pytest.approx(want, rel=1e-5, abs=1e-9)
     assert errors[-1] < 0.01 and errors[0] > 0.7, (errors[0], errors[-1])
     # without feedback: the first delta is the same rank-4 code of the jump; later changes are 0
     p, q = lowrank_step(after["m"].float() - before.to(torch.bfloat16).float(),
