@@ -25,10 +25,15 @@ class WorkerDied(RuntimeError):
 
 
 class Ref:
-    """A call that already ran: its value, or the error reading it raises."""
+    """A call that already ran: its value, or the error reading it raises; or, made by a worker told to
+    ``hold`` its calls, one that runs only when released (``ready`` False until then)."""
 
-    def __init__(self, value=None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
+    def __init__(self, value=None, error: BaseException | None = None, run=None) -> None:
+        self.value, self.error, self.run = value, error, run
+        self.ready = run is None
+
+    def release(self) -> None:
+        self.value, self.ready = self.run(), True
 
     def result(self):
         if self.error is not None:
@@ -37,10 +42,14 @@ class Ref:
 
 
 class Method:
-    def __init__(self, fn) -> None:
-        self.fn = fn
+    def __init__(self, fn, held: list | None = None) -> None:
+        self.fn, self.held = fn, held
 
     def remote(self, *args):
+        if self.held is not None and self.held[0]:  # held: runs (with the weights of that moment) on release
+            ref = Ref(run=lambda: self.fn(*args))
+            self.held.append(ref)
+            return ref
         try:
             return Ref(self.fn(*args))
         except WorkerDied as exc:
@@ -54,8 +63,9 @@ class FakeWorker:
     def __init__(self, cfg, model_dir: str, worker_id: str, log: list) -> None:
         self.cfg, self.worker_id, self.log = cfg, worker_id, log
         self.version, self.dead, self.killed = 0, False, False
+        self.held: list = [False]  # [hold new generate calls?, the held calls in order...]
         self.ready = Method(lambda: {"worker_id": worker_id, "policy_version": 0, "quantization": "fake"})
-        self.generate = Method(self._generate)
+        self.generate = Method(self._generate, self.held)
         self.offer_weights = Method(self._offer)
 
     def _offer(self, version: int, holder: list) -> None:
@@ -94,10 +104,11 @@ class InProcessRuntime:
     actor_died = WorkerDied
 
     def wait(self, refs, timeout):
-        return refs[:1], refs[1:]
+        ready = [r for r in refs if r.ready][:1]
+        return ready, [r for r in refs if r not in ready]
 
     def poll(self, ref) -> bool:
-        return True
+        return ref.ready
 
     def get(self, ref_or_refs):
         if isinstance(ref_or_refs, list):
@@ -111,11 +122,11 @@ class InProcessRuntime:
         handle.killed = True
 
 
-def build(max_lag: int = 1, workers: int = 1):
+def build(max_lag: int = 1, workers: int = 1, calls_per_worker: int = 2):
     """A loop with B = 2 prompts per step, one 2-prompt call per step, ``workers`` started workers."""
     cfg = resolve_config(overrides=[
         f"async.max_lag={max_lag}", "prompts_per_step=2", "rollout.prompts_per_call=2", "rollout.group_size=2",
-        f"rollout.num_workers={workers}", "max_steps=50"])
+        f"rollout.num_workers={workers}", "max_steps=50", f"rollout.calls_per_worker={calls_per_worker}"])
     cls = FakeWorkerClass()
     pool = RolloutPool(cfg, "unused", RoleOptions("rollout_worker", workers, 1.0, 0.0, {}), cls, InProcessRuntime())
     pool.start(workers)
@@ -151,6 +162,37 @@ def test_admission_keeps_generation_within_max_lag():
     counts = sampler.counts()
     # 6 prompts generated; the 2 of step 1 are taken but not yet marked trained
     assert (counts["issued"], counts["buffered"], counts["in_flight"], counts["trained"]) == (6, 6, 0, 0)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_worker_holds_up_to_calls_per_worker_calls_and_queued_calls_count_for_admission(depth):
+    """Calls that have not returned: with ``calls_per_worker`` 2 the worker gets the batches of steps 1
+    and 2 at once (the second queued behind the first), with 1 only step 1's. max_lag 1 at version 0:
+    when the first returns, its groups are buffered and the second is still in flight, so the next
+    batch would be step 3's, two versions ahead: nothing more is sent until version 1 is offered;
+    then one call (step 3's) goes, with version 1."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1, calls_per_worker=depth)
+    worker = cls.handles["rollout-0"]
+    worker.held[0] = True
+    ticks(loop)
+    slot = pool.slots["rollout-0"]
+    assert len(slot.calls) == depth and not cls.log  # sent, none has run
+    worker.held.pop(1).release()
+    ticks(loop)
+    # depth 2: step 2's call still in flight, step 3's not admitted (1 buffered + 1 in flight batch at
+    # version 0: 2 ahead); depth 1: step 2's call sent now
+    assert len(buffer) == 2 and len(slot.calls) == 1
+    worker.held.pop(1).release()
+    ticks(loop)
+    assert len(buffer) == 4 and not slot.calls  # steps 1 and 2 generated; step 3 not admitted at version 0
+    groups, _ = take_batch(cfg, buffer, sampler, state, 0, loop)
+    ticks(loop)
+    assert not slot.calls  # still two versions ahead: 1 step started + 2 buffered = step 3 at version 0
+    state.publish(1, 1)
+    ticks(loop)
+    assert len(slot.calls) == 1 and slot.policy_version == 1  # step 3's call; step 4's would be 2 ahead
+    worker.held.pop(1).release()
+    assert cls.log[-1][:3] == ("generate", "rollout-0", 1) and ("update", "rollout-0", 1) in cls.log
 
 
 def test_synchronous_mode_generates_only_with_the_weights_that_train_it():
