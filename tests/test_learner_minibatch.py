@@ -35,6 +35,7 @@ from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import build_optimizer, build_scheduler
 from system.learner.step import (
     LossNormalisers,
+    Trainee,
     loss_normalisers,
     mini_batch_normalisers,
     train_step,
@@ -118,7 +119,7 @@ def test_mini_batches_match_the_naive_reference(tmp_path):
     ref = Qwen2ForCausalLM.from_pretrained(tmp_path / "m")
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr, weight_decay=0.0)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    metrics = train_updates(model, opt, sched, shard, old_BT, w_BT, norms, cfg, TEMPERATURE)
+    metrics = train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT, norms)
     ref_losses, ref_norms = [], []
     for _ in range(2):
         for rows in (slice(0, 6), slice(6, 12)):
@@ -157,7 +158,7 @@ def test_weights_in_flight_are_fetched_once_after_the_first_forward_and_change_n
             fetched_at.append(len(forwards))
             return w_BT
         weights = w_BT if mode == "tensor" else fetch
-        metrics = train_updates(model, opt, sched, shard, old_BT, weights, norms, cfg, TEMPERATURE)
+        metrics = train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, weights, norms)
         results[mode] = (metrics, {n: p.detach().clone() for n, p in model.named_parameters()}, fetched_at)
     (m_tensor, p_tensor, _), (m_flight, p_flight, fetched_at) = results["tensor"], results["in flight"]
     assert fetched_at == [1]  # once, when one forward pass (the first micro-batch's) had run
@@ -167,16 +168,16 @@ def test_weights_in_flight_are_fetched_once_after_the_first_forward_and_change_n
     # the fetched weights are checked like given ones
     cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path / "bad", mini_batches=2)
     with pytest.raises(ValueError, match="weights have shape"):
-        train_updates(model, opt, sched, shard, old_BT, lambda: w_BT[:-1], norms, cfg, TEMPERATURE)
+        train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, lambda: w_BT[:-1], norms)
 
 
 def test_normalisers_of_another_batch_are_refused(tmp_path):
     cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, mini_batches=2)
     wrong = LossNormalisers(norms.num_valid_tokens + 1, norms.num_sequences)
     with pytest.raises(ValueError, match="not computed from this batch"):
-        train_updates(model, opt, sched, shard, old_BT, w_BT, wrong, cfg, TEMPERATURE)
+        train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT, wrong)
     with pytest.raises(ValueError, match="weights have shape"):
-        train_updates(model, opt, sched, shard, old_BT, w_BT[:-1], norms, cfg, TEMPERATURE)
+        train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT[:-1], norms)
 
 
 @pytest.mark.parametrize("loss_cfg, clip_keys", [
@@ -187,8 +188,8 @@ def test_the_clip_acts_from_the_second_update(tmp_path, loss_cfg, clip_keys):
     """Update 1: r == 1, no clip; update 2 (same batch, same old): the clip acts. ``train_updates``
     reports the mean over both updates (token-weighted: half the second's) and ``last/``."""
     cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, loss=loss_cfg)
-    first = train_step(model, opt, sched, shard, old_BT, w_BT, norms, cfg, TEMPERATURE)
-    second = train_step(model, opt, sched, shard, old_BT, w_BT, norms, cfg, TEMPERATURE)
+    first = train_step(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT, norms)
+    second = train_step(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT, norms)
     assert first["loss/ratio_mean"] == 1.0
     assert all(first[f"loss/{k}"] == 0.0 for k in clip_keys)
     assert sum(second[f"loss/{k}"] for k in clip_keys) > 0.0
@@ -198,7 +199,7 @@ def test_the_clip_acts_from_the_second_update(tmp_path, loss_cfg, clip_keys):
 
     cfg2, model2, opt2, sched2, _, shard2, old2, w2, norms2 = _setup(tmp_path / "again", loss=loss_cfg,
                                                                       updates_per_batch=2)
-    both = train_updates(model2, opt2, sched2, shard2, old2, w2, norms2, cfg2, TEMPERATURE)
+    both = train_updates(Trainee(model2, opt2, sched2, cfg2, TEMPERATURE), shard2, old2, w2, norms2)
     for k in clip_keys:
         assert both[f"last/loss/{k}"] == pytest.approx(second[f"loss/{k}"])
         assert both[f"loss/{k}"] == pytest.approx((first[f"loss/{k}"] + second[f"loss/{k}"]) / 2)

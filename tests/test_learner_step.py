@@ -14,7 +14,7 @@ from system.config.learner import CTPOLossConfig, LearnerConfig, PPOLossConfig
 from system.learner.batch import collate_groups
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import LinearWarmup, build_optimizer, build_scheduler
-from system.learner.step import loss_normalisers, train_step
+from system.learner.step import Trainee, loss_normalisers, train_step
 from system.types import Completion, Prompt, RolloutGroup
 
 TEMPERATURE = 0.7
@@ -110,7 +110,7 @@ def test_train_step_matches_naive_reference(tmp_path):
     norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     for steps_done in (1, 2):
-        metrics = train_step(model, opt, sched, shard, old_BT, torch.from_numpy(w), norms, cfg, TEMPERATURE)
+        metrics = train_step(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, torch.from_numpy(w), norms)
         ref_loss, ref_norm = reference_step(ref, ref_opt, batch, old_BT.numpy(), w, cfg.grad_clip)
         assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
         assert metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
@@ -148,7 +148,7 @@ def test_non_finite_gradient_skips_the_update(tmp_path):
         model.model.norm.weight[0] = float("inf")  # every logit becomes non-finite
     before = {k: v.clone() for k, v in model.state_dict().items()}
     w = torch.from_numpy(make_weights(batch))
-    metrics = train_step(model, opt, sched, shard, old_BT, w, norms, cfg, TEMPERATURE)
+    metrics = train_step(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w, norms)
     assert metrics["skipped_step"] == 1.0 and not np.isfinite(metrics["grad_norm"])
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name], equal_nan=True, msg=name)
@@ -167,9 +167,9 @@ def test_invalid_weights_are_rejected(tmp_path):
     w = torch.from_numpy(make_weights(batch))
     w[2, 0] = -1.0
     with pytest.raises(ValueError, match="negative or non-finite"):
-        train_step(model, opt, build_scheduler(opt, cfg), shard, old_BT, w, norms, cfg, TEMPERATURE)
+        train_step(Trainee(model, opt, build_scheduler(opt, cfg), cfg, TEMPERATURE), shard, old_BT, w, norms)
     with pytest.raises(ValueError, match="shape"):
-        train_step(model, opt, build_scheduler(opt, cfg), shard, old_BT, w[:, :1], norms, cfg, TEMPERATURE)
+        train_step(Trainee(model, opt, build_scheduler(opt, cfg), cfg, TEMPERATURE), shard, old_BT, w[:, :1], norms)
 
 
 def test_linear_warmup_schedule():
@@ -201,7 +201,7 @@ def test_ctpo_equals_ppo_on_the_first_update(tmp_path):
         old_BT = proximal_logprobs(model, shard, cfg.micro_batch_size, TEMPERATURE)
         arrays = batch.response_arrays()
         norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
-        results.append(train_step(model, opt, build_scheduler(opt, cfg), shard, old_BT, w, norms, cfg, TEMPERATURE))
+        results.append(train_step(Trainee(model, opt, build_scheduler(opt, cfg), cfg, TEMPERATURE), shard, old_BT, w, norms))
     ppo, ctpo = results
     assert ctpo["loss"] == pytest.approx(ppo["loss"], rel=1e-6)
     assert ctpo["grad_norm"] == pytest.approx(ppo["grad_norm"], rel=1e-6)

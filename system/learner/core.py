@@ -39,7 +39,7 @@ from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.logprobs import Sampling
 from system.learner.model import build_fsdp_model
 from system.learner.optim import build_optimizer, build_scheduler
-from system.learner.step import LossNormalisers, train_updates
+from system.learner.step import LossNormalisers, Trainee, train_updates
 from system.weight_payload import WeightPayload
 
 
@@ -108,10 +108,8 @@ class LearnerCore:
 
         # in flight (a callable): fetched by the update after its first forward pass (``step``)
         w_BT = (lambda: as_tensor(weights())) if callable(weights) else as_tensor(weights)
-        metrics = train_updates(
-            self.model, self.optimizer, self.scheduler, shard, old_BT, w_BT,
-            normalisers, self.cfg, self.sampling,
-        )
+        trainee = Trainee(self.model, self.optimizer, self.scheduler, self.cfg, self.sampling)
+        metrics = train_updates(trainee, shard, old_BT, w_BT, normalisers)
         self.optimizer_step += int(metrics["updates"] - metrics["skipped_updates"])
         self._policy_version += 1
         self._proximal = None

@@ -45,6 +45,19 @@ from system.losses.registry import policy_token_loss
 
 
 @dataclass(frozen=True)
+class Trainee:
+    """What an optimiser step trains and how: the model, its optimiser and LR schedule, the learner's
+    config, and the rollout's sampling (temperature, top-p, top-k: ``forward.response_logprobs``
+    applies the same truncation to the current log-probs)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    cfg: LearnerConfig
+    sampling: float | Sampling
+
+
+@dataclass(frozen=True)
 class LossNormalisers:
     """Global counts the aggregation divides by, computed once per batch over all ranks."""
 
@@ -116,20 +129,17 @@ def global_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
 
 
 def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    trainee: Trainee,
     shard: ShardTensors,
     proximal_logp_BT: torch.Tensor,
     weights_BT: Weights,
     normalisers: LossNormalisers,
-    cfg: LearnerConfig,
-    sampling: float | Sampling,
 ) -> dict[str, float]:
     """One optimiser step; returns metrics reduced over all ranks. Collective: call on every rank.
 
-    ``sampling``: the rollout's temperature, top-p and top-k (``forward.response_logprobs``).
     ``weights_BT``: a tensor, or a callable called after the first micro-batch's forward."""
+    model, optimizer, scheduler, cfg, sampling = (trainee.model, trainee.optimizer, trainee.scheduler, trainee.cfg,
+                                                 trainee.sampling)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     if proximal_logp_BT.shape != shard.response_mask_BT.shape:
         raise ValueError(
@@ -167,15 +177,11 @@ def train_step(
 
 
 def train_updates(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    trainee: Trainee,
     shard: ShardTensors,
     proximal_logp_BT: torch.Tensor,
     weights_BT: Weights,
     normalisers: LossNormalisers,
-    cfg: LearnerConfig,
-    sampling: float | Sampling,
 ) -> dict[str, float]:
     """Every optimiser step of one batch: ``cfg.updates_per_batch`` epochs, each of ``cfg.mini_batches``
     steps on consecutive row slices of this shard (the same slices in every epoch, mini-batch k
@@ -188,6 +194,7 @@ def train_updates(
     the PPO / CTPO clip can act from the second update on (spec section 5). Metrics:
     ``combine_updates`` (means over the updates, ``last/<key>`` of the last update).
     """
+    cfg = trainee.cfg
     expected = tuple(shard.response_mask_BT.shape)
     weights = _WeightsOnce(weights_BT if callable(weights_BT) else (lambda: weights_BT), expected)
     checked = [("proximal log-probs", proximal_logp_BT)] + ([] if callable(weights_BT) else [("weights", weights_BT)])
@@ -211,8 +218,5 @@ def train_updates(
         for rows, norm in zip(slices, norms, strict=True):
             # fetched by the first step after its first forward; later steps get the fetched tensor
             per_update.append(train_step(
-                model, optimizer, scheduler, shard.rows(rows), proximal_logp_BT[rows],
-                lambda rows=rows: weights.get()[rows],
-                norm, cfg, sampling,
-            ))
+                trainee, shard.rows(rows), proximal_logp_BT[rows], lambda rows=rows: weights.get()[rows], norm))
     return combine_updates(per_update, epochs=cfg.updates_per_batch)
