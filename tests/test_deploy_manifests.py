@@ -1,5 +1,5 @@
 """The KubeRay manifests in ``deploy/kuberay/`` checked offline, with no cluster: every shipped
-file passes ``kuberay_validation`` (CRD schema, strict; KubeRay's admission rules; this project's
+file passes ``kuberay_checks`` (CRD schema, strict; KubeRay's admission rules; this project's
 rules: pod hardening, network isolation), and deliberately broken ones each fail for their reason.
 
 The CRD schemas live outside the repository (``../shared/kuberay-crds``, or ``$AISRL_KUBERAY_CRDS``):
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kuberay_validation import (  # noqa: E402  (a helper module beside the tests)
+from kuberay_checks import (  # a helper package beside the tests
     ENTRYPOINT,
     HAVE_CRDS,
     RAY_KINDS,
@@ -58,7 +58,7 @@ def test_the_crds_know_token_auth():
 
 def test_crd_location_is_configurable_and_its_absence_only_skips(tmp_path):
     """A checkout without ../shared (a user's clone): the CRD layer reports itself missing."""
-    code = ("import kuberay_validation as k; print(k.HAVE_CRDS, k.CRD_DIR); "
+    code = ("import kuberay_checks as k; print(k.HAVE_CRDS, k.CRD_DIR); "
             "print(k.needs_crds.kwargs['reason'])")
     env = os.environ | {"AISRL_KUBERAY_CRDS": str(tmp_path / "absent")}
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env,
