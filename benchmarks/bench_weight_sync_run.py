@@ -21,6 +21,7 @@ the asynchronous object-store run minus the FP8 part. Writes ``weight_sync_split
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,28 @@ def run_once(seed: int, overrides: list[str]) -> tuple[list[dict], float]:
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], wall
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out, ignore_errors=True)
+    return records, wall
+
+
+def split_parts(runs: dict) -> dict:
+    """The parts from the four runs of one seed (keys ``<transport>/max_lag<0|1>``): across runs
+    (synchronous lag-0 kl as the FP8 part) and, for staleness, also within the asynchronous run
+    (its lag-1 minus its lag-0 kl: the same policy trajectory, so the cleaner of the two)."""
+    def kl(run: str, lag: int) -> float:
+        value = runs[run][f"kl_k1_lag{lag}_median"]
+        return float("nan") if value is None else value
+
+    fp8 = kl("object_store/max_lag0", 0)
+    return {
+        "fp8": fp8,
+        "codec": kl("delta/max_lag0", 0) - fp8,
+        "staleness": kl("object_store/max_lag1", 1) - fp8,
+        "staleness_within_async_run": kl("object_store/max_lag1", 1) - kl("object_store/max_lag1", 0),
+        "codec_within_async_runs_lag1": kl("delta/max_lag1", 1) - kl("object_store/max_lag1", 1),
+        "delta_async_lag1_total": kl("delta/max_lag1", 1),
+    }
 
 
 def split(seeds: list[int], overrides: list[str]) -> dict:
@@ -92,12 +114,7 @@ def split(seeds: list[int], overrides: list[str]) -> dict:
                 print(f"seed {seed} {transport:12s} max_lag {lag}: kl_k1 lag 0 {r['kl_k1_lag0_median']}, lag 1 "
                       f"{r['kl_k1_lag1_median']}, codec error {r['codec_rel_error_median']}, reward "
                       f"{r['reward_first_10']:.3f} -> {r['reward_last_10']:.3f}", file=sys.stderr, flush=True)
-        fp8 = runs[f"object_store/max_lag0/seed{seed}"]["kl_k1_lag0_median"]
-        parts[f"seed{seed}"] = {
-            "fp8": fp8,
-            "codec": runs[f"delta/max_lag0/seed{seed}"]["kl_k1_lag0_median"] - fp8,
-            "staleness": (runs[f"object_store/max_lag1/seed{seed}"]["kl_k1_lag1_median"] or float("nan")) - fp8,
-            "delta_async_lag1_total": runs[f"delta/max_lag1/seed{seed}"]["kl_k1_lag1_median"]}
+        parts[f"seed{seed}"] = split_parts({k.split("/seed")[0]: v for k, v in runs.items() if k.endswith(f"/seed{seed}")})
     return {"overrides": overrides, "seeds": seeds, "metric": "median over steps of mismatch_by_lag/<lag>/kl_k1",
             "split": parts, "runs": runs}
 
