@@ -28,6 +28,7 @@ the runs it holds).
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,7 +138,9 @@ def train(overrides: list[str], log_path: Path) -> tuple[list[dict], float]:
     with open(log_path, "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], wall
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out, ignore_errors=True)  # a run directory (checkpoint included) per run otherwise stays
+    return records, wall
 
 
 def grouped(runs: dict) -> dict[tuple[str, str], list[dict]]:
