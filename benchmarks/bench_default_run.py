@@ -8,6 +8,7 @@ the training steps only.
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,7 @@ def main() -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out, ignore_errors=True)
     emit(args.name, {"overrides": args.overrides, "wall_seconds_incl_startup": wall,
                      "run_dir": "(temporary)", **summarise(records)})
 

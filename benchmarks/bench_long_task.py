@@ -10,6 +10,7 @@ steps only.
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def main() -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out, ignore_errors=True)
     emit(args.name, {"preset": "configs/long_cpu.yaml", "overrides": args.overrides,
                      "wall_seconds_incl_startup": wall, "run_dir": "(temporary)",
                      **summarise(records), **response_lengths(records)})

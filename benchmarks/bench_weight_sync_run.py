@@ -133,13 +133,7 @@ def main() -> None:
     runs = {}
     for seed in args.seeds:
         for transport in args.transports:
-            out = Path(tempfile.mkdtemp(prefix="aisrl-bench-sync-"))
-            cmd = [sys.executable, "-c", "from actors.cli import app; app()", "train", f"output_dir={out}",
-                   "report.console=false", f"seed={seed}", f"weight_sync.type={transport}", *args.overrides]
-            t0 = time.perf_counter()
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wall = time.perf_counter() - t0
-            records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            records, wall = run_once(seed, [f"weight_sync.type={transport}", *args.overrides])
             key = f"{transport}/seed{seed}"
             runs[key] = {"wall_seconds_incl_startup": wall, **summarise(records), **sync_summary(records)}
             r = runs[key]
