@@ -98,6 +98,7 @@ class SimulatedRolloutWorker:
         self.reward = build_reward(cfg.data.reward)
         self.policy_version = 0
         self.mailbox: WeightMailbox[list] = WeightMailbox(0)
+        self._running = False
         self._num_calls = 0
         self._loaded: dict[str, np.ndarray] = {}
         self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
@@ -112,7 +113,11 @@ class SimulatedRolloutWorker:
         mailbox); refuses weights older than allowed."""
         with self.mailbox.engine:
             self.mailbox.adopt(self._load, min_policy_version, 60.0)
-            return self._generate(prompts, min_policy_version)
+            self._running = True
+            try:
+                return self._generate(prompts, min_policy_version)
+            finally:
+                self._running = False
 
     @ray.method(concurrency_group="weights")
     def offer_weights(self, version: int, holder: list) -> None:
@@ -121,6 +126,11 @@ class SimulatedRolloutWorker:
 
     def _load(self, version: int, holder: list) -> None:
         self.update_weights(ray.get(holder[0]))
+
+    @ray.method(concurrency_group="weights")
+    def generating(self) -> bool:
+        """Whether a generate call is running now, its weights adopted (answered beside it, for tests)."""
+        return self._running
 
     def _generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
         started = time.perf_counter()

@@ -10,6 +10,7 @@ faster per step than the synchronous one.
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -222,16 +223,20 @@ def test_a_queued_call_samples_with_weights_offered_after_it_was_queued(loopback
     behind generation (it returns while the first call still runs), the first call's samples keep
     version 0 and the queued call's carry version 1, loaded once; both calls run back to back."""
     cfg = sim_config(Path("/nonexistent"), "max_steps=1")
-    worker = SimulatedRolloutWorker.actor_class(seconds_per_call=0.6, weight_load="copy").remote(
+    worker = SimulatedRolloutWorker.actor_class(seconds_per_call=1.0, weight_load="copy").remote(
         cfg, "/nonexistent", "rollout-q")
     try:
         ray.get(worker.ready.remote())
         prompts = [Prompt(prompt_id=f"q{i}", text=f"{i}+{i}=", reference=str(2 * i)) for i in range(2)]
         first = worker.generate.remote(prompts[:1], 0)
         queued = worker.generate.remote(prompts[1:], 0)
+        deadline = time.monotonic() + 30
+        while not ray.get(worker.generating.remote()):  # the first call runs, version 0 adopted
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         payload = WeightPayload(policy_version=1, arrays={"w": np.arange(8, dtype=np.int16)}, dtypes={"w": "bfloat16"})
         offered = worker.offer_weights.remote(1, [ray.put(payload)])
-        ready, _ = ray.wait([offered], timeout=0.4)
+        ready, _ = ray.wait([offered], timeout=0.5)
         assert ready and not ray.wait([first], timeout=0)[0]  # the offer returned while the first call runs
         assert {c.policy_version for g in ray.get(first) for c in g.completions} == {0}
         assert {c.policy_version for g in ray.get(queued) for c in g.completions} == {1}
