@@ -14,7 +14,6 @@ from system.rollout.weight_mailbox import WeightMailbox
 from system.rollout.worker import RolloutWorkerCore
 from system.types import Prompt, RolloutGroup
 from system.weight_broadcast import BroadcastReceiver, GroupAddress
-from system.weight_payload import WeightPayload
 
 OFFER_WAIT_S = 60.0
 """How long a generate call waits for the version it requires: the controller offers a version before it
@@ -61,13 +60,6 @@ class RolloutWorker:
         source = "broadcast" if payload is not None else "object_store"
         self.core.update_weights(payload if payload is not None else ray.get(holder[0]))
         self.weight_sources[source] += 1
-
-    def update_weights(self, payload: WeightPayload) -> int:
-        """Load ``payload`` now (a direct load, outside the offer path)."""
-        with self.mailbox.engine:
-            self.core.update_weights(payload)
-            self.mailbox.held_version = max(self.mailbox.held_version, payload.policy_version)
-            return self.core.policy_version
 
     @ray.method(concurrency_group="weights")
     def join_broadcast(self, address: GroupAddress, rank: int, timeout_s: float, delta: bool) -> None:

@@ -196,11 +196,12 @@ def train_updates(
     """
     cfg = trainee.cfg
     expected = tuple(shard.response_mask_BT.shape)
+    if tuple(proximal_logp_BT.shape) != expected:
+        raise ValueError(f"proximal log-probs have shape {tuple(proximal_logp_BT.shape)}, expected the shard's "
+                         f"[B, T] = {expected}")
     weights = _WeightsOnce(weights_BT if callable(weights_BT) else (lambda: weights_BT), expected)
-    checked = [("proximal log-probs", proximal_logp_BT)] + ([] if callable(weights_BT) else [("weights", weights_BT)])
-    for name, t in checked:
-        if tuple(t.shape) != expected:
-            raise ValueError(f"{name} have shape {tuple(t.shape)}, expected the shard's [B, T] = {expected}")
+    if not callable(weights_BT):
+        weights.get()  # a tensor: its shape is checked now, a call in flight's when it returns
     slices = mini_batch_slices(shard.num_sequences, cfg.mini_batches)
     if len(slices) == 1:
         norms = [normalisers]
