@@ -1,5 +1,8 @@
 """Shared fixtures."""
 
+import os
+import sys
+
 import pytest
 import ray
 
@@ -19,3 +22,26 @@ def loopback_ray(tmp_path_factory):
             yield
         finally:
             ray.shutdown()
+
+
+# The end of the test process. After the last test this process still holds native runtimes
+# that have no ordered teardown: counted at exit on the full suite (2026-11-24, AMD EPYC), the
+# threads of Ray's GCS client and gRPC, gloo run loops and a torch TCP store (in-process
+# learner and broadcast tests), wandb's service threads and OpenTelemetry exporters. One CI run
+# crashed with a segmentation fault in interpreter finalization after "859 passed"; the tests'
+# outcome was already final. So once pytest has reported, the process ends with pytest's own
+# exit status and skips finalization (atexit handlers included): a failing suite still fails.
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if not _EXIT_STATUS:  # pytest stopped before the session ran (a usage error): exit normally
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[-1])

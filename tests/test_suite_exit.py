@@ -1,0 +1,24 @@
+"""The test process ends with pytest's own exit status (``tests/conftest.py`` skips interpreter
+finalization once pytest has reported): a failing test still fails the run, a passing one passes."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("body", "expected_rc", "summary"),
+                         [("assert 1 + 1 == 3", 1, "1 failed"), ("assert 1 + 1 == 2", 0, "1 passed")])
+def test_exit_status_is_pytests(tmp_path, body, expected_rc, summary):
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_one.py").write_text(f"def test_one():\n    {body}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == expected_rc, done.stdout + done.stderr
+    assert summary in done.stdout
