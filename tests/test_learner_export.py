@@ -39,3 +39,55 @@ def test_tied_head_is_filled_in_when_the_state_omits_it():
     untied = _model(tie=False)
     with pytest.raises(ValueError, match="lm_head.weight"):
         _with_head({k: v for k, v in untied.state_dict().items() if k != "lm_head.weight"}, untied)
+
+
+def _sharded_export_main(rank, world_size, port, out_path):
+    """One rank: a module whose dim-0 sizes split unevenly over 3 ranks (5 -> 2/2/1, 1 -> 1/0/0,
+    2 -> 1/1/0, 7 -> 3/3/1), with a float and an integer buffer, sharded by FSDP2; rank 0 writes
+    the one-collective gather and DCP's per-parameter full state dict, both cast to bf16."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from system.learner import distributed
+    from system.learner.export import full_state_dict, gather_state_bf16
+
+    distributed.init_process_group(rank, world_size, port)
+    torch.manual_seed(0)  # the same initial values on every rank, as a loaded checkpoint would give
+    module = nn.Module()
+    module.a = nn.Parameter(torch.randn(5, 3))
+    module.b = nn.Parameter(torch.randn(1, 4))
+    module.c = nn.Parameter(torch.randn(2))
+    module.d = nn.Parameter(torch.randn(7, 2, 2) * 1e3)
+    module.register_buffer("scale", torch.tensor([0.1, 3.0]))
+    module.register_buffer("steps", torch.arange(4))
+    fully_shard(module, mesh=init_device_mesh("cpu", (world_size,)))
+    packed = gather_state_bf16(module)
+    reference = full_state_dict(module)
+    if rank == 0:
+        torch.save({"packed": packed, "reference": reference}, out_path)
+    else:
+        assert packed is None
+    distributed.destroy_process_group(barrier=True)
+
+
+def test_one_collective_gather_equals_the_per_parameter_full_state_dict(tmp_path):
+    import torch.multiprocessing as mp
+
+    from system.learner.distributed import find_free_port
+
+    out, port, ctx = tmp_path / "state.pt", find_free_port(), mp.get_context("spawn")
+    procs = [ctx.Process(target=_sharded_export_main, args=(r, 3, port, str(out))) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    saved = torch.load(out)
+    packed, reference = saved["packed"], saved["reference"]
+    assert list(packed) == list(reference) == ["a", "b", "c", "d", "scale", "steps"]
+    for name, full in reference.items():
+        expected = full.to(torch.bfloat16) if full.is_floating_point() else full
+        assert packed[name].dtype == expected.dtype and packed[name].shape == expected.shape, name
+        assert torch.equal(packed[name], expected), name  # the same bits: one cast, then a gather
+    assert packed["steps"].tolist() == [0, 1, 2, 3]

@@ -3,18 +3,27 @@
 Floating-point tensors are cast from the fp32 master weights to bf16 (round to nearest even);
 any integer tensor keeps its dtype.
 
-Collective: every rank calls ``export_weights``; FSDP2 all-gathers each parameter to rank 0's
-CPU (``full_state_dict=True, cpu_offload=True``), the other ranks get ``None``. Keys keep the
+Collective: every rank calls ``export_weights``; rank 0 gets the payload, the other ranks ``None``.
+The gather is ONE collective (:func:`gather_state_bf16`): every rank casts its FSDP2 shards (dim-0
+chunks, ``torch.chunk`` semantics) to bf16, packs them into one byte buffer padded to the chunk
+size, and rank 0 gathers the buffers and cuts them back into full tensors. It replaced DCP's
+``get_model_state_dict(full_state_dict=True)``, which all-gathers each parameter in turn: 27
+collectives for the default tiny model, 39 ms per export on 2 gloo ranks against 6 ms on one
+(2-core AMD EPYC). A layout the packing does not cover (a parameter sharded other than on dim 0
+of a 1-D mesh) takes that per-parameter path, and both give the same bits. Keys keep the
 Hugging Face names of the unwrapped model (``fully_shard`` adds no prefix), which is what
 vLLM's ``reload_weights`` expects. ``lm_head.weight`` is always present: should a model with tied
 embeddings leave it out of its state dict, it is filled in from ``model.embed_tokens.weight``
 (vLLM would otherwise keep a stale head).
 """
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor, Shard
 
 from system.weight_payload import WeightPayload, encode_weights
 
@@ -26,6 +35,84 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Full fp32 state dict on rank 0 (CPU), empty on the others. Collective."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
+
+
+def _chunk_rows(dim0: int, world_size: int, rank: int) -> int:
+    """Rows of a ``dim0``-row tensor on ``rank``: ``torch.chunk`` into chunks of ``ceil(dim0 / W)``
+    rows, trailing ranks empty (FSDP2's dim-0 sharding)."""
+    chunk = math.ceil(dim0 / world_size)
+    return max(0, min(chunk, dim0 - rank * chunk))
+
+
+def _packable(tensor: torch.Tensor) -> bool:
+    """A plain tensor (the same on every rank) or a DTensor sharded on dim 0 of a 1-D mesh."""
+    if not isinstance(tensor, DTensor):
+        return True
+    return (tensor.device_mesh.ndim == 1 and len(tensor.placements) == 1
+            and tensor.placements[0] == Shard(0) and tensor.dim() >= 1)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def gather_state_bf16(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The model's full state on rank 0 (CPU; floating tensors cast to bf16), None on the others,
+    by one gather of one byte buffer per rank. Collective; every tensor must be :func:`_packable`
+    (a decision every rank makes alike, from the placements).
+
+    Rank r's buffer: for each sharded tensor in state-dict order, its local chunk cast, padded
+    to ``ceil(dim0 / W)`` rows, as bytes; every rank's buffer has the same length. Plain tensors
+    (buffers, unsharded parameters) are not sent: rank 0 has them.
+    """
+    state = model.state_dict()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if not all(_packable(t) for t in state.values()):
+        raise ValueError("gather_state_bf16 needs every tensor plain or sharded on dim 0 of a 1-D mesh")
+    pieces, layout = [], []  # layout: (name, full shape, dtype, padded rows)
+    for name, t in state.items():
+        if not isinstance(t, DTensor):
+            continue
+        local = t.to_local().detach()
+        dtype = EXPORT_DTYPE if t.is_floating_point() else t.dtype
+        dim0 = t.shape[0]
+        rows, chunk = _chunk_rows(dim0, world, rank), math.ceil(dim0 / world)
+        if local.shape[0] != rows or tuple(local.shape[1:]) != tuple(t.shape[1:]):
+            raise RuntimeError(f"{name}: local shard {tuple(local.shape)} on rank {rank} of {world} is not "
+                               f"rows {rows} of the dim-0 chunking of {tuple(t.shape)}")
+        padded = local.new_zeros((chunk, *t.shape[1:]), dtype=dtype)
+        padded[:rows] = local
+        pieces.append(_as_bytes(padded))
+        layout.append((name, tuple(t.shape), dtype, chunk))
+    if dist.is_initialized() and world > 1:
+        flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8, device=_device(model))
+        parts = [torch.empty_like(flat) for _ in range(world)] if rank == 0 else None
+        dist.gather(flat, parts, dst=0)
+    else:
+        parts = [torch.cat(pieces)] if pieces else [torch.zeros(0, dtype=torch.uint8)]
+    if rank != 0:
+        return None
+    parts = [p.cpu() for p in parts]
+    full, offset = {}, 0
+    for name, shape, dtype, chunk in layout:
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        blocks = [p[offset:offset + chunk * row_bytes] for p in parts]
+        offset += chunk * row_bytes
+        data = torch.cat([b[:_chunk_rows(shape[0], world, r) * row_bytes] for r, b in enumerate(blocks)])
+        full[name] = data.view(dtype).reshape(shape)
+    out = {}
+    for name, t in state.items():  # state-dict order, plain tensors from rank 0's own copy
+        if name in full:
+            out[name] = full[name]
+        else:
+            plain = t.detach().to("cpu")
+            out[name] = plain.to(EXPORT_DTYPE) if plain.is_floating_point() else plain
+    return out
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _with_head(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -40,8 +127,9 @@ def _with_head(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, to
 
 def export_weights(model: nn.Module, policy_version: int) -> WeightPayload | None:
     """The bf16 payload on rank 0, None elsewhere. Collective: call on every rank."""
-    state = full_state_dict(model)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    packable = all(_packable(t) for t in model.state_dict().values())  # the same answer on every rank
+    state = gather_state_bf16(model) if packable else full_state_dict(model)
     if rank != 0:
         return None
     state = _with_head(state, model)
