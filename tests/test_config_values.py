@@ -1,0 +1,158 @@
+"""Config values that make no sense are refused, naming the field: booleans and non-finite values
+in number fields, and thresholds that would reject or truncate the on-policy ratio 1."""
+
+import typing
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from system.config import (
+    ConfigError,
+    RunConfig,
+    resolve_config,
+)
+from system.config.correction import CorrectionConfig, IcePop, SeqMIS
+from system.config.learner import LearnerConfig
+
+# -- strict numbers (issue 9 a) -------------------------------------------------------------------
+
+def _number_fields(model_cls, prefix="", loc_prefix="", setup=()):
+    """(dotted key, overrides selecting its union member, error path, kind) of every int / float
+    field, found by walking the annotations (a union member is selected with its ``type``)."""
+    for name, field in model_cls.model_fields.items():
+        key = field.alias or name
+        args = typing.get_args(field.annotation) or (field.annotation,)
+        members = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if members:
+            for member in members:
+                if field.discriminator:  # a tagged union, maybe of one member
+                    tag = member.model_fields["type"].default
+                    yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.{tag}.",
+                                              (*setup, f"{prefix}{key}.type={tag}"))
+                else:
+                    yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.", setup)
+            continue
+        kinds = {a for a in args if a in (int, float)}
+        if kinds:
+            yield f"{prefix}{key}", setup, f"{loc_prefix}{key}", "float" if float in kinds else "int"
+
+
+NUMBER_FIELDS = list(_number_fields(RunConfig))
+
+
+def test_the_walk_finds_the_number_fields():
+    keys = {k for k, *_ in NUMBER_FIELDS}
+    assert {"seed", "max_steps", "learner.lr", "async.max_lag", "correction.method.hi",
+            "correction.method.c", "correction.method.lo", "ray.num_cpus", "model.hidden_size",
+            "learner.max_nonfinite_steps", "correction.method.veto"} <= keys
+    assert len(NUMBER_FIELDS) > 40
+
+
+@pytest.mark.parametrize(("key", "setup", "loc", "kind"), NUMBER_FIELDS, ids=[f"{k}-{s}" for k, s, *_ in NUMBER_FIELDS])
+def test_no_number_field_takes_a_boolean_or_a_non_finite_value(key, setup, loc, kind):
+    # The error names the dotted path (with the union tag, as pydantic locates it).
+    values = ["true", "false", ".inf", "-.inf", ".nan", "1e400", "nan", "inf"]
+    for value in values:
+        with pytest.raises(ConfigError) as err:
+            resolve_config([], [*setup, f"{key}={value}"])
+        assert f"{loc}: " in str(err.value), (value, str(err.value))
+    with pytest.raises(ConfigError, match="expected a number, got the boolean true"):
+        resolve_config([], [*setup, f"{key}=true"])
+    if kind == "float":
+        with pytest.raises(ConfigError, match="finite number"):
+            resolve_config([], [*setup, f"{key}=.inf"])
+
+
+def test_the_issue_examples_are_refused():
+    with pytest.raises(ConfigError, match=r"learner\.lr: Input should be a finite number"):
+        resolve_config([], ["learner.lr=.inf"])
+    with pytest.raises(ConfigError, match="max_steps: expected a number, got the boolean true"):
+        resolve_config([], ["max_steps=true"])
+
+
+def test_strings_and_ints_still_convert_to_numbers(tmp_path):
+    # YAML reads 1e-3 as a string (no dot) and 2 as an int; both are floats in the config.
+    cfg = resolve_config([], ["learner.lr=1e-3", "learner.grad_clip=2", "max_steps='12'", "rollout.top_p=0.5"])
+    assert (cfg.learner.lr, cfg.learner.grad_clip, cfg.max_steps, cfg.rollout.top_p) == (0.001, 2.0, 12, 0.5)
+    assert type(cfg.learner.grad_clip) is float and type(cfg.max_steps) is int
+    preset = tmp_path / "p.yaml"
+    preset.write_text("learner: {lr: 3e-4, weight_decay: 0}\nmax_steps: 4.0\n")
+    cfg = resolve_config([preset])
+    assert (cfg.learner.lr, cfg.learner.weight_decay, cfg.max_steps) == (0.0003, 0.0, 4)
+    # boolean fields still take booleans
+    assert resolve_config([], ["report.console=false"]).report.console is False
+
+
+def test_int_fields_hold_64_bit_values_and_seeds_are_not_negative():
+    assert resolve_config([], [f"seed={2**63 - 1}"]).seed == 2**63 - 1
+    for value in (2**63, -(2**63) - 1, 10**400):
+        with pytest.raises(ConfigError, match="seed"):
+            resolve_config([], [f"seed={value}"])
+    with pytest.raises(ConfigError, match="seed: Input should be greater than or equal to 0"):
+        resolve_config([], ["seed=-1"])
+
+
+def test_max_nonfinite_steps_field():
+    assert RunConfig().learner.max_nonfinite_steps == 3
+    assert resolve_config([], ["learner.max_nonfinite_steps=0"]).learner.max_nonfinite_steps == 0
+    for bad in ("-1", "true", "1.5"):
+        with pytest.raises(ConfigError, match=r"learner\.max_nonfinite_steps"):
+            resolve_config([], [f"learner.max_nonfinite_steps={bad}"])
+    doc = LearnerConfig.model_fields["max_nonfinite_steps"].description
+    assert "non-finite" in doc and "skipped" in doc
+
+
+# -- thresholds that make no sense (issue 9 b) ----------------------------------------------------
+
+# A band [lo, hi] must hold the on-policy ratio 1 strictly inside (else ratios 1 +- noise are
+# rejected on one side); a truncation cap c must be >= 1 (else the ratio 1 itself is truncated).
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["correction.method.hi=0.5"], "hi"),
+        (["correction.method.hi=0.999"], "hi"),
+        (["correction.method.hi=1"], "hi"),
+        (["correction.method.lo=1", "correction.method.hi=3"], "lo"),
+        (["correction.method.lo=1.5", "correction.method.hi=3"], "lo"),
+        (["correction.method.type=icepop", "correction.method.lo=1"], "lo"),
+        (["correction.method.type=icepop", "correction.method.hi=1"], "hi"),
+        (["correction.method.type=icepop", "correction.method.hi=0.9", "correction.method.lo=0.1"], "hi"),
+        (["correction.method.type=geo-rs", "correction.method.lo=1.0001"], "lo"),
+        (["correction.method.type=geo-rs", "correction.method.hi=0.9999", "correction.method.lo=0.5"], "hi"),
+        (["correction.method.type=token-tis", "correction.method.c=0.5"], "c"),
+        (["correction.method.type=seq-tis", "correction.method.c=0.99"], "c"),
+    ],
+)
+def test_thresholds_that_reject_the_on_policy_ratio_are_refused(overrides, field):
+    with pytest.raises(ConfigError) as err:
+        resolve_config([], overrides)
+    assert f"correction.method.{field}: " in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["correction.method.hi=1.0001"],
+        ["correction.method.lo=0.9999", "correction.method.hi=1.0001"],
+        ["correction.method.type=icepop", "correction.method.lo=0.99", "correction.method.hi=1.01"],
+        ["correction.method.type=geo-rs"],
+        ["correction.method.type=token-tis", "correction.method.c=1"],
+        ["correction.method.type=seq-tis", "correction.method.c=1"],
+    ],
+)
+def test_thresholds_around_1_are_accepted(overrides):
+    resolve_config([], overrides)
+
+
+def test_lo_must_be_below_hi():
+    with pytest.raises(ConfigError, match=r"lo \(0\.5\) must be < hi \(0\.5\)"):
+        resolve_config([], ["correction.method.type=icepop", "correction.method.lo=0.5", "correction.method.hi=0.5"])
+    with pytest.raises(ConfigError, match=r"lo \(2\.0\) must be < hi \(1\.5\)"):
+        resolve_config([], ["correction.method.lo=2", "correction.method.hi=1.5"])
+
+
+def test_method_classes_alone_still_build_any_band():
+    # The formulas' tests build bands away from 1; only a run's config refuses them.
+    assert SeqMIS(lo=1.2, hi=3.0).lo == 1.2 and IcePop(lo=4.0, hi=5.0).lo == 4.0
+    with pytest.raises(ValidationError, match=r"method\.lo"):
+        CorrectionConfig(method=SeqMIS(lo=1.2, hi=3.0))
