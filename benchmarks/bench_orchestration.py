@@ -135,6 +135,32 @@ def bench_async_vs_sync(ratios: list[float], train_s: float, max_steps: int, mea
             "min_efficiency": {m: min(r["efficiency"] for r in rows if r["mode"] == m) for m in ("async", "sync")}}
 
 
+def bench_lag_at_balance(train_s: float, steps: int, warmup: int, repeats: int, payload_params: int) -> dict:
+    """R = L (one worker, one call per step) at ``max_lag`` 1 and 2, alternating, ``repeats`` runs each.
+
+    At ``max_lag`` 1 the call feeding step k+2 needs version k+1, so it starts only once step k has
+    ended: every two steps form one cycle of L + R plus the latency around it (step end -> publish
+    -> offer / dispatch -> adopt, and the call's return -> buffer -> collate -> put -> the ranks).
+    At ``max_lag`` 2 that call may use version k, and the cycle's latency has slack to hide in."""
+    rows = []
+    for rep in range(repeats):
+        for lag in (1, 2):
+            res = run_trainer(["prompts_per_step=64", "rollout.prompts_per_call=64", "rollout.num_workers=1",
+                               f"async.max_lag={lag}"], {"seconds_per_call": train_s, "weight_load": "copy"},
+                              {"train_seconds": train_s, "payload_params": payload_params}, steps, warmup)
+            row = {"max_lag": lag, "repeat": rep, "R_s": train_s, "L_s": train_s, "steps": steps,
+                   "efficiency": train_s / res["achieved_s_per_step"],
+                   "overhead_s_per_step": res["achieved_s_per_step"] - train_s, **res}
+            rows.append(row)
+            log(f"R=L={train_s}s max_lag={lag} eff {row['efficiency']:.3f} overhead "
+                f"{row['overhead_s_per_step'] * 1000:.1f} ms lag_max {max(res['lag_max'])}")
+    summary = {str(lag): {"overhead_ms": [round(r["overhead_s_per_step"] * 1000, 2) for r in rows if r["max_lag"] == lag],
+                          "efficiency": [round(r["efficiency"], 4) for r in rows if r["max_lag"] == lag]}
+               for lag in (1, 2)}
+    return {"train_seconds_L": train_s, "warmup_steps_excluded": warmup, "payload_params": payload_params,
+            "rows": rows, "by_max_lag": summary}
+
+
 def bench_scaling(workers: list[int], rollout_s: float, train_s: float, prompts_per_call: int, steps: int,
                   warmup: int, payload_params: int) -> dict:
     rows, skipped = [], []
@@ -255,7 +281,8 @@ def log(msg: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (3-4 minutes)")
-    parser.add_argument("--parts", default="async,scaling,weights", help="comma-separated subset")
+    parser.add_argument("--parts", default="async,scaling,weights",
+                        help="comma-separated subset of async, lag (R = L at max_lag 1 and 2), scaling, weights")
     parser.add_argument("--train-seconds", type=float, default=0.5, help="L of part 1")
     parser.add_argument("--tag", default="", help="suffix of the result names (e.g. _L0.5)")
     parser.add_argument("--no-save", action="store_true")
@@ -284,6 +311,10 @@ def main() -> None:
                                       measure_s=4.0 if args.quick else 10.0, warmup=2, payload_params=payload)
             emit(f"orchestration_async_vs_sync_cpu{suffix}", res, save=not args.no_save)
             results["async"] = res
+        if "lag" in parts:
+            res = bench_lag_at_balance(args.train_seconds, steps=22, warmup=2, repeats=3, payload_params=payload)
+            emit(f"orchestration_lag_at_balance_cpu{suffix}", res, save=not args.no_save)
+            results["lag"] = res
         if "scaling" in parts:
             workers = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16]
             res = bench_scaling(workers, rollout_s=1.0, train_s=0.1, prompts_per_call=8,
