@@ -63,11 +63,12 @@ def _sharded_export_main(rank, world_size, port, out_path):
     module.register_buffer("steps", torch.arange(4))
     fully_shard(module, mesh=init_device_mesh("cpu", (world_size,)))
     packed = gather_state_bf16(module)
+    bucketed = gather_state_bf16(module, bucket_bytes=40)  # three gathers: [a], [b, c], [d] (see below)
     reference = full_state_dict(module)
     if rank == 0:
-        torch.save({"packed": packed, "reference": reference}, out_path)
+        torch.save({"packed": packed, "bucketed": bucketed, "reference": reference}, out_path)
     else:
-        assert packed is None
+        assert packed is None and bucketed is None
     distributed.destroy_process_group(barrier=True)
 
 
@@ -84,10 +85,24 @@ def test_one_collective_gather_equals_the_per_parameter_full_state_dict(tmp_path
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0, 0, 0]
     saved = torch.load(out)
-    packed, reference = saved["packed"], saved["reference"]
-    assert list(packed) == list(reference) == ["a", "b", "c", "d", "scale", "steps"]
-    for name, full in reference.items():
-        expected = full.to(torch.bfloat16) if full.is_floating_point() else full
-        assert packed[name].dtype == expected.dtype and packed[name].shape == expected.shape, name
-        assert torch.equal(packed[name], expected), name  # the same bits: one cast, then a gather
+    reference = saved["reference"]
+    for packed in (saved["packed"], saved["bucketed"]):
+        assert list(packed) == list(reference) == ["a", "b", "c", "d", "scale", "steps"]
+        for name, full in reference.items():
+            expected = full.to(torch.bfloat16) if full.is_floating_point() else full
+            assert packed[name].dtype == expected.dtype and packed[name].shape == expected.shape, name
+            assert torch.equal(packed[name], expected), name  # the same bits: one cast, then a gather
     assert packed["steps"].tolist() == [0, 1, 2, 3]
+
+
+def test_buckets_hold_consecutive_tensors_within_the_limit():
+    from system.learner.export import _buckets
+
+    bf16 = torch.bfloat16
+    # gathered bytes over 3 ranks (W x padded rows x row elements x 2 bytes):
+    # a (5, 3): 3*2*3*2 = 36; b (1, 4): 3*1*4*2 = 24; c (2,): 3*1*1*2 = 6; d (7, 2, 2): 3*3*4*2 = 72
+    layout = [("a", (5, 3), bf16, 2), ("b", (1, 4), bf16, 1), ("c", (2,), bf16, 1), ("d", (7, 2, 2), bf16, 3)]
+    assert _buckets(layout, 3, 40) == [[0], [1, 2], [3]]  # d alone exceeds the limit: its own bucket
+    assert _buckets(layout, 3, 1 << 20) == [[0, 1, 2, 3]]
+    assert _buckets(layout, 3, 66) == [[0, 1, 2], [3]]  # 36 + 24 + 6 = 66 fits exactly
+    assert _buckets([], 3, 40) == []
