@@ -29,19 +29,27 @@ def loopback_ray(tmp_path_factory):
 # threads of Ray's GCS client and gRPC, gloo run loops and a torch TCP store (in-process
 # learner and broadcast tests), wandb's service threads and OpenTelemetry exporters. One CI run
 # crashed with a segmentation fault in interpreter finalization after "859 passed"; the tests'
-# outcome was already final. So once pytest has reported, the process ends with pytest's own
-# exit status and skips finalization (atexit handlers included): a failing suite still fails.
-_EXIT_STATUS: list[int] = []
+# outcome was already final. So once pytest has reported a finished run (passed, failed, or
+# nothing collected), the process ends with pytest's own exit status and skips finalization
+# (atexit handlers included): a failing suite still fails. Other outcomes (usage errors found
+# after the session started, interrupts, internal errors) exit normally, so pytest still prints
+# their message after this hook.
+_SESSION: list = []
+_FINISHED_RUN = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
-def pytest_sessionfinish(session, exitstatus):
-    _EXIT_STATUS.append(int(exitstatus))
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session):
+    result = yield  # every plugin's sessionfinish ran (one that raised leaves nothing recorded)
+    _SESSION.append(session)
+    return result
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    if not _EXIT_STATUS:  # pytest stopped before the session ran (a usage error): exit normally
+    if not _SESSION or _SESSION[-1].exitstatus not in _FINISHED_RUN:
         return
+    status = int(_SESSION[-1].exitstatus)  # read last, after every plugin's sessionfinish
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(_EXIT_STATUS[-1])
+    os._exit(status)

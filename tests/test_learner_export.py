@@ -43,7 +43,8 @@ def test_tied_head_is_filled_in_when_the_state_omits_it():
 
 def _sharded_export_main(rank, world_size, port, out_path):
     """One rank: a module whose dim-0 sizes split unevenly over 3 ranks (5 -> 2/2/1, 1 -> 1/0/0,
-    2 -> 1/1/0, 7 -> 3/3/1), with a float and an integer buffer, sharded by FSDP2; rank 0 writes
+    2 -> 1/1/0, 7 -> 3/3/1), a tied and an empty parameter, a float and an integer buffer, sharded
+    by FSDP2; rank 0 writes
     the one-collective gather and DCP's per-parameter full state dict, both cast to bf16."""
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
@@ -59,11 +60,13 @@ def _sharded_export_main(rank, world_size, port, out_path):
     module.b = nn.Parameter(torch.randn(1, 4))
     module.c = nn.Parameter(torch.randn(2))
     module.d = nn.Parameter(torch.randn(7, 2, 2) * 1e3)
+    module.tied = module.a  # one parameter under two names (tied embeddings): gathered once, listed twice
+    module.z = nn.Parameter(torch.zeros(4, 0))  # no elements: 0 local rows on every rank
     module.register_buffer("scale", torch.tensor([0.1, 3.0]))
     module.register_buffer("steps", torch.arange(4))
     fully_shard(module, mesh=init_device_mesh("cpu", (world_size,)))
     packed = gather_state_bf16(module)
-    bucketed = gather_state_bf16(module, bucket_bytes=40)  # three gathers: [a], [b, c], [d] (see below)
+    bucketed = gather_state_bf16(module, bucket_bytes=40)  # four gathers: [a], [b, c], [d], [z] (see below)
     reference = full_state_dict(module)
     if rank == 0:
         torch.save({"packed": packed, "bucketed": bucketed, "reference": reference}, out_path)
@@ -87,12 +90,13 @@ def test_one_collective_gather_equals_the_per_parameter_full_state_dict(tmp_path
     saved = torch.load(out)
     reference = saved["reference"]
     for packed in (saved["packed"], saved["bucketed"]):
-        assert list(packed) == list(reference) == ["a", "b", "c", "d", "scale", "steps"]
+        assert list(packed) == list(reference), (list(packed), list(reference))
+        assert set(packed) == {"a", "b", "c", "d", "tied", "z", "scale", "steps"}
         for name, full in reference.items():
             expected = full.to(torch.bfloat16) if full.is_floating_point() else full
             assert packed[name].dtype == expected.dtype and packed[name].shape == expected.shape, name
             assert torch.equal(packed[name], expected), name  # the same bits: one cast, then a gather
-    assert packed["steps"].tolist() == [0, 1, 2, 3]
+    assert saved["packed"]["steps"].tolist() == [0, 1, 2, 3] and saved["packed"]["z"].shape == (4, 0)
 
 
 def test_buckets_hold_consecutive_tensors_within_the_limit():

@@ -22,3 +22,16 @@ def test_exit_status_is_pytests(tmp_path, body, expected_rc, summary):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == expected_rc, done.stdout + done.stderr
     assert summary in done.stdout
+
+
+def test_a_usage_error_found_in_the_session_still_prints_its_message(tmp_path):
+    """pytest prints "file or directory not found" after the unconfigure hooks: the process must
+    then exit normally (status 4, the message kept)."""
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_one.py"), str(tmp_path / "not_there.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "not found" in done.stdout + done.stderr

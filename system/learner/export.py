@@ -46,10 +46,12 @@ def _chunk_rows(dim0: int, world_size: int, rank: int) -> int:
 
 
 def _packable(tensor: torch.Tensor) -> bool:
-    """A plain tensor (the same on every rank) or a DTensor sharded on dim 0 of a 1-D mesh."""
+    """A plain tensor (the same on every rank) or a DTensor sharded on dim 0 of a 1-D mesh over
+    the whole default group (the gather runs on that group)."""
     if not isinstance(tensor, DTensor):
         return True
-    return (tensor.device_mesh.ndim == 1 and len(tensor.placements) == 1
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return (tensor.device_mesh.ndim == 1 and tensor.device_mesh.size() == world and len(tensor.placements) == 1
             and tensor.placements[0] == Shard(0) and tensor.dim() >= 1)
 
 
@@ -91,8 +93,12 @@ def gather_state_bf16(model: nn.Module, bucket_bytes: int = GATHER_BUCKET_BYTES)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if not all(_packable(t) for t in state.values()):
         raise ValueError("gather_state_bf16 needs every tensor plain or sharded on dim 0 of a 1-D mesh")
+    first_name: dict[int, str] = {}  # a tensor listed under two names (tied embeddings) is gathered once
+    for name, t in state.items():
+        first_name.setdefault(id(t), name)
     layout = [(name, tuple(t.shape), EXPORT_DTYPE if t.is_floating_point() else t.dtype, math.ceil(t.shape[0] / world))
-              for name, t in state.items() if isinstance(t, DTensor)]  # (name, full shape, dtype, padded rows)
+              for name, t in state.items()
+              if isinstance(t, DTensor) and first_name[id(t)] == name]  # (name, full shape, dtype, padded rows)
     full = {}
     for bucket in _buckets(layout, world, bucket_bytes):
         pieces = []
@@ -100,11 +106,13 @@ def gather_state_bf16(model: nn.Module, bucket_bytes: int = GATHER_BUCKET_BYTES)
             name, shape, dtype, chunk = layout[i]
             local = state[name].to_local().detach()
             rows = _chunk_rows(shape[0], world, rank)
-            if local.shape[0] != rows or tuple(local.shape[1:]) != shape[1:]:
+            # by element count, so a tensor with no elements (a zero trailing dim) passes on every rank
+            if local.numel() != rows * math.prod(shape[1:]):
                 raise RuntimeError(f"{name}: local shard {tuple(local.shape)} on rank {rank} of {world} is not "
                                    f"rows {rows} of the dim-0 chunking of {shape}")
             padded = local.new_zeros((chunk, *shape[1:]), dtype=dtype)
-            padded[:rows] = local
+            if local.numel():
+                padded[:rows] = local.reshape(rows, *shape[1:])
             pieces.append(_as_bytes(padded))
         flat = torch.cat(pieces)
         if dist.is_initialized() and world > 1:
@@ -126,8 +134,8 @@ def gather_state_bf16(model: nn.Module, bucket_bytes: int = GATHER_BUCKET_BYTES)
         return None
     out = {}
     for name, t in state.items():  # state-dict order, plain tensors from rank 0's own copy
-        if name in full:
-            out[name] = full[name]
+        if isinstance(t, DTensor):
+            out[name] = full[first_name[id(t)]]
         else:
             plain = t.detach().to("cpu")
             out[name] = plain.to(EXPORT_DTYPE) if plain.is_floating_point() else plain
