@@ -65,8 +65,8 @@ def _sharded_export_main(rank, world_size, port, out_path):
     module.register_buffer("scale", torch.tensor([0.1, 3.0]))
     module.register_buffer("steps", torch.arange(4))
     fully_shard(module, mesh=init_device_mesh("cpu", (world_size,)))
-    packed = gather_state_bf16(module)
-    bucketed = gather_state_bf16(module, bucket_bytes=40)  # four gathers: [a], [b, c], [d], [z] (see below)
+    packed = gather_state_bf16(module.state_dict())
+    bucketed = gather_state_bf16(module.state_dict(), bucket_bytes=40)  # four gathers: [a], [b, c], [d], [z] (see below)
     reference = full_state_dict(module)
     if rank == 0:
         torch.save({"packed": packed, "bucketed": bucketed, "reference": reference}, out_path)

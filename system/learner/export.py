@@ -45,12 +45,11 @@ def _chunk_rows(dim0: int, world_size: int, rank: int) -> int:
     return max(0, min(chunk, dim0 - rank * chunk))
 
 
-def _packable(tensor: torch.Tensor) -> bool:
+def _packable(tensor: torch.Tensor, world: int) -> bool:
     """A plain tensor (the same on every rank) or a DTensor sharded on dim 0 of a 1-D mesh over
-    the whole default group (the gather runs on that group)."""
+    the whole default group of ``world`` ranks (the gather runs on that group)."""
     if not isinstance(tensor, DTensor):
         return True
-    world = dist.get_world_size() if dist.is_initialized() else 1
     return (tensor.device_mesh.ndim == 1 and tensor.device_mesh.size() == world and len(tensor.placements) == 1
             and tensor.placements[0] == Shard(0) and tensor.dim() >= 1)
 
@@ -78,21 +77,19 @@ def _buckets(layout: list[tuple], world: int, limit: int) -> list[list[int]]:
     return buckets + ([current] if current else [])
 
 
-def gather_state_bf16(model: nn.Module, bucket_bytes: int = GATHER_BUCKET_BYTES) -> dict[str, torch.Tensor] | None:
-    """The model's full state on rank 0 (CPU; floating tensors cast to bf16), None on the others,
-    by one gather per bucket of at most ``bucket_bytes`` (one bucket for small models).
-    Collective; every tensor must be :func:`_packable` (a decision every rank makes alike, from
-    the placements).
+def gather_state_bf16(state: dict[str, torch.Tensor],
+                      bucket_bytes: int = GATHER_BUCKET_BYTES) -> dict[str, torch.Tensor] | None:
+    """A model's full ``state`` (its ``state_dict()``) on rank 0 (CPU; floating tensors cast to
+    bf16), None on the others, by one gather per bucket of at most ``bucket_bytes`` (one bucket
+    for small models). Collective; every tensor must be :func:`_packable`, which
+    :func:`export_weights` checks (a decision every rank makes alike, from the placements).
 
     Rank r's buffer for a bucket: for each sharded tensor in it (state-dict order), its local
     chunk cast, padded to ``ceil(dim0 / W)`` rows, as bytes; every rank's buffer has the same
     length. Plain tensors (buffers, unsharded parameters) are not sent: rank 0 has them.
     """
-    state = model.state_dict()
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if not all(_packable(t) for t in state.values()):
-        raise ValueError("gather_state_bf16 needs every tensor plain or sharded on dim 0 of a 1-D mesh")
     first_name: dict[int, str] = {}  # a tensor listed under two names (tied embeddings) is gathered once
     for name, t in state.items():
         first_name.setdefault(id(t), name)
@@ -142,10 +139,6 @@ def gather_state_bf16(model: nn.Module, bucket_bytes: int = GATHER_BUCKET_BYTES)
     return out
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _with_head(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     if _HEAD in state:
         return state
@@ -159,8 +152,10 @@ def _with_head(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, to
 def export_weights(model: nn.Module, policy_version: int) -> WeightPayload | None:
     """The bf16 payload on rank 0, None elsewhere. Collective: call on every rank."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    packable = all(_packable(t) for t in model.state_dict().values())  # the same answer on every rank
-    state = gather_state_bf16(model) if packable else full_state_dict(model)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    local = model.state_dict()
+    packable = all(_packable(t, world) for t in local.values())  # the same answer on every rank
+    state = gather_state_bf16(local) if packable else full_state_dict(model)
     if rank != 0:
         return None
     state = _with_head(state, model)
