@@ -71,6 +71,17 @@ def cases():
     mask[:, :] = False
     mask[0, :3] = True  # 3 tokens: odd count, one response
     yield "odd", mu, old, mask
+    # the pass reads each row from its first to its last response position only: left padding,
+    # holes, a response at the very end, and NaN / inf in the padding outside that span (ignored)
+    mu, old, mask = batch(70, 1000, 7)
+    mask = torch.rand(70, 1000, generator=torch.Generator().manual_seed(8)) < 0.7
+    mask[0, :] = False
+    mask[1, :-1] = False
+    mask[2, :500] = False
+    mask[3, 1:] = False
+    mu[4, :10], old[4, -10:] = float("nan"), float("inf")
+    mask[4, :10], mask[4, -10:] = False, False
+    yield "holes", mu, old, mask
 
 
 @pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "3-threads"])

@@ -147,7 +147,9 @@ def _as_inputs(behaviour_BT, proximal_BT, mask_BT) -> tuple[np.ndarray, np.ndarr
 @functools.lru_cache(maxsize=8)
 def _sample_positions(num: int) -> np.ndarray:
     """The bracket's sample: ``_SAMPLE`` positions of ``num``, the same for every batch of that size."""
-    positions = np.random.default_rng(_SEED).integers(num, size=_SAMPLE)
+    # sorted: the gather walks the arrays in address order (the same sample; 0.4-0.6 instead of
+    # ~0.8 ms at 1M positions when the pass has just evicted them from the cache, AMD EPYC)
+    positions = np.sort(np.random.default_rng(_SEED).integers(num, size=_SAMPLE))
     positions.setflags(write=False)
     return positions
 

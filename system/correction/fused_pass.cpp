@@ -6,6 +6,8 @@
 // inside it, where the median's exact order statistics are then selected. A bracket that misses
 // (told by the counts) is widened to everything and the pass repeated. All arithmetic in double;
 // a token is valid when mask != 0 and old - mu is finite (as system/correction/ratios.py).
+// Each row is read from its first to its last mask != 0 position only (the padding around adds
+// zeros), and the band is collected without a branch per token (a compaction of the row).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -97,16 +99,24 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
   int64_t nb = 0;
 
   for (int64_t i = i0; i < i1; ++i) {
-    const F* m_row = mu + i * T;
-    const F* o_row = old + i * T;
-    const uint8_t* k_row = mask + i * T;
+    // Only the row's span from its first to its last response position: positions outside it add
+    // exact zeros to every sum (right padding is most of a batch's masked positions).
+    const uint8_t* k_full = mask + i * T;
+    int64_t j_end = T;
+    while (j_end > 0 && !k_full[j_end - 1]) --j_end;
+    int64_t j_begin = 0;
+    while (j_begin < j_end && !k_full[j_begin]) ++j_begin;
+    const int64_t span = j_end - j_begin;
+    const F* m_row = mu + i * T + j_begin;
+    const F* o_row = old + i * T + j_begin;
+    const uint8_t* k_row = k_full + j_begin;
     double t = 0, nonfinite = 0, L = 0, sd = 0, sk3 = 0, sabs = 0, out5 = 0, min_d = INFINITY;
     double sdc2 = 0, se = 0, se2 = 0, srho = 0, srho2 = 0, sgap = 0, out2 = 0, smu = 0, sold = 0;
     double smu2 = 0, sold2 = 0, smo = 0, big = 0;
     int64_t min_key = ordered_bits(INFINITY), max_key = 0;
     // Branch-free, so the compiler vectorises it (exp / expm1 from the vector math library): an
     // excluded token contributes exact zeros (d, m - ref, o - ref replaced by 0 before any use).
-    for (int64_t j = 0; j < T; ++j) {
+    for (int64_t j = 0; j < span; ++j) {
       const double m = static_cast<double>(m_row[j]), o = static_cast<double>(o_row[j]);
       const double d = o - m;
       const uint64_t in = nonzero(k_row[j]);
@@ -152,17 +162,20 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
       big += select(keep, a > kClamp ? 1.0 : 0.0, 0.0);
     }
     if (big > 0.0) {  // rare: the probability gap of the tokens with |d| > 20, from both exponentials
-      for (int64_t j = 0; j < T; ++j) {
+      for (int64_t j = 0; j < span; ++j) {
         const double m = static_cast<double>(m_row[j]), o = static_cast<double>(o_row[j]);
         if (k_row[j] && std::isfinite(o - m) && std::fabs(o - m) > kClamp) sgap += std::fabs(std::exp(o) - std::exp(m));
       }
     }
-    for (int64_t j = 0; j < T; ++j) {  // scalar: the band inside [lo, hi]
-      if (abs_j[j] >= 0.0) {
-        if (nb < capacity) band.push_back(abs_j[j]);
-        ++nb;  // counted past the capacity too: the caller sees the band did not fit
-      }
+    int64_t in_row = 0;  // the row's band values, compacted to the front of abs_row (branch-free)
+    for (int64_t j = 0; j < span; ++j) {
+      const double x = abs_j[j];
+      abs_j[in_row] = x;
+      in_row += x >= 0.0 ? 1 : 0;
     }
+    const int64_t room = std::max<int64_t>(0, capacity - nb);
+    band.insert(band.end(), abs_j, abs_j + std::min(in_row, room));
+    nb += in_row;  // counted past the capacity too: the caller sees the band did not fit
     min_d = from_ordered_bits(min_key);
     max_abs = std::max(max_abs, from_ordered_bits(max_key));
     double* r = row + i * kRowCols;
