@@ -29,7 +29,7 @@ class LearnerRank:
         self.core = LearnerCore(cfg, model_dir, rank, world_size, master_port)
         sync = cfg.weight_sync
         encoder = DeltaEncoder(sync.rank, sync.full_every, cfg.seed) if sync.type == "delta" else None
-        self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, encoder)
+        self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, encoder, sync.shared_memory)
                        if sync.type in ("collective", "delta") and rank == 0 else None)
 
     def policy_version(self) -> int:

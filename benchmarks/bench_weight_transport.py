@@ -7,6 +7,9 @@ For each size (bf16 parameters: 0.1 / 0.5 / 1.5 B by default) and each worker co
   engine costs at least), on a private loopback Ray cluster;
 * ``collective``: ``system.weight_broadcast`` between processes, one sender and N receivers
   (gloo over loopback), the time of one ``send`` until every receiver holds its copy;
+* ``collective_shm``: the same group with ``shared_memory`` (what ``weight_sync.type=collective``
+  does when every worker is on learner rank 0's host): the sender writes the data into a shared
+  segment, each receiver copies it out, an all-reduce says all copies are done;
 * ``memcpy``: ``np.copyto`` of the same bytes in one process, the reference bandwidth.
 
 Reported per cell: the median seconds of a sync (after one warm-up), bytes moved, and the
@@ -83,10 +86,10 @@ def _zero():
     return torch.zeros(1, dtype=torch.int64)
 
 
-def collective_seconds(params: float, workers: int, repeats: int) -> list[float]:
+def collective_seconds(params: float, workers: int, repeats: int, shared: bool = False) -> list[float]:
     ctx = mp.get_context("spawn")
     times = ctx.Queue()
-    address = GroupAddress("127.0.0.1", find_free_port(), f"bench-{workers}", workers + 1)
+    address = GroupAddress("127.0.0.1", find_free_port(), f"bench-{workers}", workers + 1, shared)
     rounds = repeats + 1
     procs = [ctx.Process(target=_sender, args=(address, params, rounds, times))]
     procs += [ctx.Process(target=_receiver, args=(address, r, rounds)) for r in range(1, workers + 1)]
@@ -149,7 +152,7 @@ def main() -> None:
     parser.add_argument("--params", type=float, nargs="+", default=[0.1, 0.5, 1.5], help="billions")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--transports", nargs="+", default=["object_store", "collective"])
+    parser.add_argument("--transports", nargs="+", default=["object_store", "collective", "collective_shm"])
     parser.add_argument("--name", default="weight_transport_cpu")
     args = parser.parse_args()
     rows, skipped = [], []
@@ -172,8 +175,10 @@ def main() -> None:
                 print(f"{params:g}B x {workers}: skipped ({skipped[-1]['reason']})", file=sys.stderr)
                 continue
             for transport in args.transports:
-                fn = collective_seconds if transport == "collective" else object_store_seconds
-                times = fn(params * 1e9, workers, args.repeats)
+                if transport == "object_store":
+                    times = object_store_seconds(params * 1e9, workers, args.repeats)
+                else:
+                    times = collective_seconds(params * 1e9, workers, args.repeats, transport == "collective_shm")
                 sec = statistics.median(times)
                 row = {"params_b": params, "workers": workers, "transport": transport, "bytes_per_worker": nbytes,
                        "seconds": sec, "all_seconds": [round(t, 4) for t in times],

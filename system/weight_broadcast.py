@@ -11,6 +11,13 @@ default group: the learner ranks keep theirs for FSDP2, and a vLLM engine keeps 
                                               staging buffer on the sender; the receiver
                                               receives straight into its flat buffer)
 
+With ``shared_memory`` (the address says so, and every member sees member 0's ``/dev/shm``, which
+the members check when they join) the data skips the sockets: member 0 writes it into a shared
+segment (``system.shared_segment``), the header names the segment, each member copies the data out
+of it, and an all-reduce (MIN of each member's ok flag) tells member 0 that every copy is done
+before it returns (and may rewrite the segment for the next version). A segment's name is
+removed once every member has mapped it, so nothing is left under ``/dev/shm`` if a process dies.
+
 Membership is fixed for the life of a group (a *generation*): a worker that joins later gets the
 full weights another way (the object store) and is a member of the NEXT generation; a member
 that dies makes the pending broadcast fail on the sender (``BroadcastFailed`` within the
@@ -20,6 +27,8 @@ get the whole payload keep it (the header and size checks make a partial one an 
 
 import json
 import os
+import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +38,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from system import shared_segment
 from system.learner.distributed import _is_loopback, listening_fd
+from system.shared_segment import SharedSegment
 from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
 from system.weight_payload import WeightPayload
 
@@ -44,12 +55,14 @@ class BroadcastFailed(RuntimeError):
 @dataclass(frozen=True)
 class GroupAddress:
     """Where a generation meets: member 0 hosts the TCP store on ``host:port``; ``name`` keeps
-    the keys of two generations (or two runs) on one store apart."""
+    the keys of two generations (or two runs) on one store apart; ``shared_memory``: members on
+    member 0's host take the data from a shared segment (when all of them can)."""
 
     host: str
     port: int
     name: str
     world_size: int
+    shared_memory: bool = False
 
 
 def layout(payload: WeightPayload) -> tuple[dict, int]:
@@ -101,6 +114,10 @@ class WeightBroadcast:
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind) if bind
                          else dist.ProcessGroupGloo.create_default_device()]
         self._pg = dist.ProcessGroupGloo(prefixed, rank, address.world_size, opts)
+        self._segment: SharedSegment | None = None
+        self._buffers: list[np.ndarray] = []  # a receiver's data buffers, reused once free
+        self.shared = bool(address.shared_memory) and self._agree_on_shared_memory(prefixed)
+        """Whether the data goes through a shared segment (every member sees member 0's)."""
 
     def _broadcast(self, t: torch.Tensor) -> None:
         try:
@@ -108,15 +125,48 @@ class WeightBroadcast:
         except RuntimeError as exc:  # gloo: a peer closed its connection, or the timeout passed
             raise BroadcastFailed(f"weight broadcast to {self.world_size - 1} workers failed: {exc}") from exc
 
+    def _all_ok(self, ok: bool) -> bool:
+        """Every member's flag (an all-reduce of MIN): True only if every member passed True."""
+        flag = torch.tensor([int(ok)], dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        try:
+            self._pg.allreduce([flag], opts).wait()
+        except RuntimeError as exc:
+            raise BroadcastFailed(f"weight broadcast to {self.world_size - 1} workers failed: {exc}") from exc
+        return bool(flag.item())
+
+    def _agree_on_shared_memory(self, store: dist.Store) -> bool:
+        """Member 0 announces a probe segment through the store; each member reports whether it sees
+        it (same host and the same ``/dev/shm``); the data goes through shared memory only if all do."""
+        probe = None
+        if self.rank == 0:
+            announced = ""
+            if shared_segment.available():
+                try:
+                    probe, announced = shared_segment.create_probe(f"aisrl-{os.getpid()}")
+                except OSError:
+                    announced = ""
+            store.set("shm_probe", announced)
+            ok = probe is not None
+        else:
+            announced = store.get("shm_probe").decode()
+            ok = bool(announced) and shared_segment.probe_token(announced)
+        try:
+            return self._all_ok(ok)
+        finally:
+            if probe is not None:
+                probe.close()
+
     def send(self, payload: WeightPayload) -> int:
         """Broadcast ``payload`` to every other member; returns the bytes of data sent."""
         if self.rank != 0:
             raise ValueError("only member 0 sends")
         header, nbytes = layout(payload)
+        if self.shared:
+            return self._send_shared(payload, header, nbytes)
         header["chunk_bytes"] = self.chunk_bytes  # the receivers cut the data the same way
-        encoded = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8).copy()
-        self._broadcast(torch.tensor([encoded.size], dtype=torch.int64))
-        self._broadcast(torch.from_numpy(encoded))
+        self._send_header(header)
         staging = np.empty(min(self.chunk_bytes, max(nbytes, 1)), dtype=np.uint8)
         sources = [(e["offset"], np.ascontiguousarray(payload.arrays[e["name"]]).reshape(-1).view(np.uint8))
                    for e in header["arrays"]]
@@ -131,6 +181,30 @@ class WeightBroadcast:
             self._broadcast(torch.from_numpy(chunk))
         return nbytes
 
+    def _send_header(self, header: dict) -> None:
+        encoded = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8).copy()
+        self._broadcast(torch.tensor([encoded.size], dtype=torch.int64))
+        self._broadcast(torch.from_numpy(encoded))
+
+    def _send_shared(self, payload: WeightPayload, header: dict, nbytes: int) -> int:
+        """The data through the shared segment (a new, larger one when it does not fit)."""
+        fresh = self._segment is None or self._segment.size < nbytes
+        if fresh:
+            if self._segment is not None:
+                self._segment.close()
+                self._segment = None
+            self._segment = SharedSegment(f"aisrl-{os.getpid()}-{secrets.token_hex(6)}", max(nbytes, 1), create=True)
+        fill(self._segment.array[:nbytes], header, payload)
+        header["shm"] = self._segment.name
+        try:
+            self._send_header(header)
+            if not self._all_ok(True):
+                raise BroadcastFailed(f"a worker could not read the shared weight segment {self._segment.name}")
+        finally:
+            if fresh:  # every member has mapped it now (or failed): the name is no longer needed
+                self._segment.unlink()
+        return nbytes
+
     def receive(self) -> WeightPayload:
         """The payload member 0 sends next (its arrays are views of one flat buffer)."""
         if self.rank == 0:
@@ -140,17 +214,62 @@ class WeightBroadcast:
         encoded = torch.empty(int(size.item()), dtype=torch.uint8)
         self._broadcast(encoded)
         header = json.loads(bytes(encoded.numpy()).decode())
-        data = np.empty(int(header["nbytes"]), dtype=np.uint8)
+        data = self._buffer(int(header["nbytes"]))
+        if "shm" in header:
+            return self._receive_shared(header, data)
         flat = torch.from_numpy(data)
         chunk = int(header["chunk_bytes"])
         for start in range(0, data.size, chunk):
             self._broadcast(flat[start:start + chunk])
         return unpack(header, data)
 
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """A buffer for the next version: an earlier one of this size that nothing else references any
+        more (its payload was dropped: the views ``unpack`` made hold a reference each), else a new one
+        (a recycled buffer's pages are already mapped: no page faults on the copy)."""
+        for buf in self._buffers:
+            if buf.size == nbytes and sys.getrefcount(buf) <= 3:  # the list, ``buf``, the call's argument
+                return buf
+        buf = np.empty(nbytes, dtype=np.uint8)
+        self._buffers = [b for b in self._buffers if sys.getrefcount(b) > 3][-2:] + [buf]
+        return buf
+
+    def _receive_shared(self, header: dict, data: np.ndarray) -> WeightPayload:
+        """Copy the data out of member 0's segment, then tell it (the all-reduce) whether that worked."""
+        error = None
+        try:
+            if self._segment is None or self._segment.name != header["shm"]:
+                if self._segment is not None:
+                    self._segment.close()
+                    self._segment = None
+                self._segment = SharedSegment(header["shm"], None, create=False)
+            shared_segment.copy_pieces([(data, self._segment.array[:data.size])])
+        except (OSError, ValueError) as exc:
+            error = exc
+        if not self._all_ok(error is None) or error is not None:
+            raise BroadcastFailed(f"reading the shared weight segment {header['shm']} failed: {error or 'on another worker'}")
+        return unpack(header, data)
+
     def close(self) -> None:
-        """Drop the group (a dead peer's group is dropped the same way)."""
+        """Drop the group (a dead peer's group is dropped the same way) and its shared segment."""
         self._pg = None
         self._store = None
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+
+
+def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> None:
+    """Write ``payload``'s arrays into the flat ``dst`` (uint8, ``header["nbytes"]``) at the header's
+    offsets (``shared_segment.copy_pieces``), the alignment gaps zeroed."""
+    end, pairs = 0, []
+    for e in header["arrays"]:
+        dst[end:e["offset"]] = 0
+        raw = np.ascontiguousarray(payload.arrays[e["name"]]).reshape(-1).view(np.uint8)
+        pairs.append((dst[e["offset"]:e["offset"] + e["nbytes"]], raw))
+        end = e["offset"] + e["nbytes"]
+    dst[end:] = 0
+    shared_segment.copy_pieces(pairs)
 
 
 def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:
@@ -175,9 +294,11 @@ class BroadcastSender:
     """
 
     def __init__(self, timeout_s: float = 60.0, chunk_bytes: int = 64 << 20,
-                 encoder: DeltaEncoder | None = None) -> None:
-        """``encoder``: send lossy deltas (``system.weight_delta``); None sends every version in full."""
+                 encoder: DeltaEncoder | None = None, shared_memory: bool = False) -> None:
+        """``encoder``: send lossy deltas (``system.weight_delta``); None sends every version in full.
+        ``shared_memory``: offer a shared segment to the members (taken if they all see it)."""
         self.timeout_s, self.chunk_bytes, self.encoder = timeout_s, chunk_bytes, encoder
+        self.shared_memory = shared_memory
         self._group: WeightBroadcast | None = None
         self._connecting: threading.Thread | None = None
         self._result: dict = {}
@@ -188,7 +309,7 @@ class BroadcastSender:
         if self.encoder is not None:
             self.encoder.reset()  # a new generation starts from the full weights
         store, port = host_store(host, self.timeout_s)
-        address = GroupAddress(host, port, name, world_size)
+        address = GroupAddress(host, port, name, world_size, self.shared_memory and shared_segment.available())
         result: dict = {}
 
         def connect() -> None:
@@ -207,18 +328,20 @@ class BroadcastSender:
             self._group, self._connecting = self._result.get("group"), None
         if self._group is None:
             return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
-                    "broadcast_failed": 0}
+                    "broadcast_failed": 0, "broadcast_shared_memory": 0}
         started = time.perf_counter()
-        receivers = self._group.world_size - 1
+        receivers, shared = self._group.world_size - 1, int(self._group.shared)
         wire = self.encoder.encode(payload) if self.encoder is not None else payload
         try:
             sent = self._group.send(wire)
         except BroadcastFailed:
             self.close()
             return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
-                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1}
+                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1,
+                    "broadcast_shared_memory": shared}
         metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
-                   "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0}
+                   "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
+                   "broadcast_shared_memory": shared}
         if self.encoder is not None:
             metrics |= {"compression_ratio": payload.num_bytes / max(wire.num_bytes, 1),
                         "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error}

@@ -27,6 +27,10 @@ class CollectiveSyncConfig(StrictModel):
     """A broadcast that does not complete in this time fails (the group is then re-formed)."""
     chunk_mb: int = Field(default=64, ge=1)
     """Data goes in chunks of this many MiB (the sender's staging buffer)."""
+    shared_memory: bool = True
+    """When every worker of a generation sees learner rank 0's ``/dev/shm`` (same host, checked as
+    they join), the data goes through a shared segment instead of gloo's sockets; otherwise (another
+    node, its own container) all of it goes over gloo. The segment holds one copy of the weights."""
 
 
 class DeltaSyncConfig(StrictModel):
@@ -41,6 +45,10 @@ class DeltaSyncConfig(StrictModel):
     """A broadcast that does not complete in this time fails (the group is then re-formed)."""
     chunk_mb: int = Field(default=64, ge=1)
     """Data goes in chunks of this many MiB (the sender's staging buffer)."""
+    shared_memory: bool = True
+    """When every worker of a generation sees learner rank 0's ``/dev/shm`` (same host, checked as
+    they join), the data goes through a shared segment instead of gloo's sockets; otherwise (another
+    node, its own container) all of it goes over gloo. The segment holds one copy of the weights."""
     rank: int = Field(default=4, ge=1)
     """Rank of each matrix's delta (PowerSGD-style, one warm-started power iteration per version)."""
     full_every: int = Field(default=20, ge=1)
