@@ -17,6 +17,7 @@ import ray
 
 from actors.learner_worker import LearnerLostError
 from actors.trainer import Trainer
+from system import shared_segment
 from system.config import resolve_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -143,6 +144,8 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
     assert max(r["weight_sync/broadcast_receivers"] for r in recs) == 2
     ok = [r for r in recs if r["weight_sync/broadcast_receivers"] and not r["weight_sync/broadcast_failed"]]
     assert ok and ok[0]["weight_sync/full_version"] == 1  # a generation starts from the full weights
+    # one machine: every worker sees rank 0's /dev/shm, so the data went through a shared segment
+    assert all(r["weight_sync/broadcast_shared_memory"] == int(shared_segment.available()) for r in ok)
     for r in ok:  # a full version moves the payload to every receiver; a delta far less
         full = r["weight_sync/payload_bytes"] * r["weight_sync/broadcast_receivers"]
         assert (r["weight_sync/broadcast_bytes"] == full) == bool(r["weight_sync/full_version"])
