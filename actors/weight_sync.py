@@ -7,8 +7,9 @@ node. The driver never copies the weights.
 
 ``CollectiveTransport`` (``weight_sync.type=collective``): rank 0 also broadcasts each version,
 right after its export, to the ready workers over a process group of their own
-(``system.weight_broadcast``); a worker loads the copy it received and falls back to the
-object store for a version it missed. The group (a *generation*) is re-formed, without
+(``system.weight_broadcast``; the data through a shared-memory segment when every worker is on
+rank 0's host and sees its ``/dev/shm``, else over gloo); a worker loads the copy it received and
+falls back to the object store for a version it missed. The group (a *generation*) is re-formed, without
 blocking anyone, whenever the set of ready workers changes or a broadcast failed.
 ``weight_sync.type=delta`` is the same transport carrying lossy deltas (``system.weight_delta``).
 """
