@@ -8,11 +8,15 @@ Here only the creator unlinks: :meth:`SharedSegment.unlink` removes the name (pr
 it keep their mapping until they close it), :meth:`SharedSegment.close` unmaps.
 
 Whether two processes share a ``/dev/shm`` is decided by trying (:func:`probe_token`): containers on
-one machine may each have their own.
+one machine may each have their own. A segment's memory is reserved when it is created
+(``posix_fallocate``): a full ``/dev/shm`` (Docker's default is 64 MB) is an ``OSError`` then, never
+a SIGBUS on a later write. Names are ``aisrl-<creator pid>-<hex>``; :func:`remove_orphans` removes
+the segments of creators that no longer run (killed between creating one and unlinking it).
 """
 
 import mmap
 import os
+import re
 import secrets
 import threading
 from pathlib import Path
@@ -20,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 SHM_DIR = Path("/dev/shm")
+NAME = re.compile(r"aisrl-(\d+)-[0-9a-z-]+")
+"""What a segment may be called: ``aisrl-<creator pid>-<lowercase letters, digits, dashes>``."""
 COPY_PIECE = 16 << 20
 """Copies are cut into pieces of at most this many bytes, dealt to the copying threads in turn."""
 
@@ -34,17 +40,18 @@ class SharedSegment:
     attached (read-only; ``size`` None: the whole segment). ``array`` is a uint8 view of the mapping."""
 
     def __init__(self, name: str, size: int | None, create: bool) -> None:
-        if "/" in name or not name:
-            raise ValueError(f"a segment name is one path component, got {name!r}")
+        if not NAME.fullmatch(name):
+            raise ValueError(f"a segment name is aisrl-<pid>-<lowercase letters, digits, dashes>, got {name!r}")
         if size is not None and size < 1 or size is None and create:
             raise ValueError(f"a segment holds at least one byte, got size {size}")
         self.name, self.size, self.created = name, size, create
         self.path = SHM_DIR / name
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDONLY
+        flags = (os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDONLY) | os.O_NOFOLLOW
         fd = os.open(self.path, flags, 0o600)
         try:
             if create:
                 os.ftruncate(fd, size)
+                os.posix_fallocate(fd, 0, size)  # ENOSPC now rather than SIGBUS on a write
             else:
                 held = os.fstat(fd).st_size
                 size = held if size is None else size
@@ -81,10 +88,32 @@ class SharedSegment:
             self._map = None
 
 
-def create_probe(prefix: str) -> tuple[SharedSegment, str]:
+def new_name(kind: str = "") -> str:
+    """A fresh segment name of this process: ``aisrl-<pid>-[<kind>-]<random hex>``."""
+    return f"aisrl-{os.getpid()}-{kind + '-' if kind else ''}{secrets.token_hex(6)}"
+
+
+def remove_orphans() -> list[str]:
+    """Unlink the segments whose creator no longer runs (this host's pids); the names removed."""
+    removed = []
+    for path in SHM_DIR.glob("aisrl-*") if available() else []:
+        match = NAME.fullmatch(path.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:  # gone: nobody will unlink it
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+        except PermissionError:  # alive, another user's
+            pass
+    return removed
+
+
+def create_probe() -> tuple[SharedSegment, str]:
     """A small segment holding a random token: ``(segment, "name:token")`` for the other side to check."""
     token = secrets.token_hex(16)
-    segment = SharedSegment(f"{prefix}-probe-{secrets.token_hex(6)}", 64, create=True)
+    segment = SharedSegment(new_name("probe"), 64, create=True)
     segment.array[:len(token)] = np.frombuffer(token.encode(), dtype=np.uint8)
     return segment, f"{segment.name}:{token}"
 
@@ -110,10 +139,14 @@ def copy_pieces(pairs: list[tuple[np.ndarray, np.ndarray]], threads: int = 2) ->
     pieces = [(dst[i:i + COPY_PIECE], src[i:i + COPY_PIECE])
               for dst, src in pairs for i in range(0, dst.size, COPY_PIECE)]
     threads = max(1, min(threads, len(pieces), os.cpu_count() or 1))
+    errors: list[BaseException] = []
 
     def run(k: int) -> None:
-        for dst, src in pieces[k::threads]:
-            np.copyto(dst, src)
+        try:
+            for dst, src in pieces[k::threads]:
+                np.copyto(dst, src)
+        except BaseException as exc:  # raised in the caller below: a partial copy is never reported done
+            errors.append(exc)
 
     workers = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(1, threads)]
     for w in workers:
@@ -121,3 +154,5 @@ def copy_pieces(pairs: list[tuple[np.ndarray, np.ndarray]], threads: int = 2) ->
     run(0)
     for w in workers:
         w.join()
+    if errors:
+        raise errors[0]

@@ -16,7 +16,10 @@ the members check when they join) the data skips the sockets: member 0 writes it
 segment (``system.shared_segment``), the header names the segment, each member copies the data out
 of it, and an all-reduce (MIN of each member's ok flag) tells member 0 that every copy is done
 before it returns (and may rewrite the segment for the next version). A segment's name is
-removed once every member has mapped it, so nothing is left under ``/dev/shm`` if a process dies.
+removed once every member has mapped it (after its first version); a sender killed before that
+leaves it, and the next sender on the host removes it (``shared_segment.remove_orphans``). A
+segment that cannot be written (``/dev/shm`` full) or read by some member sends that version
+again over gloo, and the rest of the generation too.
 
 Membership is fixed for the life of a group (a *generation*): a worker that joins later gets the
 full weights another way (the object store) and is a member of the NEXT generation; a member
@@ -26,8 +29,8 @@ get the whole payload keep it (the header and size checks make a partial one an 
 """
 
 import json
+import logging
 import os
-import secrets
 import sys
 import threading
 import time
@@ -43,6 +46,8 @@ from system.learner.distributed import _is_loopback, listening_fd
 from system.shared_segment import SharedSegment
 from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
 from system.weight_payload import WeightPayload
+
+log = logging.getLogger(__name__)
 
 ALIGN = 64
 """Every array starts at a multiple of this many bytes of the flat data."""
@@ -116,6 +121,9 @@ class WeightBroadcast:
         self._pg = dist.ProcessGroupGloo(prefixed, rank, address.world_size, opts)
         self._segment: SharedSegment | None = None
         self._buffers: list[np.ndarray] = []  # a receiver's data buffers, reused once free
+        self.buffers_made = 0
+        self.sharing_stopped: str | None = None
+        """Why this generation went back to gloo after starting with shared memory (None: it did not)."""
         self.shared = bool(address.shared_memory) and self._agree_on_shared_memory(prefixed)
         """Whether the data goes through a shared segment (every member sees member 0's)."""
 
@@ -143,8 +151,9 @@ class WeightBroadcast:
         if self.rank == 0:
             announced = ""
             if shared_segment.available():
+                shared_segment.remove_orphans()  # segments of earlier senders killed mid-version
                 try:
-                    probe, announced = shared_segment.create_probe(f"aisrl-{os.getpid()}")
+                    probe, announced = shared_segment.create_probe()
                 except OSError:
                     announced = ""
             store.set("shm_probe", announced)
@@ -187,23 +196,43 @@ class WeightBroadcast:
         self._broadcast(torch.from_numpy(encoded))
 
     def _send_shared(self, payload: WeightPayload, header: dict, nbytes: int) -> int:
-        """The data through the shared segment (a new, larger one when it does not fit)."""
+        """The data through the shared segment (a new, larger one when it does not fit). When the
+        segment cannot be made or filled (``/dev/shm`` full), or a worker could not read it, this
+        version goes again over the sockets, and so does every later one of this generation."""
         fresh = self._segment is None or self._segment.size < nbytes
-        if fresh:
-            if self._segment is not None:
-                self._segment.close()
-                self._segment = None
-            self._segment = SharedSegment(f"aisrl-{os.getpid()}-{secrets.token_hex(6)}", max(nbytes, 1), create=True)
-        fill(self._segment.array[:nbytes], header, payload)
+        try:
+            if fresh:
+                self._drop_segment()
+                self._segment = SharedSegment(shared_segment.new_name(), max(nbytes, 1), create=True)
+            fill(self._segment.array[:nbytes], header, payload)
+        except OSError as exc:
+            self._stop_sharing(f"the shared weight segment could not be written ({exc})")
+            return self.send(payload)
         header["shm"] = self._segment.name
         try:
             self._send_header(header)
-            if not self._all_ok(True):
-                raise BroadcastFailed(f"a worker could not read the shared weight segment {self._segment.name}")
+            ok = self._all_ok(True)
         finally:
             if fresh:  # every member has mapped it now (or failed): the name is no longer needed
                 self._segment.unlink()
+        if not ok:
+            self._stop_sharing(f"a worker could not read the shared weight segment {header['shm']}")
+            return self.send(payload)
         return nbytes
+
+    def _stop_sharing(self, reason: str) -> None:
+        """From now on the data of this generation goes over gloo (every member learns it from the next
+        header, or from the all-reduce that failed)."""
+        if self.rank == 0:
+            log.warning("weight broadcast: %s; this generation sends over gloo from now on", reason)
+        self.shared = False
+        self.sharing_stopped = reason
+        self._drop_segment()
+
+    def _drop_segment(self) -> None:
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
 
     def receive(self) -> WeightPayload:
         """The payload member 0 sends next (its arrays are views of one flat buffer)."""
@@ -214,9 +243,11 @@ class WeightBroadcast:
         encoded = torch.empty(int(size.item()), dtype=torch.uint8)
         self._broadcast(encoded)
         header = json.loads(bytes(encoded.numpy()).decode())
-        data = self._buffer(int(header["nbytes"]))
         if "shm" in header:
-            return self._receive_shared(header, data)
+            return self._receive_shared(header)
+        if self.shared:  # member 0 stopped sharing (it could not write a segment): the sockets from now on
+            self._stop_sharing("member 0 sent over gloo")
+        data = self._buffer(int(header["nbytes"]))
         flat = torch.from_numpy(data)
         chunk = int(header["chunk_bytes"])
         for start in range(0, data.size, chunk):
@@ -225,38 +256,50 @@ class WeightBroadcast:
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """A buffer for the next version: an earlier one of this size that nothing else references any
-        more (its payload was dropped: the views ``unpack`` made hold a reference each), else a new one
-        (a recycled buffer's pages are already mapped: no page faults on the copy)."""
+        more (its payload was dropped: every view ``unpack`` made, and every view of those, holds a
+        reference to it), else a new one (a recycled buffer's pages are already mapped: no page faults
+        on the copy). Free means: as many references as a fresh array held only by a list has, counted
+        by the same code (interpreters differ in whether the loop variable adds one)."""
+        baseline = None
+        for fresh in [np.empty(0, dtype=np.uint8)]:
+            baseline = sys.getrefcount(fresh)
+        free, held = None, []
         for buf in self._buffers:
-            if buf.size == nbytes and sys.getrefcount(buf) <= 3:  # the list, ``buf``, the call's argument
-                return buf
+            refs = sys.getrefcount(buf)
+            if free is None and buf.size == nbytes and refs <= baseline:
+                free = buf
+            elif refs > baseline:
+                held.append(buf)
+        if free is not None:
+            return free
         buf = np.empty(nbytes, dtype=np.uint8)
-        self._buffers = [b for b in self._buffers if sys.getrefcount(b) > 3][-2:] + [buf]
+        self.buffers_made += 1
+        self._buffers = held[-2:] + [buf]  # at most two older ones kept for reuse, none still held
         return buf
 
-    def _receive_shared(self, header: dict, data: np.ndarray) -> WeightPayload:
-        """Copy the data out of member 0's segment, then tell it (the all-reduce) whether that worked."""
+    def _receive_shared(self, header: dict) -> WeightPayload:
+        """Copy the data out of member 0's segment, then tell it (the all-reduce) whether that worked;
+        if any member failed, member 0 sends this version again over gloo, and every later one."""
         error = None
         try:
+            data = self._buffer(int(header["nbytes"]))
             if self._segment is None or self._segment.name != header["shm"]:
-                if self._segment is not None:
-                    self._segment.close()
-                    self._segment = None
+                self._drop_segment()
                 self._segment = SharedSegment(header["shm"], None, create=False)
             shared_segment.copy_pieces([(data, self._segment.array[:data.size])])
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure must still reach the all-reduce below
             error = exc
-        if not self._all_ok(error is None) or error is not None:
-            raise BroadcastFailed(f"reading the shared weight segment {header['shm']} failed: {error or 'on another worker'}")
-        return unpack(header, data)
+        if self._all_ok(error is None):
+            return unpack(header, data)
+        self._stop_sharing(f"reading {header['shm']} failed: {error or 'on another worker'}")
+        return self.receive()
 
     def close(self) -> None:
         """Drop the group (a dead peer's group is dropped the same way) and its shared segment."""
         self._pg = None
         self._store = None
-        if self._segment is not None:
-            self._segment.close()
-            self._segment = None
+        self._drop_segment()
+        self._buffers = []
 
 
 def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> None:
@@ -330,15 +373,17 @@ class BroadcastSender:
             return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
                     "broadcast_failed": 0, "broadcast_shared_memory": 0}
         started = time.perf_counter()
-        receivers, shared = self._group.world_size - 1, int(self._group.shared)
+        receivers = self._group.world_size - 1
         wire = self.encoder.encode(payload) if self.encoder is not None else payload
         try:
             sent = self._group.send(wire)
         except BroadcastFailed:
+            shared = int(self._group.shared)
             self.close()
             return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
                     "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1,
                     "broadcast_shared_memory": shared}
+        shared = int(self._group.shared)  # 0 when this version fell back to gloo
         metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
                    "broadcast_shared_memory": shared}
@@ -372,6 +417,7 @@ class BroadcastReceiver:
             generation, self._alive = self._generation, True
 
         def loop() -> None:
+            group = None
             try:
                 group = WeightBroadcast(address, rank, timeout_s)
                 decoder = DeltaDecoder() if delta else None
@@ -389,6 +435,9 @@ class BroadcastReceiver:
                     if generation == self._generation:
                         self._alive, self.error = False, f"{type(exc).__name__}: {str(exc)[:300]}"
                         self._cond.notify_all()
+            finally:
+                if group is not None:  # its shared segment's mapping and spare buffers
+                    group.close()
 
         threading.Thread(target=loop, name=f"weights-receive-{generation}", daemon=True).start()
 

@@ -124,5 +124,6 @@ class DeltaDecoder:
                 q8 = torch.from_numpy(np.asarray(wire.arrays[f"{name}::q8"])).to(torch.float32)
                 scale = torch.from_numpy(np.asarray(wire.arrays[f"{name}::scale"]))
                 self.reference[name] += (q8 * scale).reshape(self.reference[name].shape)
-        state = {k: v.to(getattr(torch, self._dtypes[k])) for k, v in self.reference.items()}
+        # a copy even where the dtype is the reference's own: the next delta updates the reference in place
+        state = {k: v.to(getattr(torch, self._dtypes[k]), copy=True) for k, v in self.reference.items()}
         return encode_weights(state, wire.policy_version)

@@ -1,6 +1,8 @@
-"""``system.shared_segment``: a named segment under /dev/shm, created, attached, unlinked."""
+"""``system.shared_segment``: a named segment under /dev/shm, created, attached, unlinked; orphans."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ pytestmark = pytest.mark.skipif(not shared_segment.available(), reason="no /dev/
 
 
 def test_an_attached_segment_reads_what_the_creator_wrote_and_outlives_the_name():
-    created = SharedSegment(f"aisrl-test-{os.getpid()}", 1000, create=True)
+    created = SharedSegment(shared_segment.new_name("test"), 1000, create=True)
     created.array[:] = np.arange(1000) % 251
     attached = SharedSegment(created.name, None, create=False)  # None: the whole segment, 1000 bytes
     assert attached.size == 1000 and not attached.array.flags.writeable
@@ -27,7 +29,7 @@ def test_an_attached_segment_reads_what_the_creator_wrote_and_outlives_the_name(
 
 
 def test_an_announced_size_larger_than_the_segment_and_bad_names_are_refused():
-    created = SharedSegment(f"aisrl-test-{os.getpid()}", 64, create=True)
+    created = SharedSegment(shared_segment.new_name("test"), 64, create=True)
     try:
         with pytest.raises(ValueError, match="holds 64 bytes, 65 were announced"):
             SharedSegment(created.name, 65, create=False)
@@ -35,16 +37,45 @@ def test_an_announced_size_larger_than_the_segment_and_bad_names_are_refused():
             SharedSegment(created.name, 64, create=True)  # never two creators of one name
     finally:
         created.close()
-    with pytest.raises(ValueError, match="one path component"):
-        SharedSegment("../etc/x", 64, create=True)
+    for name in ("../etc/x", "aisrl-12-..", "other-12-ab", "aisrl-x-ab", "aisrl-12-AB"):
+        with pytest.raises(ValueError, match="a segment name is aisrl-<pid>-"):
+            SharedSegment(name, 64, create=True)
+
+
+def test_a_segment_larger_than_dev_shm_fails_when_made_not_when_written():
+    free = os.statvfs(shared_segment.SHM_DIR)
+    too_big = free.f_bavail * free.f_frsize + (1 << 30)
+    name = shared_segment.new_name("test")
+    with pytest.raises(OSError):  # ENOSPC from posix_fallocate (a bare ftruncate would succeed)
+        SharedSegment(name, too_big, create=True)
+    assert not (shared_segment.SHM_DIR / name).exists()
 
 
 def test_the_probe_is_seen_with_its_token_only():
-    probe, announced = shared_segment.create_probe(f"aisrl-test-{os.getpid()}")
+    probe, announced = shared_segment.create_probe()
     try:
         assert shared_segment.probe_token(announced)
         assert not shared_segment.probe_token(announced[:-1] + ("0" if announced[-1] != "0" else "1"))
-        assert not shared_segment.probe_token("aisrl-test-missing:abc")
+        assert not shared_segment.probe_token(f"aisrl-{os.getpid()}-missing:abc")
     finally:
         probe.close()
     assert not shared_segment.probe_token(announced)  # gone with its creator's close
+
+
+def test_orphans_of_processes_that_no_longer_run_are_removed_and_nothing_else():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)  # exited: its pid runs nothing (unless reused within this test)
+    orphan = shared_segment.SHM_DIR / f"aisrl-{dead_pid}-deadbeef"
+    orphan.write_bytes(b"x" * 10)
+    mine = SharedSegment(shared_segment.new_name("test"), 64, create=True)
+    alive = shared_segment.SHM_DIR / f"aisrl-{os.getppid()}-cafe"  # the parent runs
+    alive.write_bytes(b"y")
+    try:
+        removed = shared_segment.remove_orphans()
+        assert orphan.name in removed and not orphan.exists()
+        assert mine.path.exists() and alive.exists() and mine.name not in removed and alive.name not in removed
+    finally:
+        orphan.unlink(missing_ok=True)
+        alive.unlink(missing_ok=True)
+        mine.close()

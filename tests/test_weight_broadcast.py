@@ -40,9 +40,6 @@ def payload_of(version: int) -> WeightPayload:
     return encode_weights(state, version)
 
 
-def segments() -> set[str]:
-    return {f.name for f in shared_segment.SHM_DIR.glob("aisrl-*")} if shared_segment.available() else set()
-
 
 def same(a: WeightPayload, b: WeightPayload) -> bool:
     da, db = dict(decode_weights(a)), dict(decode_weights(b))
@@ -66,12 +63,30 @@ def test_layout_and_unpack_round_trip_with_aligned_offsets():
         unpack(header, data[:-1])
 
 
+def _sabotage(kind: str) -> None:
+    """Make this process's data segments fail: ``write`` (member 0 cannot make one: /dev/shm full) or
+    ``read`` (this worker cannot map member 0's); the probe's segment is left alone."""
+    import system.weight_broadcast as wb
+
+    real = wb.SharedSegment
+
+    def segment(name, size, create):
+        if create == (kind == "write"):
+            raise OSError(28, f"No space left on device (sabotaged {kind})")
+        return real(name, size, create)
+
+    wb.SharedSegment = segment
+
+
 def _member(rank: int, address: GroupAddress, versions: list[int], results, die_after_header: bool = False,
-            blind: bool = False, hold: bool = False) -> None:
-    """``hold``: keep every payload received and check them all at the end (a buffer still referenced
-    is never reused for a later version)."""
+            blind: bool = False, hold: bool = False, sabotage: str | None = None) -> None:
+    """``hold``: keep one array of every payload received and check them all at the end (a buffer still
+    referenced is never reused for a later version); every member reports its ``shared`` flag when
+    the group has formed and, at the end, how it ended (``shared`` again, buffers made)."""
     if blind:  # this worker does not see member 0's /dev/shm (as in a container of its own)
         shared_segment.probe_token = lambda announced: False
+    if sabotage:
+        _sabotage(sabotage)
     held = []
     try:
         group = WeightBroadcast(address, rank, timeout_s=15.0, chunk_bytes=CHUNK)
@@ -85,17 +100,20 @@ def _member(rank: int, address: GroupAddress, versions: list[int], results, die_
                 group._broadcast(size)  # the header size arrives, then this worker dies mid-broadcast
                 os._exit(3)
             elif hold:
-                held.append(group.receive())
+                held.append((v, group.receive().arrays["positions"]))  # a view of the version's buffer
             else:
                 results.put((rank, v, "ok" if same(group.receive(), payload_of(v)) else "corrupt"))
-        for p in held:
-            results.put((rank, p.policy_version, "ok" if same(p, payload_of(p.policy_version)) else "corrupt"))
+        for v, positions in held:
+            results.put((rank, v, "ok" if np.array_equal(positions, np.arange(7) * v) else "corrupt"))
+        results.put((rank, -2, f"end shared={group.shared} buffers={group.buffers_made}"))
+        group.close()
     except BroadcastFailed as exc:
         results.put((rank, -1, f"failed: {str(exc)[:200]}"))
 
 
 def run_generation(members: dict[int, dict], versions: list[int], name: str,
-                   shared: bool = False) -> tuple[list, dict[int, int]]:
+                   shared: bool = False) -> tuple[list, dict[int, int], list[int]]:
+    """Run one generation; ``(sorted results, exit codes by rank, the members' pids)``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     address = GroupAddress("127.0.0.1", find_free_port(), name, len(members), shared)
@@ -112,53 +130,82 @@ def run_generation(members: dict[int, dict], versions: list[int], name: str,
     out = []
     while not results.empty():
         out.append(results.get())
-    return sorted(out, key=str), codes
+    return sorted(out, key=str), codes, [p.pid for p in procs.values()]
+
+
+def segments(pids: list[int]) -> set[str]:
+    """The /dev/shm segments these processes made that still have a name."""
+    if not shared_segment.available():
+        return set()
+    return {f.name for pid in pids for f in shared_segment.SHM_DIR.glob(f"aisrl-{pid}-*")}
 
 
 SHARED = [False, pytest.param(True, marks=pytest.mark.skipif(not shared_segment.available(), reason="no /dev/shm"))]
 
 
 def path_of(out: list) -> set[str]:
-    """Each member's view of how the data travels (one entry when they agree)."""
+    """Each member's view, when the group formed, of how the data travels (one entry when they agree)."""
     return {status for _, v, status in out if v == 0 and status.startswith("shared=")}
 
 
+def ends(out: list) -> dict[int, str]:
+    return {r: status for r, v, status in out if v == -2}
+
+
 def delivered(out: list) -> list:
-    return [r for r in out if not r[2].startswith("shared=")]
+    return [r for r in out if r[1] > 0]
+
+
+def expected(versions: list[int], members: int = 3) -> list:
+    return sorted([(r, v, "sent" if r == 0 else "ok") for r in range(members) for v in versions], key=str)
 
 
 @pytest.mark.parametrize("shared", SHARED, ids=["sockets", "shared-memory"])
 def test_two_workers_receive_every_version_bit_for_bit(shared):
-    before = segments()
-    # versions 1, 2 and 1 again have one size: worker 1 drops each payload (its buffer is reused),
-    # worker 2 holds them all (its buffers are not)
-    out, codes = run_generation({0: {}, 1: {}, 2: {"hold": True}}, [1, 2, 1, 3], "gen1", shared)
+    # versions 1, 2 and 1 again have one size: worker 1 drops each payload, so one buffer serves
+    # all three (and a second one version 3, larger); worker 2 holds an array of each, so each
+    # takes a buffer of its own, and the held arrays keep their version's values
+    versions = [1, 2, 1, 3]
+    out, codes, pids = run_generation({0: {}, 1: {}, 2: {"hold": True}}, versions, "gen1", shared)
     assert codes == {0: 0, 1: 0, 2: 0}
     assert path_of(out) == {f"shared={shared}"}
-    assert delivered(out) == sorted([(r, v, "sent" if r == 0 else "ok") for r in range(3) for v in (1, 2, 1, 3)],
-                                    key=str)
-    assert segments() == before  # every name removed once mapped, every mapping closed with its process
+    assert delivered(out) == expected(versions)
+    assert ends(out)[1] == f"end shared={shared} buffers=2" and ends(out)[2] == f"end shared={shared} buffers=4"
+    assert segments(pids) == set()  # every name removed once mapped
 
 
 @pytest.mark.parametrize("shared", SHARED, ids=["sockets", "shared-memory"])
 def test_a_worker_killed_mid_broadcast_fails_the_sender_then_the_next_generation_serves(shared):
-    before = segments()
     started = time.monotonic()
-    out, codes = run_generation({0: {}, 1: {}, 2: {"die_after_header": True}}, [1], "gen1", shared)
+    out, codes, pids = run_generation({0: {}, 1: {}, 2: {"die_after_header": True}}, [1], "gen1", shared)
     assert codes[2] == 3  # the worker died during the broadcast
     assert codes[0] == 0 and codes[1] == 0  # nobody hangs: both survivors returned (with an error or the data)
     assert any(r == 0 and status.startswith("failed") for r, _, status in out), out  # no hang: an error
     assert time.monotonic() - started < 80
+    assert segments(pids) == set()  # the sender unlinked its segment though the version failed
     # the next generation: the survivor, and a worker that joins (it got version 1 elsewhere)
-    out, codes = run_generation({0: {}, 1: {}, 2: {}}, [2], "gen2", shared)
-    assert codes == {0: 0, 1: 0, 2: 0} and delivered(out) == sorted([(0, 2, "sent"), (1, 2, "ok"), (2, 2, "ok")],
-                                                                      key=str)
-    assert segments() == before
+    out, codes, pids = run_generation({0: {}, 1: {}, 2: {}}, [2], "gen2", shared)
+    assert codes == {0: 0, 1: 0, 2: 0} and delivered(out) == expected([2])
+    assert segments(pids) == set()
 
 
 @pytest.mark.skipif(not shared_segment.available(), reason="no /dev/shm")
 def test_a_worker_that_cannot_see_the_segment_sends_the_whole_generation_over_the_sockets():
-    out, codes = run_generation({0: {}, 1: {}, 2: {"blind": True}}, [1, 2], "gen1", shared=True)
+    out, codes, _ = run_generation({0: {}, 1: {}, 2: {"blind": True}}, [1, 2], "gen1", shared=True)
     assert codes == {0: 0, 1: 0, 2: 0}
     assert path_of(out) == {"shared=False"}  # every member agrees, the blind one's view decides
-    assert delivered(out) == sorted([(r, v, "sent" if r == 0 else "ok") for r in range(3) for v in (1, 2)], key=str)
+    assert delivered(out) == expected([1, 2])
+
+
+@pytest.mark.skipif(not shared_segment.available(), reason="no /dev/shm")
+@pytest.mark.parametrize("who, sabotage", [(0, "write"), (2, "read")], ids=["shm-full-at-the-sender", "a-worker-cannot-map"])
+def test_a_segment_that_fails_sends_the_version_again_over_the_sockets_and_the_rest_too(who, sabotage):
+    """The probe passed (every member saw it), then the data segment fails: no version is lost, no
+    BroadcastFailed, and the generation ends on the sockets."""
+    members = {0: {}, 1: {}, 2: {}}
+    members[who] = {"sabotage": sabotage}
+    out, codes, pids = run_generation(members, [1, 2, 3], "gen1", shared=True)
+    assert codes == {0: 0, 1: 0, 2: 0}
+    assert path_of(out) == {"shared=True"} and delivered(out) == expected([1, 2, 3])
+    assert {r: e.split(" buffers")[0] for r, e in ends(out).items()} == dict.fromkeys(range(3), "end shared=False")
+    assert segments(pids) == set()
