@@ -14,6 +14,12 @@ second beyond the simulated compute is orchestration overhead.
 2. Scaling. N simulated workers, each call ``prompts_per_call`` prompts in R seconds, the step
    batch one call per worker (``prompts_per_step = N * prompts_per_call``), L small so the
    rollout side is the bottleneck. Trained samples per second against N times the 1-worker rate.
+4. Timeline (``--parts timeline``). R = L at ``async.max_lag=1`` with every process stamping its
+   events into one file (wall clock, one machine): the simulated actors (``offer``, ``gen_call``,
+   ``gen_start``, ``gen_end``, ``step_call``, ``step_end``) and the driver (``publish``, ``push``,
+   ``accept``, ``taken``, ``submitted``). Reported: the median latency of each hop of the two links
+   of the critical cycle, step end -> the next generate call samples with its weights, and a
+   generate call's end -> the step that trains its groups starts.
 3. Weight sync. The object-store path of ``ObjectStoreTransport`` with a simulated rank 0
    exporting a bf16 payload of P parameters and a simulated worker copying every array into
    its own buffers (as an engine's load does), against ``np.copyto`` of the same bytes.
@@ -45,8 +51,9 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated actors
 from harness import emit  # noqa: E402
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
+from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker, stamp  # noqa: E402
 
+import actors.trainer as trainer_module  # noqa: E402
 from actors.cluster import use_loopback_only  # noqa: E402
 from actors.learner_worker import LearnerGroup  # noqa: E402
 from actors.placement import RoleOptions  # noqa: E402
@@ -73,13 +80,17 @@ class TimedTrainer(Trainer):
         return record
 
 
-def run_trainer(overrides: list[str], rollout: dict, learner: dict, steps: int, warmup: int) -> dict:
-    """Run ``steps`` steps of the real trainer with simulated actors; per-step wall and time split."""
+def run_trainer(overrides: list[str], rollout: dict, learner: dict, steps: int, warmup: int,
+                on_built=None) -> dict:
+    """Run ``steps`` steps of the real trainer with simulated actors; per-step wall and time split.
+    ``on_built(trainer)``: called once the trainer is built, before it runs."""
     out = Path(tempfile.mkdtemp(prefix="aisrl-orch-"))
     cfg = resolve_config(overrides=[*BASE, f"output_dir={out}", f"max_steps={steps}", *overrides])
     started = time.perf_counter()
     trainer = TimedTrainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(**rollout),
                            learner_cls=SimulatedLearnerRank.actor_class(**learner))
+    if on_built is not None:
+        on_built(trainer)
     startup = time.perf_counter() - started
     load_before = os.getloadavg()[0]
     try:
@@ -159,6 +170,104 @@ def bench_lag_at_balance(train_s: float, steps: int, warmup: int, repeats: int, 
                for lag in (1, 2)}
     return {"train_seconds_L": train_s, "warmup_steps_excluded": warmup, "payload_params": payload_params,
             "rows": rows, "by_max_lag": summary}
+
+
+def _stamp_driver(trainer: Trainer, path: str) -> None:
+    """Wrap the driver's hand-offs of one trainer so each stamps ``path`` (``sim_actors.stamp``)."""
+    loop, state = trainer.rollout, trainer.state
+
+    def wrap(owner, name, before=None, after=None):
+        inner = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            if before:
+                before(*args)
+            result = inner(*args, **kwargs)
+            if after:
+                after(result)
+            return result
+        setattr(owner, name, wrapped)
+
+    def push_before():
+        version = state.published[0]
+        if any(s.starting is None and s.policy_version < version for s in loop.pool.slots_now()):
+            stamp(path, "push", v=version)
+
+    wrap(state, "publish", before=lambda version, ref: stamp(path, "publish", v=version))
+    wrap(loop, "_push_weights", before=push_before)
+    wrap(loop, "_accept", before=lambda groups: stamp(path, "accept"))
+    wrap(trainer, "_submit", after=lambda sub: sub is not None and stamp(path, "submitted", step=sub.step))
+    taken = trainer_module.take_batch  # the trainer's name for it (restored by bench_timeline)
+
+    def take_and_stamp(*args, **kwargs):
+        result = taken(*args, **kwargs)
+        if result[0]:
+            stamp(path, "taken")
+        return result
+    trainer_module.take_batch = take_and_stamp
+
+
+def timeline_links(events: list[dict], first_step: int) -> dict:
+    """Per hop, the median milliseconds over the steps from ``first_step``: link 1, step k ends (rank 0)
+    -> publish -> push -> offer -> the generate call with version k starts; link 2, a generate call
+    ends -> accept -> taken -> submitted -> the step call reaches rank 0."""
+    events = sorted(events, key=lambda e: e["t"])
+
+    def first(kind, after, **fields):
+        return next((e["t"] for e in events if e["kind"] == kind and e["t"] >= after
+                     and all(e.get(k) == v for k, v in fields.items())), None)
+
+    link1 = {h: [] for h in ("end_to_publish", "publish_to_push", "push_to_offer", "offer_to_gen_start", "total")}
+    for step in sorted({e["step"] for e in events if e["kind"] == "step_end" and e["step"] >= first_step}):
+        t_end = first("step_end", 0, step=step, rank=0)
+        t_pub = t_end and first("publish", t_end, v=step)
+        t_push = t_pub and first("push", t_pub, v=step)
+        t_offer = t_push and first("offer", t_push, v=step)
+        t_gen = t_end and first("gen_start", t_end, v=step)
+        if None in (t_end, t_pub, t_push, t_offer, t_gen):
+            continue
+        for hop, dt in zip(link1, (t_pub - t_end, t_push - t_pub, t_offer - t_push, t_gen - t_offer, t_gen - t_end),
+                           strict=True):
+            link1[hop].append(dt)
+    link2 = {h: [] for h in ("gen_end_to_accept", "accept_to_taken", "taken_to_submitted", "submitted_to_step_call",
+                             "total")}
+    start = first("step_call", 0, step=first_step, rank=0) or 0.0
+    for e in (e for e in events if e["kind"] == "gen_end" and e["t"] >= start):
+        t_acc = first("accept", e["t"])
+        t_take = t_acc and first("taken", t_acc)
+        t_sub = t_take and first("submitted", t_take)
+        t_call = t_sub and first("step_call", t_sub, rank=0)
+        if None in (t_acc, t_take, t_sub, t_call) or t_call - e["t"] > 0.25:  # not a batch's last call
+            continue
+        for hop, dt in zip(link2, (t_acc - e["t"], t_take - t_acc, t_sub - t_take, t_call - t_sub, t_call - e["t"]),
+                           strict=True):
+            link2[hop].append(dt)
+    median = {name: {h: round(1e3 * statistics.median(v), 2) if v else None for h, v in link.items()}
+              for name, link in (("step_end_to_generate", link1), ("generate_end_to_step", link2))}
+    median["samples"] = {"step_end_to_generate": len(link1["total"]), "generate_end_to_step": len(link2["total"])}
+    return median
+
+
+def bench_timeline(train_s: float, steps: int, warmup: int, payload_params: int) -> dict:
+    """R = L at ``max_lag`` 1, every hand-off stamped: where the critical cycle's latency goes."""
+    path = tempfile.mktemp(prefix="aisrl-timeline-", suffix=".jsonl")
+    taken = trainer_module.take_batch
+    try:
+        res = run_trainer(["prompts_per_step=64", "rollout.prompts_per_call=64", "rollout.num_workers=1",
+                           "async.max_lag=1"], {"seconds_per_call": train_s, "weight_load": "copy", "timeline": path},
+                          {"train_seconds": train_s, "payload_params": payload_params, "timeline": path}, steps, warmup,
+                          on_built=lambda trainer: _stamp_driver(trainer, path))
+        events = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    finally:
+        trainer_module.take_batch = taken
+        Path(path).unlink(missing_ok=True)
+    links = timeline_links(events, first_step=warmup + 1)
+    log(f"timeline R=L={train_s}s: overhead {(res['achieved_s_per_step'] - train_s) * 1000:.1f} ms/step; "
+        f"step end -> generate {links['step_end_to_generate']}; generate end -> step {links['generate_end_to_step']}")
+    return {"train_seconds_L": train_s, "rollout_seconds_R": train_s, "max_lag": 1, "steps": steps,
+            "warmup_steps_excluded": warmup, "payload_params": payload_params,
+            "overhead_ms_per_step": round((res["achieved_s_per_step"] - train_s) * 1000, 2),
+            "links_median_ms": links, "time_split_s": res["time_split_s"], "loadavg_1m": res["loadavg_1m"]}
 
 
 def bench_scaling(workers: list[int], rollout_s: float, train_s: float, prompts_per_call: int, steps: int,
@@ -282,7 +391,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (3-4 minutes)")
     parser.add_argument("--parts", default="async,scaling,weights",
-                        help="comma-separated subset of async, lag (R = L at max_lag 1 and 2), scaling, weights")
+                        help="comma-separated subset of async, lag (R = L at max_lag 1 and 2), timeline, scaling, weights")
     parser.add_argument("--train-seconds", type=float, default=0.5, help="L of part 1")
     parser.add_argument("--tag", default="", help="suffix of the result names (e.g. _L0.5)")
     parser.add_argument("--no-save", action="store_true")
@@ -315,6 +424,10 @@ def main() -> None:
             res = bench_lag_at_balance(args.train_seconds, steps=22, warmup=2, repeats=3, payload_params=payload)
             emit(f"orchestration_lag_at_balance_cpu{suffix}", res, save=not args.no_save)
             results["lag"] = res
+        if "timeline" in parts:
+            res = bench_timeline(args.train_seconds, steps=22, warmup=2, payload_params=payload)
+            emit(f"orchestration_timeline_cpu{suffix}", res, save=not args.no_save)
+            results["timeline"] = res
         if "scaling" in parts:
             workers = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16]
             res = bench_scaling(workers, rollout_s=1.0, train_s=0.1, prompts_per_call=8,
@@ -349,7 +462,10 @@ def main() -> None:
         summary["weight_sync"] = {f"{r['params'] / 1e9:g}B": {"s": round(r["total_s"], 3),
                                   "GB_per_s": round(r["total_GB_per_s"], 2), "over_memcpy": round(r["total_over_copyto"], 2)}
                                   for r in results["weights"]["rows"]}
-    emit(f"orchestration_cpu{suffix}", summary, save=not args.no_save)
+    if "timeline" in results:
+        summary["timeline_overhead_ms_per_step"] = results["timeline"]["overhead_ms_per_step"]
+    # the kept summary is the async table's: a run of other parts only prints its own
+    emit(f"orchestration_cpu{suffix}", summary, save=not args.no_save and "async" in results)
 
 
 if __name__ == "__main__":

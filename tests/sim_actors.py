@@ -55,6 +55,14 @@ WeightLoad = Literal["adopt", "touch", "copy"]
 PAGE = 4096
 
 
+def stamp(path: str | None, kind: str, **fields) -> None:
+    """Append one event ``{"t": wall clock, "kind": kind, **fields}`` to the JSONL file ``path`` (a
+    timeline shared by every process of one machine; nothing when ``path`` is None)."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"t": time.time(), "kind": kind, **fields}) + "\n")
+
+
 def _deadline_sleep(started: float, seconds: float) -> None:
     left = started + seconds - time.perf_counter()
     if left > 0:
@@ -79,6 +87,8 @@ class SimulatedRolloutSettings:
     weight_load: WeightLoad = "adopt"
     """``update_weights``: ``adopt`` the version only (arrays stay mapped, unread), ``touch`` one
     byte of every page, or ``copy`` every array into worker-owned buffers (what an engine's load does)."""
+    timeline: str | None = None
+    """A JSONL file to stamp ``offer``, ``gen_call``, ``gen_start`` (weights adopted), ``gen_end`` into."""
 
 
 class SimulatedRolloutWorker:
@@ -111,16 +121,20 @@ class SimulatedRolloutWorker:
     def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
         """G simulated samples per prompt stamped with the newest offered version (``RolloutWorker``'s
         mailbox); refuses weights older than allowed."""
+        stamp(self.settings.timeline, "gen_call", v=min_policy_version)
         with self.mailbox.engine:
             self.mailbox.adopt(self._load, min_policy_version, 60.0)
+            stamp(self.settings.timeline, "gen_start", v=self.policy_version)
             self._running = True
             try:
                 return self._generate(prompts, min_policy_version)
             finally:
+                stamp(self.settings.timeline, "gen_end", v=self.policy_version)
                 self._running = False
 
     @ray.method(concurrency_group="weights")
     def offer_weights(self, version: int, holder: list) -> None:
+        stamp(self.settings.timeline, "offer", v=version)
         if self.mailbox.offer(version, holder):
             self.mailbox.try_adopt(self._load)
 
@@ -209,6 +223,8 @@ class SimulatedLearnerSettings:
     """Parameters in the exported bf16 payload (2 bytes each)."""
     proximal_noise: float = 0.01
     """Std of the Gaussian noise added to the behaviour log-probs to make ``old``."""
+    timeline: str | None = None
+    """A JSONL file to stamp ``step_call`` and ``step_end`` (with step and rank) into."""
 
 
 def synthetic_weight_shapes(num_params: int, width: int = 1536, max_rows: int = 8960) -> dict[str, tuple[int, int]]:
@@ -253,6 +269,7 @@ class SimulatedLearnerRank:
         """``LearnerRank.step`` simulated: the protocol of ``system.learner.group_step`` (rank 0 calls the
         real correction service once and publishes the payload) with sleeps for the compute and no
         process group (rank 0 simulates the all-gathered proximal log-probs of the whole batch)."""
+        stamp(self.settings.timeline, "step_call", step=step, rank=self.rank)
         t0 = time.perf_counter()
         batch = ray.get(holder[0])
         resp = batch.response_arrays()
@@ -273,6 +290,7 @@ class SimulatedLearnerRank:
         t3 = time.perf_counter()
         payload = self.export_weights()
         t4 = time.perf_counter()
+        stamp(self.settings.timeline, "step_end", step=step, rank=self.rank)
         if self.rank != 0:
             return None, None
         return StepOutcome(learner=learner, correction=correction, payload=None,
