@@ -173,25 +173,30 @@ class RolloutLoop:
     def _inflight_prompts(self) -> int:
         return sum(len(c.prompts) for s in self.pool.busy() for c in s.calls)
 
-    def _admitted(self, slot: WorkerSlot) -> bool:
-        per_step = self.cfg.prompts_per_step
+    def _consuming_step(self) -> int:
+        """The learner version the next dispatched prompts will be trained from (0-based)."""
         with self.state.cond:
             queued = len(self.buffer) + self._inflight_prompts()
-            consuming_step = self.state.steps_started + queued // per_step
-        return consuming_step - slot.policy_version <= self.cfg.async_.max_lag and \
-            consuming_step < self.cfg.max_steps
+            return self.state.steps_started + queued // self.cfg.prompts_per_step
 
     def _dispatch(self) -> None:
-        """Fill every worker with room up to ``rollout.calls_per_worker`` admitted calls."""
-        depth = self.cfg.rollout.calls_per_worker
+        """Fill every worker with room up to ``rollout.calls_per_worker`` admitted calls. A call requires
+        the oldest version the bound allows for the step that consumes it; the worker samples with the
+        newest offered version that exists by then (an offer may precede its weights, see
+        ``system.rollout.weight_mailbox``)."""
+        depth, max_lag = self.cfg.rollout.calls_per_worker, self.cfg.async_.max_lag
         for slot in self.pool.with_room():
-            while len(slot.calls) < depth and self._admitted(slot):
+            while len(slot.calls) < depth:
+                consuming_step = self._consuming_step()
+                if consuming_step - slot.policy_version > max_lag or consuming_step >= self.cfg.max_steps:
+                    break
                 with self.state.cond:
                     prompts = self.sampler.next_prompts(self.cfg.rollout.prompts_per_call)
                     if slot.idle_since is not None:
                         self.state.rollout_idle_s += time.monotonic() - slot.idle_since
                         slot.idle_since = None
-                slot.calls.append(GenerateCall(slot.handle.generate.remote(prompts, slot.policy_version), prompts))
+                min_version = max(0, consuming_step - max_lag)
+                slot.calls.append(GenerateCall(slot.handle.generate.remote(prompts, min_version), prompts))
 
     def _collect(self, timeout: float) -> None:
         refs = self.pool.pending_refs()
@@ -221,6 +226,7 @@ class RolloutLoop:
 
     def _accept(self, groups: list[RolloutGroup]) -> None:
         with self.state.cond:
+            self.state.rollout_idle_s += sum(g.weights_wait_s for g in groups)  # waited inside the worker
             for g in groups:
                 if self.sampler.mark_generated(g.prompt.prompt_id):
                     self.buffer.add(g)

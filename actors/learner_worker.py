@@ -134,6 +134,12 @@ class PendingStep:
         self.calls[0][0].future().add_done_callback(mark)
         return finished
 
+    @property
+    def weights(self) -> ray.ObjectRef:
+        """The reference the step's new weights will have (rank 0's second return value), known at
+        submit: the rollout workers are offered it while the step runs."""
+        return self.calls[0][1]
+
     def result(self) -> StepOutcome:
         """Rank 0's outcome (the one blocking wait of a step), whose ``weights`` is the object-store
         reference of the new policy version's payload: a return value of rank 0's call, so the

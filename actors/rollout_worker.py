@@ -9,8 +9,9 @@ generation): each generate call adopts the newest version offered by the time it
 
 import ray
 
+from actors.runtime import weights_exist
 from system.config import RunConfig
-from system.rollout.weight_mailbox import WeightMailbox
+from system.rollout.weight_mailbox import WeightMailbox, with_weights_wait
 from system.rollout.worker import RolloutWorkerCore
 from system.types import Prompt, RolloutGroup
 from system.weight_broadcast import BroadcastReceiver, GroupAddress
@@ -30,7 +31,7 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.core = RolloutWorkerCore(cfg, model_dir, worker_id)
         self.receiver = BroadcastReceiver()
-        self.mailbox: WeightMailbox[list] = WeightMailbox(self.core.policy_version)
+        self.mailbox: WeightMailbox[list] = WeightMailbox(self.core.policy_version, weights_exist)
         self.weight_sources = {"broadcast": 0, "object_store": 0}
 
     def ready(self) -> dict:
@@ -38,21 +39,23 @@ class RolloutWorker:
                 "quantization": self.core.quantization_scheme, "fp8_kernel": self.core.fp8_kernel}
 
     def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
-        """G samples per prompt with the newest offered weights; waits up to ``OFFER_WAIT_S`` for version
-        ``min_policy_version`` to be offered, and refuses to sample with older weights."""
+        """G samples per prompt with the newest offered weights that exist; waits up to ``OFFER_WAIT_S``
+        for version ``min_policy_version`` to be offered (then for it to exist), and refuses to sample
+        with older weights."""
         with self.mailbox.engine:
             held = self.mailbox.adopt(self._load, min_policy_version, OFFER_WAIT_S)
             if held < min_policy_version:
                 raise StaleWeightsError(f"worker {self.worker_id} holds policy version {held}, the controller "
                                         f"requires >= {min_policy_version} (not offered within {OFFER_WAIT_S:.0f} s)")
-            return self.core.generate_groups(prompts, held)
+            return with_weights_wait(self.core.generate_groups(prompts, held), self.mailbox.waited_s)
 
     @ray.method(concurrency_group="weights")
     def offer_weights(self, version: int, holder: list) -> None:
         """Offer ``version`` (``holder`` is ``[object-store reference]``, resolved only if it is loaded
-        from there); an idle worker loads it now."""
-        if self.mailbox.offer(version, holder):
-            self.mailbox.try_adopt(self._load)
+        from there; offered while the step producing it may still run); an idle worker loads it as soon
+        as it exists."""
+        if self.mailbox.offer(version, holder) and not self.mailbox.try_adopt(self._load):
+            self.mailbox.load_when_ready(self._load)
 
     def _load(self, version: int, holder: list) -> None:
         """The broadcast copy of ``version`` if it arrived, else the object store's."""

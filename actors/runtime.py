@@ -38,3 +38,10 @@ class RayRuntime:
 
 
 RAY = RayRuntime()
+
+
+def weights_exist(holder: list, timeout_s: float | None) -> bool:
+    """A rollout worker's ``WeightMailbox`` readiness: whether an offered version's object
+    (``holder = [reference]``) exists, waiting up to ``timeout_s`` (None: until it does; the object
+    of a failed step counts as existing, and loading it raises)."""
+    return bool(ray.wait(holder, timeout=timeout_s, fetch_local=False)[0])

@@ -209,6 +209,10 @@ class Trainer:
             return None
         batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])
         pending = self.learners.submit(ray.put(batch), version + 1, self.service)
+        # offered now, while the step runs: a worker adopts it the moment the object exists, without a
+        # round trip through this driver after the step (a diverged step's weights are the previous
+        # ones: the learner skips its update, and ``_check_finite`` stops the run)
+        self.state.publish(version + 1, pending.weights)
         # queued ahead, the learner never waited for this batch: it was ready before the previous step ended
         return SubmittedStep(version + 1, groups, batch, 0.0 if give_up else waited, give_up is not None, pending)
 
@@ -216,7 +220,6 @@ class Trainer:
         outcome = sub.pending.result()
         self._check_finite(outcome.learner)
         self.transport.step_done(outcome.weight_sync)
-        self.state.publish(sub.step, outcome.weights)
         with self.state.cond:
             self.sampler.mark_trained([g.prompt.prompt_id for g in sub.groups])
             ledger = self.sampler.counts()

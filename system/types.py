@@ -61,6 +61,9 @@ class RolloutGroup:
     completions: tuple[Completion, ...]
     policy_version: int
     worker_id: str = ""
+    weights_wait_s: float = 0.0
+    """Seconds the generate call that made this group waited, before sampling, for the weights the
+    staleness bound required (carried by the call's first group; the rollout side's pause)."""
 
     def __post_init__(self) -> None:
         for c in self.completions:
@@ -81,11 +84,12 @@ class RolloutGroup:
             arrays = [np.asarray(getattr(c, name)) for c in cs]
             dtypes = {a.dtype.str for a in arrays}
             if len(dtypes) > 1 or any(a.ndim != 1 for a in arrays):  # not columnar: field by field
-                return RolloutGroup, (self.prompt, cs, self.policy_version, self.worker_id)
+                return RolloutGroup, (self.prompt, cs, self.policy_version, self.worker_id, self.weights_wait_s)
             columns[name] = (dtypes.pop() if dtypes else "<i4", [len(a) for a in arrays],
                              b"".join(a.tobytes() for a in arrays))
         scalars = {name: [getattr(c, name) for c in cs] for name in _SCALAR_FIELDS}
-        return _group_from_columns, (self.prompt, self.policy_version, self.worker_id, columns, scalars)
+        return _group_from_columns, (self.prompt, self.policy_version, self.worker_id, columns, scalars,
+                                     self.weights_wait_s)
 
 
 _ARRAY_FIELDS = ("prompt_token_ids", "response_token_ids", "behaviour_logprobs")
@@ -94,7 +98,7 @@ _SCALAR_FIELDS = ("prompt_id", "sample_index", "response_text", "reward", "polic
 
 
 def _group_from_columns(prompt: Prompt, policy_version: int, worker_id: str, columns: dict,
-                        scalars: dict) -> RolloutGroup:
+                        scalars: dict, weights_wait_s: float = 0.0) -> RolloutGroup:
     """``RolloutGroup.__reduce__``'s inverse: read-only array views into the unpickled bytes."""
     if columns["response_token_ids"][1] != columns["behaviour_logprobs"][1]:
         raise ValueError(f"group of {prompt.prompt_id}: response lengths {columns['response_token_ids'][1]} "
@@ -110,7 +114,7 @@ def _group_from_columns(prompt: Prompt, policy_version: int, worker_id: str, col
         c = object.__new__(Completion)  # the lengths were checked above, for every completion at once
         c.__dict__.update(zip(names, values, strict=True))
         completions.append(c)
-    return RolloutGroup(prompt, tuple(completions), policy_version, worker_id)
+    return RolloutGroup(prompt, tuple(completions), policy_version, worker_id, weights_wait_s)
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,12 @@ import numpy as np
 import ray
 from ray import cloudpickle
 
+from actors.runtime import weights_exist
 from system.config import RunConfig
 from system.learner.batch import LearnerBatch
 from system.learner.group_step import StepOutcome
 from system.rewards.registry import build_reward
-from system.rollout.weight_mailbox import WeightMailbox
+from system.rollout.weight_mailbox import WeightMailbox, with_weights_wait
 from system.types import Completion, Prompt, RolloutGroup
 from system.weight_payload import WeightPayload
 
@@ -107,7 +108,7 @@ class SimulatedRolloutWorker:
         self.vocab_size = _vocab_size(model_dir)
         self.reward = build_reward(cfg.data.reward)
         self.policy_version = 0
-        self.mailbox: WeightMailbox[list] = WeightMailbox(0)
+        self.mailbox: WeightMailbox[list] = WeightMailbox(0, weights_exist)
         self._running = False
         self._num_calls = 0
         self._loaded: dict[str, np.ndarray] = {}
@@ -127,7 +128,7 @@ class SimulatedRolloutWorker:
             stamp(self.settings.timeline, "gen_start", v=self.policy_version)
             self._running = True
             try:
-                return self._generate(prompts, min_policy_version)
+                return with_weights_wait(self._generate(prompts, min_policy_version), self.mailbox.waited_s)
             finally:
                 stamp(self.settings.timeline, "gen_end", v=self.policy_version)
                 self._running = False
@@ -135,8 +136,8 @@ class SimulatedRolloutWorker:
     @ray.method(concurrency_group="weights")
     def offer_weights(self, version: int, holder: list) -> None:
         stamp(self.settings.timeline, "offer", v=version)
-        if self.mailbox.offer(version, holder):
-            self.mailbox.try_adopt(self._load)
+        if self.mailbox.offer(version, holder) and not self.mailbox.try_adopt(self._load):
+            self.mailbox.load_when_ready(self._load)
 
     def _load(self, version: int, holder: list) -> None:
         self.update_weights(ray.get(holder[0]))

@@ -18,11 +18,12 @@ def group(dtype=np.int32, lengths=(3, 0, 2)) -> RolloutGroup:
                    response_text=f"text {i}", reward=float(i) / 2, policy_version=3 + i,
                    finish_reason="stop" if i else "length", worker_id=f"w{i}")
         for i, n in enumerate(lengths))
-    return RolloutGroup(prompt, completions, policy_version=3, worker_id="w0")
+    return RolloutGroup(prompt, completions, policy_version=3, worker_id="w0", weights_wait_s=0.25)
 
 
 def assert_same(a: RolloutGroup, b: RolloutGroup, read_only: bool = True) -> None:
-    assert (a.prompt, a.policy_version, a.worker_id) == (b.prompt, b.policy_version, b.worker_id)
+    assert (a.prompt, a.policy_version, a.worker_id, a.weights_wait_s) == (
+        b.prompt, b.policy_version, b.worker_id, b.weights_wait_s)
     assert len(a.completions) == len(b.completions)
     for x, y in zip(a.completions, b.completions, strict=True):
         for name in ("prompt_id", "sample_index", "response_text", "reward", "policy_version", "finish_reason",
@@ -49,7 +50,7 @@ def test_mixed_dtypes_fall_back_to_field_by_field():
     g = group()
     odd = Completion(**{**g.completions[0].__dict__, "sample_index": 9,
                         "response_token_ids": frozen_array([1, 2, 3], np.int64)})
-    mixed = RolloutGroup(g.prompt, (*g.completions, odd), 3, "w0")
+    mixed = RolloutGroup(g.prompt, (*g.completions, odd), 3, "w0", 1.5)
     assert mixed.__reduce__()[0] is RolloutGroup
     assert_same(mixed, pickle.loads(pickle.dumps(mixed)), read_only=False)  # numpy's own pickling
 
@@ -57,7 +58,7 @@ def test_mixed_dtypes_fall_back_to_field_by_field():
 def test_columns_whose_lengths_disagree_are_refused():
     from system.types import _group_from_columns
 
-    fn, (prompt, version, worker, columns, scalars) = group().__reduce__()
+    fn, (prompt, version, worker, columns, scalars, waited) = group().__reduce__()
     dtype, lengths, data = columns["behaviour_logprobs"]
     columns["behaviour_logprobs"] = (dtype, [lengths[0] - 1, lengths[1], lengths[2] + 1], data)
     with pytest.raises(ValueError, match="p7: response lengths"):

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from system.rollout.weight_mailbox import WeightMailbox
+from system.rollout.weight_mailbox import WeightMailbox, with_weights_wait
+from system.types import Prompt, RolloutGroup
 
 
 class Engine:
@@ -61,3 +62,78 @@ def test_a_failed_load_keeps_the_offer_for_the_next_call():
         box.adopt(engine.load)
     assert box.held_version == 0 and box.offered_version() == 1
     assert box.adopt(engine.load) == 1 and engine.loaded == [(1, "v1")]
+
+
+class Steps:
+    """Offered sources whose weights exist once ``make`` is called (the step producing them ends)."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, threading.Event] = {}
+
+    def source(self, name: str) -> str:
+        self.made[name] = threading.Event()
+        return name
+
+    def make(self, name: str) -> None:
+        self.made[name].set()
+
+    def ready(self, source: str, timeout_s: float | None) -> bool:
+        return self.made[source].wait(timeout_s) if timeout_s != 0 else self.made[source].is_set()
+
+
+def test_a_pending_offer_does_not_hold_back_a_call_its_held_version_satisfies():
+    steps = Steps()
+    box, engine = WeightMailbox(held_version=1, ready=steps.ready), Engine()
+    assert box.offer(2, steps.source("v2"))  # offered while its step runs
+    started = time.monotonic()
+    assert box.adopt(engine.load, min_version=1) == 1 and engine.loaded == [] and box.waited_s == 0.0
+    assert time.monotonic() - started < 0.1
+    steps.make("v2")
+    assert box.adopt(engine.load, min_version=1) == 2 and engine.loaded == [(2, "v2")]
+
+
+def test_a_call_that_requires_a_pending_version_waits_until_it_exists_past_the_offer_timeout():
+    steps = Steps()
+    box, engine = WeightMailbox(held_version=1, ready=steps.ready), Engine()
+    box.offer(2, steps.source("v2"))
+    threading.Timer(0.3, steps.make, args=("v2",)).start()
+    started = time.monotonic()
+    # the offer timeout (0.1 s) bounds waiting for an OFFER; an offered version is waited for as long
+    # as its step takes
+    assert box.adopt(engine.load, min_version=2, timeout_s=0.1) == 2 and engine.loaded == [(2, "v2")]
+    assert 0.25 < time.monotonic() - started < 5.0 and 0.25 < box.waited_s < 5.0
+
+
+def test_the_newest_existing_offer_is_adopted_before_a_newer_pending_one():
+    steps = Steps()
+    box, engine = WeightMailbox(held_version=1, ready=steps.ready), Engine()
+    box.offer(2, steps.source("v2"))
+    box.offer(3, steps.source("v3"))  # queued ahead: two steps in flight
+    steps.make("v2")
+    assert box.adopt(engine.load) == 2 and box.offered_version() == 3
+    assert not box.offer(3, "again")  # still offered, not newer
+    steps.make("v3")
+    assert box.adopt(engine.load) == 3 and engine.loaded == [(2, "v2"), (3, "v3")]
+
+
+def test_an_idle_worker_loads_a_pending_offer_once_it_exists():
+    steps = Steps()
+    box, engine = WeightMailbox(held_version=0, ready=steps.ready), Engine()
+    box.offer(1, steps.source("v1"))
+    assert not box.try_adopt(engine.load) and engine.loaded == []  # idle, but the weights do not exist yet
+    waiter = box.load_when_ready(engine.load)
+    assert waiter is not None and waiter.is_alive()
+    steps.make("v1")
+    waiter.join(timeout=5.0)
+    assert engine.loaded == [(1, "v1")] and box.held_version == 1
+    assert box.load_when_ready(engine.load) is None  # nothing pending
+
+
+def test_the_wait_rides_on_the_first_group_of_the_call():
+    def group(pid: str) -> RolloutGroup:
+        return RolloutGroup(Prompt(pid, "1+2=", "3"), (), policy_version=2)
+
+    groups = [group("a"), group("b")]
+    assert with_weights_wait(groups, 0.0) is groups
+    waited = with_weights_wait(groups, 0.4)
+    assert [g.weights_wait_s for g in waited] == [0.4, 0.0] and [g.prompt.prompt_id for g in waited] == ["a", "b"]

@@ -1,72 +1,107 @@
 """A rollout worker's weight mailbox: the newest offered policy version, adopted when a call starts.
 
-The controller *offers* each new version to a worker the moment it is published (a call that
-runs beside generation, not behind it), and queues the next generate call before the current
-one returns. The call adopts, when it starts, the newest version offered by then, so a call
-queued early never samples with older weights than one sent at the last moment would, and the
-worker does not idle through a driver round trip between calls. A call may require a version
-(``min_version``, the staleness bound): it waits for that offer, up to a timeout.
+The controller *offers* each new version to a worker as soon as it knows where the version will
+come from: the learner step that produces version k+1 is submitted with the reference its weights
+will have, and the offer goes out then, while the step still runs (a call beside generation, not
+behind it). The worker queues the next generate call before the current one returns. A call
+adopts, when it starts, the newest offered version whose weights already exist (``ready``); a call
+that requires a version (``min_version``, the staleness bound) waits for it to be offered (up to
+a timeout) and then for its weights to exist (as long as the step producing them takes; a failed
+step makes the load raise). So a call queued early never samples with older weights than one sent
+at the last moment would, and no version waits for a driver round trip after its step ends.
 
-An idle worker loads an offer at once (``try_adopt`` from the offering thread, when the engine
-is free), as a queued load call used to; a busy one leaves it for its next call.
+An idle worker loads an offer as soon as its weights exist (``try_adopt``, or ``load_when_ready``
+in the background), as a queued load call used to; a busy one leaves it for its next call.
 """
 
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Generic, TypeVar
+
+from system.types import RolloutGroup
 
 Source = TypeVar("Source")
 
 
-class WeightMailbox(Generic[Source]):
-    """The newest ``(version, source)`` offered; ``source`` is what the worker loads the version from."""
+def always_ready(source, timeout_s: float | None) -> bool:
+    """Offers whose weights exist when offered (the default)."""
+    return True
 
-    def __init__(self, held_version: int = 0) -> None:
+
+class WeightMailbox(Generic[Source]):
+    """The offered ``(version, source)`` pairs newer than the held version; ``source`` is what the worker
+    loads the version from, and ``ready(source, timeout_s)`` says whether it exists yet, waiting up to
+    ``timeout_s`` (0: a check; None: as long as it takes)."""
+
+    def __init__(self, held_version: int = 0,
+                 ready: Callable[[Source, float | None], bool] = always_ready) -> None:
         self._cond = threading.Condition()
-        self._offer: tuple[int, Source] | None = None
+        self._offers: dict[int, Source] = {}
+        self._ready = ready
         self.held_version = held_version
         """The version the engine holds (updated by :meth:`adopt`)."""
         self.engine = threading.Lock()
         """Held while the engine generates or loads: one thing at a time."""
+        self.waited_s = 0.0
+        """Seconds the last :meth:`adopt` waited for its ``min_version`` (offered, then ready)."""
 
     def offer(self, version: int, source: Source) -> bool:
         """Record ``version`` if newer than every earlier offer and the held version; True if recorded."""
         with self._cond:
-            newest = self._offer[0] if self._offer is not None else self.held_version
-            if version <= newest:
+            if version <= max(self._offers, default=self.held_version):
                 return False
-            self._offer = (version, source)
+            self._offers[version] = source
             self._cond.notify_all()
             return True
 
     def offered_version(self) -> int:
         with self._cond:
-            return self._offer[0] if self._offer is not None else self.held_version
+            return max(self._offers, default=self.held_version)
+
+    def _newest_ready(self) -> tuple[int, Source] | None:
+        with self._cond:
+            candidates = sorted(self._offers.items(), reverse=True)
+        return next(((v, s) for v, s in candidates if self._ready(s, 0.0)), None)
+
+    def _load(self, load: Callable[[int, Source], None], version: int, source: Source) -> None:
+        load(version, source)  # raises: the offers stay for the next call
+        with self._cond:
+            self.held_version = version
+            for v in [v for v in self._offers if v <= version]:
+                del self._offers[v]
 
     def adopt(self, load: Callable[[int, Source], None], min_version: int = 0, timeout_s: float = 60.0) -> int:
-        """Call with :attr:`engine` held: wait until a version >= ``min_version`` is held or offered (up to
-        ``timeout_s``), load the newest offer if it is newer than the held one (``load(version, source)``)
-        and return the version held. The caller refuses to generate if it is still < ``min_version``."""
+        """Call with :attr:`engine` held: load the newest offer whose weights exist, if newer than the held
+        version (``load(version, source)``); if the held version is still below ``min_version``, wait up to
+        ``timeout_s`` for a version >= ``min_version`` to be offered and then, however long it takes,
+        for its weights to exist. Returns the version held; the caller refuses to generate if it is
+        still < ``min_version`` (never offered in time)."""
         deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self.held_version < min_version and (self._offer is None or self._offer[0] < min_version):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            offer, self._offer = self._offer, None
-        if offer is not None and offer[0] > self.held_version:
-            try:
-                load(*offer)
-            except BaseException:
-                self.offer(*offer)  # kept for the next call (unless a newer one came meanwhile)
-                raise
-            self.held_version = offer[0]
-        return self.held_version
+        waited_from = None
+        while True:
+            chosen = self._newest_ready()
+            if chosen is not None:
+                self._load(load, *chosen)
+            if self.held_version >= min_version:
+                self.waited_s = 0.0 if waited_from is None else time.monotonic() - waited_from
+                return self.held_version
+            waited_from = waited_from or time.monotonic()
+            with self._cond:
+                pending = sorted((v, s) for v, s in self._offers.items() if v >= min_version)
+                if not pending:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self.waited_s = time.monotonic() - waited_from
+                        return self.held_version
+                    self._cond.wait(remaining)
+                    continue
+            self._ready(pending[0][1], None)  # the oldest sufficient version is produced first
 
     def try_adopt(self, load: Callable[[int, Source], None]) -> bool:
-        """Load the newest offer now if the engine is free (an idle worker); True if it loaded one."""
+        """Load the newest offer whose weights exist, now, if the engine is free (an idle worker);
+        True if it loaded one."""
         if not self.engine.acquire(blocking=False):
             return False
         try:
@@ -74,3 +109,30 @@ class WeightMailbox(Generic[Source]):
             return self.adopt(load, timeout_s=0.0) > before
         finally:
             self.engine.release()
+
+    def load_when_ready(self, load: Callable[[int, Source], None]) -> threading.Thread | None:
+        """An idle worker's offer whose weights do not exist yet: wait for them in a background thread,
+        then :meth:`try_adopt` (a call that starts meanwhile adopts it itself). None if there is no
+        such offer."""
+        with self._cond:
+            newest = max(self._offers, default=None)
+            source = self._offers.get(newest) if newest is not None else None
+        if newest is None or self._ready(source, 0.0):
+            return None
+
+        def wait_then_adopt() -> None:
+            try:
+                self._ready(source, None)
+                self.try_adopt(load)
+            except Exception:  # noqa: BLE001 - a failed step: the next call's load raises it
+                pass
+
+        thread = threading.Thread(target=wait_then_adopt, name=f"adopt-v{newest}", daemon=True)
+        thread.start()
+        return thread
+
+
+def with_weights_wait(groups: list[RolloutGroup], waited_s: float) -> list[RolloutGroup]:
+    """A call's groups, the first carrying the seconds the call waited for its weights
+    (``RolloutGroup.weights_wait_s``; the controller adds them to the rollout side's pause)."""
+    return [replace(groups[0], weights_wait_s=waited_s), *groups[1:]] if groups and waited_s else groups
