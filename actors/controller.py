@@ -4,14 +4,16 @@
     ─────────────────────                         ──────────────────────────────────────
     newer weights? offer them to every worker     buffer.take(B, version k)  (stale groups dropped)
     sampler ─prompts─▶ worker with room (admitted) ─▶ collate, ray.put(batch)
-    worker ─groups─▶ ledger.mark_generated         ─▶ ONE call to the learner group (every rank):
-            ─▶ buffer.add                               proximal log-probs, all-gather; rank 0 ─▶
+    worker ─groups─▶ ledger.mark_generated         ─▶ publish version k+1: the reference its weights
+            ─▶ buffer.add                               WILL have (offered while the step runs)
+                                                   ─▶ ONE call to the learner group (every rank):
+                                                        proximal log-probs, all-gather; rank 0 ─▶
                                                         correction service (weights, metrics, dumps;
                                                         it reads the batch from the object store),
                                                         in flight during the update's first forward;
                                                         broadcast weights, update, export (version k+1)
-                                                   ◀── rank 0: metrics + object-store ref of the weights
-                                                   ─▶ publish the ref for the rollout loop
+                                                   ◀── rank 0: metrics (the weights' object now exists:
+                                                       workers waiting for it adopt it at once)
                                                    ─▶ step record to the service (not awaited)
 
 The driver makes one blocking call per step (``PendingStep.result``); no token array passes
@@ -29,14 +31,17 @@ checkpoint (the learners must be idle at the saved version), the last step, or a
 
 Workers hold up to ``rollout.calls_per_worker`` generate calls: the next one is queued behind the
 running one, so a worker starts it the moment the previous returns (no round trip through this
-loop). Weights are *offered* to a worker beside its calls, and a call adopts the newest version
-offered by the time it starts (``system.rollout.weight_mailbox``): queueing a call early never
+loop). Weights are *offered* to a worker beside its calls as soon as the step producing them is
+submitted, and a call adopts the newest offered version whose weights exist by the time it starts
+(``system.rollout.weight_mailbox``); a call that needs a version still being trained waits for it
+inside the worker (that wait is reported with its groups and counted in ``time/rollout_idle``).
+So no version waits for a driver round trip after its step ends, and queueing a call early never
 makes its samples staler than sending it at the last moment would.
 
 Admission (``async.max_lag``): a generate call is sent to a worker offered version ``v`` only
 if the step that will consume its groups, ``k = steps_started + (buffered + in flight) // B``,
-satisfies ``k - v <= max_lag`` (queued calls count as in flight; the worker refuses to sample
-below ``k - max_lag``). ``max_lag = 0`` is the synchronous on-policy mode. The buffer re-checks
+satisfies ``k - v <= max_lag`` (queued calls count as in flight); the call requires version
+``k - max_lag`` (the worker waits for it, and refuses to sample below it). ``max_lag = 0`` is the synchronous on-policy mode. The buffer re-checks
 the bound at batch time, so no trained sample ever exceeds it.
 """
 

@@ -209,25 +209,39 @@ def _stamp_driver(trainer: Trainer, path: str) -> None:
 
 def timeline_links(events: list[dict], first_step: int) -> dict:
     """Per hop, the median milliseconds over the steps from ``first_step``: link 1, step k ends (rank 0)
-    -> publish -> push -> offer -> the generate call with version k starts; link 2, a generate call
-    ends -> accept -> taken -> submitted -> the step call reaches rank 0."""
+    -> the generate call with version k starts sampling (when version k was offered after the step:
+    -> publish -> push -> offer -> adopted; when it was offered at submit: how long before the step's
+    end the offer and the waiting call reached the worker); link 2, a generate call ends -> accept ->
+    taken -> submitted -> the step call reaches rank 0."""
     events = sorted(events, key=lambda e: e["t"])
 
     def first(kind, after, **fields):
         return next((e["t"] for e in events if e["kind"] == kind and e["t"] >= after
                      and all(e.get(k) == v for k, v in fields.items())), None)
 
-    link1 = {h: [] for h in ("end_to_publish", "publish_to_push", "push_to_offer", "offer_to_gen_start", "total")}
+    link1 = {h: [] for h in ("end_to_publish", "publish_to_push", "push_to_offer", "offer_to_gen_start", "total",
+                             "offer_before_end", "gen_call_before_end")}
     for step in sorted({e["step"] for e in events if e["kind"] == "step_end" and e["step"] >= first_step}):
         t_end = first("step_end", 0, step=step, rank=0)
-        t_pub = t_end and first("publish", t_end, v=step)
+        t_gen = t_end and first("gen_start", t_end, v=step)
+        if t_end is None or t_gen is None:
+            continue
+        link1["total"].append(t_gen - t_end)
+        t_offer = first("offer", 0, v=step)
+        if t_offer is not None and t_offer < t_end:  # offered at submit (while the step ran)
+            link1["offer_before_end"].append(t_end - t_offer)
+            t_call = max((e["t"] for e in events if e["kind"] == "gen_call" and e["v"] <= step and e["t"] < t_end),
+                         default=None)
+            if t_call is not None:
+                link1["gen_call_before_end"].append(t_end - t_call)
+            continue
+        t_pub = first("publish", t_end, v=step)  # offered after the step (the driver's round trip)
         t_push = t_pub and first("push", t_pub, v=step)
         t_offer = t_push and first("offer", t_push, v=step)
-        t_gen = t_end and first("gen_start", t_end, v=step)
-        if None in (t_end, t_pub, t_push, t_offer, t_gen):
+        if None in (t_pub, t_push, t_offer):
             continue
-        for hop, dt in zip(link1, (t_pub - t_end, t_push - t_pub, t_offer - t_push, t_gen - t_offer, t_gen - t_end),
-                           strict=True):
+        for hop, dt in zip(("end_to_publish", "publish_to_push", "push_to_offer", "offer_to_gen_start"),
+                           (t_pub - t_end, t_push - t_pub, t_offer - t_push, t_gen - t_offer), strict=True):
             link1[hop].append(dt)
     link2 = {h: [] for h in ("gen_end_to_accept", "accept_to_taken", "taken_to_submitted", "submitted_to_step_call",
                              "total")}
