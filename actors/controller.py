@@ -167,13 +167,17 @@ class RolloutLoop:
             )
 
     def _push_weights(self) -> None:
-        version, ref = self.state.published
+        with self.state.cond:
+            offers = sorted(self.state.offers.items())  # the last finished version and those in training
         for slot in self.pool.slots_now():
-            # a starting worker gets the latest version once it is ready: pushing every version to
-            # it meanwhile would queue one load per version behind its engine build
-            if slot.starting is None and slot.policy_version < version:
-                self.transport.push(slot.handle, ref, version)
-                slot.policy_version = version
+            # a starting worker gets the versions once it is ready: pushing every version to it
+            # meanwhile would queue one load per version behind its engine build
+            if slot.starting is not None:
+                continue
+            for version, ref in offers:  # oldest first: a worker that held none gets the finished one too
+                if slot.policy_version < version:
+                    self.transport.push(slot.handle, ref, version)
+                    slot.policy_version = version
 
     def _inflight_prompts(self) -> int:
         return sum(len(c.prompts) for s in self.pool.busy() for c in s.calls)
@@ -267,10 +271,13 @@ class SharedState:
         self.steps_started = steps_done
         self.published = initial_weights
         self.generated_tokens = 0
+        self.offers: dict[int, ray.ObjectRef | None] = dict([initial_weights])
+        """The versions to offer: the last finished one and those whose steps were submitted since."""
         self.rollout_idle_s = 0.0
         """Seconds ready rollout workers sat idle (held back by the staleness bound, i.e. waiting for
-        newer weights, or with nothing left to generate), summed over workers; counted when a worker
-        is dispatched again."""
+        newer weights, or with nothing left to generate), summed over workers: counted by the driver
+        when a worker without calls is dispatched again, and reported by a worker for a call that
+        waited inside it for the weights it required (``RolloutGroup.weights_wait_s``)."""
 
     def wake(self) -> None:
         """Wake every waiter on the condition (e.g. when a learner step has ended)."""
@@ -278,9 +285,17 @@ class SharedState:
             self.cond.notify_all()
 
     def publish(self, version: int, ref: ray.ObjectRef) -> None:
+        """Version ``version`` will be at ``ref`` (its step may still run)."""
         with self.cond:
             self.published = (version, ref)
+            self.offers[version] = ref
             self.cond.notify_all()  # the rollout loop pushes the new weights at once
+
+    def finished(self, version: int) -> None:
+        """Version ``version``'s step has ended: older versions are no longer offered."""
+        with self.cond:
+            for v in [v for v in self.offers if v < version]:
+                del self.offers[v]
 
 
 def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler, state: SharedState,

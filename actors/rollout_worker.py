@@ -54,8 +54,9 @@ class RolloutWorker:
         """Offer ``version`` (``holder`` is ``[object-store reference]``, resolved only if it is loaded
         from there; offered while the step producing it may still run); an idle worker loads it as soon
         as it exists."""
-        if self.mailbox.offer(version, holder) and not self.mailbox.try_adopt(self._load):
-            self.mailbox.load_when_ready(self._load)
+        if self.mailbox.offer(version, holder):
+            self.mailbox.try_adopt(self._load)  # an idle worker: now, if its weights exist
+            self.mailbox.load_when_ready(self._load)  # else once they do
 
     def _load(self, version: int, holder: list) -> None:
         """The broadcast copy of ``version`` if it arrived, else the object store's."""

@@ -210,8 +210,7 @@ class Trainer:
         batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])
         pending = self.learners.submit(ray.put(batch), version + 1, self.service)
         # offered now, while the step runs: a worker adopts it the moment the object exists, without a
-        # round trip through this driver after the step (a diverged step's weights are the previous
-        # ones: the learner skips its update, and ``_check_finite`` stops the run)
+        # round trip through this driver after the step (``_check_finite`` stops a diverging run)
         self.state.publish(version + 1, pending.weights)
         # queued ahead, the learner never waited for this batch: it was ready before the previous step ended
         return SubmittedStep(version + 1, groups, batch, 0.0 if give_up else waited, give_up is not None, pending)
@@ -220,6 +219,7 @@ class Trainer:
         outcome = sub.pending.result()
         self._check_finite(outcome.learner)
         self.transport.step_done(outcome.weight_sync)
+        self.state.finished(sub.step)
         with self.state.cond:
             self.sampler.mark_trained([g.prompt.prompt_id for g in sub.groups])
             ledger = self.sampler.counts()
@@ -248,8 +248,9 @@ class Trainer:
     def _check_finite(self, learner_metrics: dict) -> None:
         """Count the step as non-finite when the learner skipped an update (non-finite gradient), its loss
         is not finite, or it recomputed non-finite log-probs where the rollout's are finite (a diverged
-        model); stop the run after ``learner.max_nonfinite_steps`` such steps in a row, before the
-        step's weights are published."""
+        model); stop the run after ``learner.max_nonfinite_steps`` such steps in a row (no checkpoint is
+        written after it; its weights were offered to the workers when it was submitted, so a worker
+        may have sampled with them before the run stops)."""
         bad_proximal = int(learner_metrics.get("nonfinite_proximal_tokens", 0))
         loss = learner_metrics.get("loss", 0.0)
         nonfinite = learner_metrics.get("skipped_step", 0.0) > 0 or bad_proximal > 0 or not np.isfinite(loss)

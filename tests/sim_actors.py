@@ -136,8 +136,9 @@ class SimulatedRolloutWorker:
     @ray.method(concurrency_group="weights")
     def offer_weights(self, version: int, holder: list) -> None:
         stamp(self.settings.timeline, "offer", v=version)
-        if self.mailbox.offer(version, holder) and not self.mailbox.try_adopt(self._load):
-            self.mailbox.load_when_ready(self._load)
+        if self.mailbox.offer(version, holder):
+            self.mailbox.try_adopt(self._load)  # an idle worker: now, if its weights exist
+            self.mailbox.load_when_ready(self._load)  # else once they do
 
     def _load(self, version: int, holder: list) -> None:
         self.update_weights(ray.get(holder[0]))

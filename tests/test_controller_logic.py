@@ -17,6 +17,7 @@ from system.config.loading import resolve_config
 from system.data.buffer import TrajectoryBuffer
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
+from system.rollout.weight_mailbox import with_weights_wait
 from system.types import Completion, RolloutGroup, frozen_array
 
 
@@ -64,6 +65,8 @@ class FakeWorker:
         self.cfg, self.worker_id, self.log = cfg, worker_id, log
         self.version, self.dead, self.killed = 0, False, False
         self.held: list = [False]  # [hold new generate calls?, the held calls in order...]
+        self.min_versions: list[int] = []  # what each generate call required
+        self.waited_s = 0.0  # the wait this worker reports with each call's groups
         self.ready = Method(lambda: {"worker_id": worker_id, "policy_version": 0, "quantization": "fake"})
         self.generate = Method(self._generate, self.held)
         self.offer_weights = Method(self._offer)
@@ -77,10 +80,12 @@ class FakeWorker:
         if self.dead:
             raise WorkerDied(f"{self.worker_id} died")
         self.log.append(("generate", self.worker_id, self.version, [p.prompt_id for p in prompts]))
-        return [RolloutGroup(p, tuple(
+        self.min_versions.append(min_version)
+        return with_weights_wait([RolloutGroup(p, tuple(
             Completion(p.prompt_id, j, frozen_array([1], np.int32), frozen_array([2, 3], np.int32),
                        frozen_array([-0.5, -0.5], np.float32), "23", 0.0, self.version, "stop", self.worker_id)
-            for j in range(self.cfg.rollout.group_size)), self.version, self.worker_id) for p in prompts]
+            for j in range(self.cfg.rollout.group_size)), self.version, self.worker_id) for p in prompts],
+            self.waited_s)
 
 
 class FakeWorkerClass:
@@ -253,3 +258,39 @@ def test_no_buffered_group_exceeds_the_bound_over_many_steps(max_lag):
     c = sampler.counts()
     assert c["trained"] == 80 and c["duplicates"] == 0
     assert c["issued"] == c["trained"] + c["buffered"] + c["in_flight"] + c["dropped"]
+
+
+def test_a_call_requires_the_oldest_version_the_bound_allows_and_its_reported_wait_is_idle_time():
+    """max_lag 1, B = one call: calls for the steps training from versions 0 and 1 require version 0;
+    after step 1 is taken and versions 1 and 2 offered (their steps may still run), the calls for the
+    steps training from versions 2 and 3 require 2 - 1 = 1 and 3 - 1 = 2 (not the newest offered for
+    both: the first may sample with version 1 as soon as it exists). A worker's reported
+    wait (``weights_wait_s`` on a call's first group) is added to ``rollout_idle_s``."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    worker = cls.handles["rollout-0"]
+    ticks(loop)
+    assert worker.min_versions == [0, 0]
+    take_batch(cfg, buffer, sampler, state, 0, loop)
+    state.publish(1, 1)  # submitted with step 1: version 1 still being trained
+    state.publish(2, 2)  # and step 2 queued ahead
+    worker.waited_s = 0.75
+    idle_before = state.rollout_idle_s
+    ticks(loop)
+    assert worker.min_versions == [0, 0, 1, 2] and worker.version == 2  # offered 1 then 2
+    # two calls, each reporting 0.75 s, on top of the driver's own (sub-second) idle accounting
+    assert 2 * 0.75 <= state.rollout_idle_s - idle_before < 2 * 0.75 + 0.5
+
+
+def test_a_worker_that_joins_is_offered_the_finished_version_and_those_in_training():
+    """Versions 1 (its step ended) and 2 (its step running) known: a worker that becomes ready now is
+    offered 1 and then 2, so its first call need not wait for step 2 when 1 satisfies the bound;
+    versions older than the last finished one are no longer offered."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    state.publish(1, 1)
+    state.finished(1)
+    state.publish(2, 2)
+    assert sorted(state.offers) == [1, 2]
+    loop.desired_workers = 2
+    ticks(loop)
+    assert [e for e in cls.log if e[0] == "update" and e[1] == "rollout-1"] == [
+        ("update", "rollout-1", 1), ("update", "rollout-1", 2)]

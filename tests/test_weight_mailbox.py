@@ -137,3 +137,19 @@ def test_the_wait_rides_on_the_first_group_of_the_call():
     assert with_weights_wait(groups, 0.0) is groups
     waited = with_weights_wait(groups, 0.4)
     assert [g.weights_wait_s for g in waited] == [0.4, 0.0] and [g.prompt.prompt_id for g in waited] == ["a", "b"]
+
+
+def test_an_offer_drops_the_older_ones_once_a_newer_one_exists():
+    """A busy worker offered 1, 2 (both produced) and 3 (in training) keeps only 2 and 3: 1 would never
+    be adopted and would only keep its copy of the weights alive."""
+    steps = Steps()
+    box, engine = WeightMailbox(held_version=0, ready=steps.ready), Engine()
+    with box.engine:  # generating
+        box.offer(1, steps.source("v1"))
+        steps.make("v1")
+        box.offer(2, steps.source("v2"))
+        assert sorted(box._offers) == [1, 2]  # 2 not produced yet: 1 may still be the one to adopt
+        steps.make("v2")
+        box.offer(3, steps.source("v3"))
+        assert sorted(box._offers) == [2, 3]
+    assert box.adopt(engine.load) == 2 and engine.loaded == [(2, "v2")]

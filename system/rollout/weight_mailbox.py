@@ -48,13 +48,20 @@ class WeightMailbox(Generic[Source]):
         """Seconds the last :meth:`adopt` waited for its ``min_version`` (offered, then ready)."""
 
     def offer(self, version: int, source: Source) -> bool:
-        """Record ``version`` if newer than every earlier offer and the held version; True if recorded."""
+        """Record ``version`` if newer than every earlier offer and the held version; True if recorded.
+        Offers older than the newest one whose weights exist are dropped (never adopted: each would
+        only keep its copy of the weights alive)."""
         with self._cond:
             if version <= max(self._offers, default=self.held_version):
                 return False
             self._offers[version] = source
             self._cond.notify_all()
-            return True
+        newest = self._newest_ready()
+        if newest is not None:
+            with self._cond:
+                for v in [v for v in self._offers if v < newest[0]]:
+                    del self._offers[v]
+        return True
 
     def offered_version(self) -> int:
         with self._cond:
@@ -79,25 +86,25 @@ class WeightMailbox(Generic[Source]):
         for its weights to exist. Returns the version held; the caller refuses to generate if it is
         still < ``min_version`` (never offered in time)."""
         deadline = time.monotonic() + timeout_s
-        waited_from = None
+        self.waited_s = 0.0  # only the waits below: the loads are not counted, waiting or not
         while True:
             chosen = self._newest_ready()
             if chosen is not None:
                 self._load(load, *chosen)
             if self.held_version >= min_version:
-                self.waited_s = 0.0 if waited_from is None else time.monotonic() - waited_from
                 return self.held_version
-            waited_from = waited_from or time.monotonic()
+            started = time.monotonic()
             with self._cond:
                 pending = sorted((v, s) for v, s in self._offers.items() if v >= min_version)
                 if not pending:
-                    remaining = deadline - time.monotonic()
+                    remaining = deadline - started
                     if remaining <= 0:
-                        self.waited_s = time.monotonic() - waited_from
                         return self.held_version
                     self._cond.wait(remaining)
+                    self.waited_s += time.monotonic() - started
                     continue
             self._ready(pending[0][1], None)  # the oldest sufficient version is produced first
+            self.waited_s += time.monotonic() - started
 
     def try_adopt(self, load: Callable[[int, Source], None]) -> bool:
         """Load the newest offer whose weights exist, now, if the engine is free (an idle worker);
