@@ -41,8 +41,9 @@ makes its samples staler than sending it at the last moment would.
 Admission (``async.max_lag``): a generate call is sent to a worker offered version ``v`` only
 if the step that will consume its groups, ``k = steps_started + (buffered + in flight) // B``,
 satisfies ``k - v <= max_lag`` (queued calls count as in flight); the call requires version
-``k - max_lag`` (the worker waits for it, and refuses to sample below it). ``max_lag = 0`` is the synchronous on-policy mode. The buffer re-checks
-the bound at batch time, so no trained sample ever exceeds it.
+``k - max_lag`` (the worker waits for it, and refuses to sample below it). ``max_lag = 0`` is the
+synchronous on-policy mode. The buffer re-checks the bound at batch time, so no trained sample
+ever exceeds it.
 """
 
 import logging
@@ -264,12 +265,11 @@ class RolloutLoop:
 
 
 class SharedState:
-    """What both loops read: steps started, the latest published weights, counters; one condition."""
+    """What both loops read: steps started, the weights to offer, counters; one condition."""
 
     def __init__(self, steps_done: int, initial_weights: tuple[int, ray.ObjectRef | None]) -> None:
         self.cond = threading.Condition()
         self.steps_started = steps_done
-        self.published = initial_weights
         self.generated_tokens = 0
         self.offers: dict[int, ray.ObjectRef | None] = dict([initial_weights])
         """The versions to offer: the last finished one and those whose steps were submitted since."""
@@ -287,7 +287,6 @@ class SharedState:
     def publish(self, version: int, ref: ray.ObjectRef) -> None:
         """Version ``version`` will be at ``ref`` (its step may still run)."""
         with self.cond:
-            self.published = (version, ref)
             self.offers[version] = ref
             self.cond.notify_all()  # the rollout loop pushes the new weights at once
 

@@ -16,8 +16,9 @@ from system.config import RunConfig
 from system.learner.core import LearnerCore
 from system.learner.distributed import find_free_port
 from system.learner.group_step import StepOutcome, run_step
-from system.weight_broadcast import BroadcastSender, GroupAddress
+from system.weight_broadcast import GroupAddress
 from system.weight_delta import DeltaEncoder
+from system.weight_generations import BroadcastSender
 
 
 @ray.remote

@@ -14,7 +14,8 @@ from system.config import RunConfig
 from system.rollout.weight_mailbox import WeightMailbox, with_weights_wait
 from system.rollout.worker import RolloutWorkerCore
 from system.types import Prompt, RolloutGroup
-from system.weight_broadcast import BroadcastReceiver, GroupAddress
+from system.weight_broadcast import GroupAddress
+from system.weight_generations import BroadcastReceiver
 
 OFFER_WAIT_S = 60.0
 """How long a generate call waits for the version it requires: the controller offers a version before it

@@ -1,0 +1,144 @@
+"""The weight broadcast across generations: learner rank 0's side (:class:`BroadcastSender`) and a
+rollout worker's (:class:`BroadcastReceiver`) over a succession of ``system.weight_broadcast``
+groups. A generation is formed without blocking anyone (the members join in the background); the
+learner never waits for one to form, only for a broadcast in progress; a failed broadcast drops
+the generation, and the caller forms the next one.
+"""
+
+import threading
+import time
+
+from system import shared_segment
+from system.weight_broadcast import BroadcastFailed, GroupAddress, WeightBroadcast, host_store
+from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
+from system.weight_payload import WeightPayload
+
+
+class BroadcastSender:
+    """Member 0's side across generations (the learner's rank 0).
+
+    :meth:`open` hosts a new generation and returns at once (the members join in the background);
+    :meth:`send` broadcasts a version if the current generation is connected, and otherwise skips
+    it (the workers then load that version from the object store): the learner never waits for a
+    generation to form, only for a broadcast in progress. A failed broadcast drops the generation.
+    """
+
+    def __init__(self, timeout_s: float = 60.0, chunk_bytes: int = 64 << 20,
+                 encoder: DeltaEncoder | None = None, shared_memory: bool = False) -> None:
+        """``encoder``: send lossy deltas (``system.weight_delta``); None sends every version in full.
+        ``shared_memory``: offer a shared segment to the members (taken if they all see it)."""
+        self.timeout_s, self.chunk_bytes, self.encoder = timeout_s, chunk_bytes, encoder
+        self.shared_memory = shared_memory
+        self._group: WeightBroadcast | None = None
+        self._connecting: threading.Thread | None = None
+        self._result: dict = {}
+
+    def open(self, name: str, world_size: int, host: str) -> GroupAddress:
+        """Host generation ``name`` of ``world_size`` members (this one and ``world_size - 1`` workers)."""
+        self.close()
+        if self.encoder is not None:
+            self.encoder.reset()  # a new generation starts from the full weights
+        store, port = host_store(host, self.timeout_s)
+        address = GroupAddress(host, port, name, world_size, self.shared_memory and shared_segment.available())
+        result: dict = {}
+
+        def connect() -> None:
+            try:
+                result["group"] = WeightBroadcast(address, 0, self.timeout_s, self.chunk_bytes, store=store)
+            except Exception as exc:  # a member never came: the generation is dropped
+                result["error"] = exc
+
+        self._result, self._connecting = result, threading.Thread(target=connect, name="weights-connect", daemon=True)
+        self._connecting.start()
+        return address
+
+    def send(self, payload: WeightPayload) -> dict:
+        """Broadcast ``payload`` if a generation is connected; the ``weight_sync/...`` metrics of the step."""
+        if self._connecting is not None and not self._connecting.is_alive():
+            self._group, self._connecting = self._result.get("group"), None
+        if self._group is None:
+            return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
+                    "broadcast_failed": 0, "broadcast_shared_memory": 0}
+        started = time.perf_counter()
+        receivers = self._group.world_size - 1
+        wire = self.encoder.encode(payload) if self.encoder is not None else payload
+        try:
+            sent = self._group.send(wire)
+        except BroadcastFailed:
+            shared = int(self._group.shared)
+            self.close()
+            return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
+                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1,
+                    "broadcast_shared_memory": shared}
+        shared = int(self._group.shared)  # 0 when this version fell back to gloo
+        metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
+                   "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
+                   "broadcast_shared_memory": shared}
+        if self.encoder is not None:
+            metrics |= {"compression_ratio": payload.num_bytes / max(wire.num_bytes, 1),
+                        "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error}
+        return metrics
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group, self._connecting = None, None
+
+
+class BroadcastReceiver:
+    """A worker's side across generations: a background thread per generation receives every version
+    into ``latest``; :meth:`take` hands the version the controller asks for, if it arrived."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._alive = False
+        self.latest: WeightPayload | None = None
+        self.error: str | None = None
+
+    def join(self, address: GroupAddress, rank: int, timeout_s: float = 60.0, delta: bool = False) -> None:
+        """Become member ``rank`` of the generation at ``address`` (returns at once); ``delta``: the
+        sender codes versions as deltas, decoded here against this member's reconstruction."""
+        with self._cond:
+            self._generation += 1
+            generation, self._alive = self._generation, True
+
+        def loop() -> None:
+            group = None
+            try:
+                group = WeightBroadcast(address, rank, timeout_s)
+                decoder = DeltaDecoder() if delta else None
+                while True:
+                    payload = group.receive()
+                    if decoder is not None:
+                        payload = decoder.decode(payload)
+                    with self._cond:
+                        if generation != self._generation:
+                            return  # a newer generation took over
+                        self.latest = payload
+                        self._cond.notify_all()
+            except Exception as exc:  # the generation broke (a member died, or member 0 moved on)
+                with self._cond:
+                    if generation == self._generation:
+                        self._alive, self.error = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+                        self._cond.notify_all()
+            finally:
+                if group is not None:  # its shared segment's mapping and spare buffers
+                    group.close()
+
+        threading.Thread(target=loop, name=f"weights-receive-{generation}", daemon=True).start()
+
+    def take(self, version: int, wait_s: float = 5.0) -> WeightPayload | None:
+        """The payload of ``version`` if it arrived (waiting up to ``wait_s`` while the generation is
+        alive and only older versions arrived); None if it did not (load it another way)."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                if self.latest is not None and self.latest.policy_version == version:
+                    return self.latest
+                if self.latest is not None and self.latest.policy_version > version:
+                    return None
+                remaining = deadline - time.monotonic()
+                if not self._alive or remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
