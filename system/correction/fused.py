@@ -41,7 +41,7 @@ from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
-_ABI = 2
+_ABI = 3
 """``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
 _POSITIONS_PER_THREAD = 1 << 21
 """A thread per 2M positions at most: on the 2-core AMD EPYC a second thread did not pay at 1M
@@ -77,6 +77,7 @@ def _library() -> ctypes.CDLL | None:
                                          ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64,
                                          ctypes.c_int]
         lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
+        lib.aisrl_exponentials.argtypes = [ptr, ctypes.c_int64, ptr, ptr]
         _lib = lib
     return _lib
 
@@ -92,6 +93,18 @@ def compatible(lib) -> bool:
 def available() -> bool:
     """Whether the fused pass is built and loads (else the torch path is used)."""
     return _library() is not None
+
+
+def exponentials(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pass's inline ``exp(x)`` and ``expm1(x)`` (NaN where |x| > 20) for float64 ``x``, to test
+    them against libm."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"the fused pass is not available: {_load_error}")
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    exp_out, expm1_out = np.empty_like(x), np.empty_like(x)
+    lib.aisrl_exponentials(x.ctypes.data, x.size, exp_out.ctypes.data, expm1_out.ctypes.data)
+    return exp_out, expm1_out
 
 
 @dataclass(frozen=True)

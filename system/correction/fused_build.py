@@ -17,10 +17,9 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("fused_pass.cpp")
 LIBRARY = Path(__file__).with_name("_fused_pass.so")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread",
-         # vectorised sums and libm calls, keeping NaN / inf semantics (no -ffast-math)
+         # vectorised sums, keeping NaN / inf semantics (no -ffast-math); exp / expm1 are inline
          "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
-LIBS = ["-lmvec", "-lm"]
-"""glibc's vector math library (SIMD exp / expm1) and libm; a compile without libmvec is retried without it."""
+LIBS = ["-lm"]
 
 
 def compiler() -> str | None:
@@ -41,9 +40,6 @@ def build(force: bool = False) -> Path | None:
         return None
     tmp = LIBRARY.with_suffix(f".{os.getpid()}.tmp")
     done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(tmp), *LIBS], capture_output=True, text=True)
-    if done.returncode != 0:  # no libmvec (a non-glibc system): scalar exp, still correct
-        done = subprocess.run([cxx, *FLAGS, "-DAISRL_NO_LIBMVEC", str(SOURCE), "-o", str(tmp), "-lm"],
-                              capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"building {SOURCE.name} with {cxx} failed:\n{done.stderr[-2000:]}")

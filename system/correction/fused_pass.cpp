@@ -15,15 +15,6 @@
 #include <thread>
 #include <vector>
 
-// glibc's vector math library (libmvec) has SIMD exp and expm1; declaring them lets GCC call
-// those in a vectorised loop without -ffast-math (which would also assume no NaN or inf).
-#ifndef AISRL_NO_LIBMVEC
-extern "C" {
-__attribute__((simd("notinbranch"))) double exp(double) noexcept;
-__attribute__((simd("notinbranch"))) double expm1(double) noexcept;
-}
-#endif
-
 namespace {
 
 constexpr double kClamp = 20.0;
@@ -72,6 +63,63 @@ inline double from_ordered_bits(int64_t key) {
   return x;
 }
 
+// exp and expm1 as inline polynomials the compiler vectorises with the rest of the loop (no libm
+// call: the vector math library's exp cost about as much as the whole remaining loop). x = k ln2 + r
+// with k = round(x / ln2), |r| <= ln2 / 2 (Cody-Waite: ln2 in two parts, the product k * ln2_hi
+// exact); expm1(r) = r + r^2/2! + ... + r^13/13! (truncation below 1e-17 relative); then
+// exp(x) = 2^k (1 + expm1(r)) and expm1(x) = 2^k expm1(r) + (2^k - 1). 2^k is built from the bits
+// of k + 1.5 * 2^52 (an exact sum whose low mantissa bits hold k), with no double-to-int conversion.
+// Within 2 ulp of glibc's exp / expm1 (tested in tests/test_correction_fused.py through the pass).
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2Hi = 0.693147180369123816490;   // ln 2 to 32 bits: k * kLn2Hi exact for |k| < 2^20
+constexpr double kLn2Lo = 1.90821492927058770002e-10;
+constexpr double kShifter = 6755399441055744.0;        // 1.5 * 2^52
+
+inline double pow2_bits(double k, int64_t bias) {  // 2^(k + bias - 1023) for integer-valued k
+  const double t = k + kShifter;
+  int64_t bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  bits = static_cast<int64_t>((static_cast<uint64_t>(bits) << 52) + (static_cast<uint64_t>(bias) << 52));
+  double out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// expm1 of the reduced argument, |r| <= ln2 / 2 (Horner, Taylor coefficients 1/n!).
+inline double expm1_reduced(double r) {
+  double p = 1.0 / 6227020800.0;  // 1/13!
+  p = std::fma(p, r, 1.0 / 479001600.0);
+  p = std::fma(p, r, 1.0 / 39916800.0);
+  p = std::fma(p, r, 1.0 / 3628800.0);
+  p = std::fma(p, r, 1.0 / 362880.0);
+  p = std::fma(p, r, 1.0 / 40320.0);
+  p = std::fma(p, r, 1.0 / 5040.0);
+  p = std::fma(p, r, 1.0 / 720.0);
+  p = std::fma(p, r, 1.0 / 120.0);
+  p = std::fma(p, r, 1.0 / 24.0);
+  p = std::fma(p, r, 1.0 / 6.0);
+  p = std::fma(p, r, 0.5);
+  return std::fma(p * r, r, r);
+}
+
+// expm1(x) for |x| <= 40 (the clamped log-ratio).
+inline double expm1_small(double x) {
+  const double k = std::nearbyint(x * kLog2e);
+  const double r = std::fma(-k, kLn2Lo, std::fma(-k, kLn2Hi, x));
+  const double s = pow2_bits(k, 1023);  // 2^k, exact
+  return std::fma(s, expm1_reduced(r), s - 1.0);
+}
+
+// exp(x) for any finite x: clamped to [-746, 710] (beyond, the result is 0 or inf anyway); 2^k is
+// applied as two factors so subnormal results and inf come out as glibc's.
+inline double exp_any(double x) {
+  x = std::min(std::max(x, -746.0), 710.0);
+  const double k = std::nearbyint(x * kLog2e);
+  const double r = std::fma(-k, kLn2Lo, std::fma(-k, kLn2Hi, x));
+  const double k1 = std::nearbyint(k * 0.5 - 0.25);  // floor(k / 2) for integer k
+  return (1.0 + expm1_reduced(r)) * pow2_bits(k1, 1023) * pow2_bits(k - k1, 1023);
+}
+
 template <typename F>
 bool first_valid(const F* mu, const F* old, const uint8_t* mask, int64_t n, double* ref_mu, double* ref_old) {
   for (int64_t k = 0; k < n; ++k) {
@@ -114,7 +162,7 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
     double sdc2 = 0, se = 0, se2 = 0, srho = 0, srho2 = 0, sgap = 0, out2 = 0, smu = 0, sold = 0;
     double smu2 = 0, sold2 = 0, smo = 0, big = 0;
     int64_t min_key = ordered_bits(INFINITY), max_key = 0;
-    // Branch-free, so the compiler vectorises it (exp / expm1 from the vector math library): an
+    // Branch-free, so the compiler vectorises it (exp / expm1 inline, above): an
     // excluded token contributes exact zeros (d, m - ref, o - ref replaced by 0 before any use).
     for (int64_t j = 0; j < span; ++j) {
       const double m = static_cast<double>(m_row[j]), o = static_cast<double>(o_row[j]);
@@ -125,7 +173,7 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
       const double v = select(keep, 1.0, 0.0);
       const double ds = select(keep, d, 0.0);
       const double dc = std::min(std::max(ds, -kClamp), kClamp);
-      const double e = std::expm1(dc);
+      const double e = expm1_small(dc);
       // rho = 1 + e: where rho is tiny its absolute error (1e-16) is nothing next to the sums it enters
       const double rho = v * (1.0 + e);
       const double a = std::fabs(ds);
@@ -143,7 +191,7 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
       // |exp(old) - exp(mu)| = exp(mu) |expm1(d)|, and expm1(d) = e while |d| <= 20; the rare
       // |d| > 20 tokens are added in the scalar loop below from the two exponentials
       const uint64_t small = 1 - ((uint64_t{0} - static_cast<uint64_t>(a > kClamp ? 1 : 0)) >> 63);
-      sgap += select(keep & (0 - small), std::exp(select(keep, m, 0.0)) * std::fabs(e), 0.0);
+      sgap += select(keep & (0 - small), exp_any(select(keep, m, 0.0)) * std::fabs(e), 0.0);
       out2 += a > log2 ? 1.0 : 0.0;
       out5 += a > log5 ? 1.0 : 0.0;
       // min d and max |d| as integer reductions on order-preserving bit patterns (they vectorise)
@@ -251,7 +299,7 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
 extern "C" {
 
 // Bumped whenever an exported function's arguments change (fused.py refuses another version).
-int aisrl_fused_abi() { return 2; }
+int aisrl_fused_abi() { return 3; }
 int aisrl_fused_row_cols() { return kRowCols; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
 
@@ -272,6 +320,15 @@ int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* 
     return -1;
   }
   return 0;
+}
+
+// The pass's inline exponentials on their own, for tests against libm: exp(x[i]) for any x, and
+// expm1(x[i]) where |x[i]| <= 20 (the pass's clamp; NaN elsewhere).
+void aisrl_exponentials(const double* x, int64_t n, double* exp_out, double* expm1_out) {
+  for (int64_t i = 0; i < n; ++i) {
+    exp_out[i] = exp_any(x[i]);
+    expm1_out[i] = std::fabs(x[i]) <= kClamp ? expm1_small(x[i]) : NAN;
+  }
 }
 
 // The values of ranks r1 <= r2 (0-indexed, r2 <= r1 + 1) of band[0:n]: out = [value_r1, value_r2].
