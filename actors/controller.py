@@ -83,6 +83,7 @@ class RolloutLoop:
         self._capacity_checked = 0.0
         self.control = None  # an actors.control.RunControl handle, polled for ``aisrl scale``
         self._control_ref: ray.ObjectRef | None = None
+        self._control_asked = float("-inf")
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self._last_alive = time.monotonic()
@@ -109,11 +110,15 @@ class RolloutLoop:
         self._dispatch()
         self._collect(timeout)
 
-    def _poll_control(self) -> None:
-        """Adopt the worker count last set with ``aisrl scale`` (one outstanding query at a time)."""
+    def _poll_control(self, every_s: float = 0.25) -> None:
+        """Adopt the worker count last set with ``aisrl scale`` (one outstanding query at a time, at most
+        one every ``every_s``: the loop ticks every 5 ms while a worker has room)."""
         if self.control is None:
             return
         if self._control_ref is None:
+            if time.monotonic() - self._control_asked < every_s:
+                return
+            self._control_asked = time.monotonic()
             self._control_ref = self.control.desired.remote()
             return
         if self.runtime.poll(self._control_ref):
