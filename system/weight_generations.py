@@ -54,11 +54,14 @@ class BroadcastSender:
 
     def send(self, payload: WeightPayload) -> dict:
         """Broadcast ``payload`` if a generation is connected; the ``weight_sync/...`` metrics of the step."""
+        join_failed = 0
         if self._connecting is not None and not self._connecting.is_alive():
             self._group, self._connecting = self._result.get("group"), None
+            join_failed = int("error" in self._result)  # a member never joined: reported once, so the
+            # controller forms a new generation instead of serving every later version from the object store
         if self._group is None:
             return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
-                    "broadcast_failed": 0, "broadcast_shared_memory": 0}
+                    "broadcast_failed": join_failed, "broadcast_shared_memory": 0}
         started = time.perf_counter()
         receivers = self._group.world_size - 1
         wire = self.encoder.encode(payload) if self.encoder is not None else payload

@@ -95,6 +95,10 @@ def cases():
     yield "exp_range", mu, mu + d, torch.ones(3, 1000, dtype=torch.bool)
     yield "exp_tiny", mu - 660, mu - 660 + d, torch.ones(3, 1000, dtype=torch.bool)
     yield "exp_positive", mu + 7, mu + 7 + d, torch.ones(3, 1000, dtype=torch.bool)
+    # behaviour log-probs just below log(DBL_MAX): exp(mu) finite, 2^k at its largest (k = 1024)
+    top = torch.tensor([[709.45, 709.5, 709.6, 709.7, 709.78]], dtype=torch.float64)
+    yield "exp_top", top, top - torch.tensor([[0.01, 0.02, 0.03, 0.05, 0.3]], dtype=torch.float64), \
+        torch.ones(1, 5, dtype=torch.bool)
 
 
 @pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "3-threads"])

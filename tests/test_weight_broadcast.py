@@ -209,3 +209,20 @@ def test_a_segment_that_fails_sends_the_version_again_over_the_sockets_and_the_r
     assert path_of(out) == {"shared=True"} and delivered(out) == expected([1, 2, 3])
     assert {r: e.split(" buffers")[0] for r, e in ends(out).items()} == dict.fromkeys(range(3), "end shared=False")
     assert segments(pids) == set()
+
+
+def test_a_generation_nobody_joins_is_reported_failed_once_so_a_new_one_forms():
+    """A sender whose members never join within its timeout: the first ``send`` after the join gave up
+    says ``broadcast_failed`` (the controller then forms a new generation), later ones do not repeat
+    it; nothing is sent (no receivers)."""
+    from system.weight_generations import BroadcastSender
+
+    sender = BroadcastSender(timeout_s=1.0)
+    sender.open("nobody-joins", 2, "127.0.0.1")
+    deadline = time.monotonic() + 30
+    while sender._connecting is not None and sender._connecting.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first, second = sender.send(payload_of(1)), sender.send(payload_of(2))
+    sender.close()
+    assert (first["broadcast_failed"], first["broadcast_receivers"], first["broadcast_bytes"]) == (1, 0, 0)
+    assert (second["broadcast_failed"], second["broadcast_receivers"]) == (0, 0)

@@ -116,6 +116,19 @@ def test_the_newest_existing_offer_is_adopted_before_a_newer_pending_one():
     assert box.adopt(engine.load) == 3 and engine.loaded == [(2, "v2"), (3, "v3")]
 
 
+def test_a_call_that_requires_a_pending_version_does_not_load_an_older_existing_one_first():
+    """Held 1, offered 2 (exists) and 3 (its step still runs), the call requires 3: loading 2 would be a
+    whole weight update replaced unused before the call samples, so only 3 is loaded, once it exists."""
+    steps = Steps()
+    box, engine = WeightMailbox(held_version=1, ready=steps.ready), Engine()
+    box.offer(2, steps.source("v2"))
+    box.offer(3, steps.source("v3"))
+    steps.make("v2")
+    threading.Timer(0.2, steps.make, args=("v3",)).start()
+    assert box.adopt(engine.load, min_version=3, timeout_s=5.0) == 3
+    assert engine.loaded == [(3, "v3")]
+
+
 def test_an_idle_worker_loads_a_pending_offer_once_it_exists():
     steps = Steps()
     box, engine = WeightMailbox(held_version=0, ready=steps.ready), Engine()

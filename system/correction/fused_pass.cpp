@@ -67,8 +67,8 @@ inline double from_ordered_bits(int64_t key) {
 // call: the vector math library's exp cost about as much as the whole remaining loop). x = k ln2 + r
 // with k = round(x / ln2), |r| <= ln2 / 2 (Cody-Waite: ln2 in two parts, the product k * ln2_hi
 // exact); expm1(r) = r + r^2/2! + ... + r^13/13! (truncation below 1e-17 relative); then
-// exp(x) = 2^k (1 + expm1(r)) and expm1(x) = 2^k expm1(r) + (2^k - 1). 2^k is built from the bits
-// of k + 1.5 * 2^52 (an exact sum whose low mantissa bits hold k), with no double-to-int conversion.
+// exp(x) = 2^k (1 + expm1(r)) and expm1(x) = 2^k expm1(r) + (2^k - 1). k is read from the bits of
+// k + 1.5 * 2^52 (an exact sum whose low mantissa bits hold k), with no double-to-int conversion.
 // Within 2 ulp of glibc's exp / expm1 (tested in tests/test_correction_fused.py through the pass).
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2Hi = 0.693147180369123816490;   // ln 2 to 32 bits: k * kLn2Hi exact for |k| < 2^20
@@ -110,14 +110,29 @@ inline double expm1_small(double x) {
   return std::fma(s, expm1_reduced(r), s - 1.0);
 }
 
-// exp(x) for any finite x: clamped to [-746, 710] (beyond, the result is 0 or inf anyway); 2^k is
-// applied as two factors so subnormal results and inf come out as glibc's.
+// exp(x) for any finite x, in one multiply after an exact scaling: 2^k is added to the exponent
+// field of 1 + expm1(r) (in [0.7, 1.42], so the sum stays a normal double for every k that gives a
+// normal result); below x = -708 (subnormal results) the exponent gets k + 64 and the single multiply
+// by 2^-64 rounds once, as libm does; above log(DBL_MAX) the result is inf. One multiply: no
+// association for -fassociative-math to change (a product of two scale factors could overflow).
+constexpr double kMaxLog = 709.782712893383973096;   // log(DBL_MAX)
+
 inline double exp_any(double x) {
-  x = std::min(std::max(x, -746.0), 710.0);
+  x = std::min(std::max(x, -746.0), 710.0);  // beyond: 0 or inf anyway (and k stays small)
   const double k = std::nearbyint(x * kLog2e);
   const double r = std::fma(-k, kLn2Lo, std::fma(-k, kLn2Hi, x));
-  const double k1 = std::nearbyint(k * 0.5 - 0.25);  // floor(k / 2) for integer k
-  return (1.0 + expm1_reduced(r)) * pow2_bits(k1, 1023) * pow2_bits(k - k1, 1023);
+  const bool tiny = x < -708.0;
+  const double kk = tiny ? k + 64.0 : k;
+  const double t = kk + kShifter;  // its low mantissa bits hold kk
+  const double y = 1.0 + expm1_reduced(r);
+  int64_t y_bits, k_bits;
+  std::memcpy(&y_bits, &y, sizeof y_bits);
+  std::memcpy(&k_bits, &t, sizeof k_bits);
+  y_bits = static_cast<int64_t>(static_cast<uint64_t>(y_bits) + (static_cast<uint64_t>(k_bits) << 52));
+  double scaled;
+  std::memcpy(&scaled, &y_bits, sizeof scaled);
+  const double out = scaled * (tiny ? 0x1p-64 : 1.0);
+  return x > kMaxLog ? INFINITY : out;
 }
 
 template <typename F>

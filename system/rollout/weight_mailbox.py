@@ -81,7 +81,8 @@ class WeightMailbox(Generic[Source]):
 
     def adopt(self, load: Callable[[int, Source], None], min_version: int = 0, timeout_s: float = 60.0) -> int:
         """Call with :attr:`engine` held: load the newest offer whose weights exist, if newer than the held
-        version (``load(version, source)``); if the held version is still below ``min_version``, wait up to
+        version and not below ``min_version`` (an older one would be replaced before the call samples;
+        ``load(version, source)``); if the held version is still below ``min_version``, wait up to
         ``timeout_s`` for a version >= ``min_version`` to be offered and then, however long it takes,
         for its weights to exist. Returns the version held; the caller refuses to generate if it is
         still < ``min_version`` (never offered in time)."""
@@ -89,7 +90,7 @@ class WeightMailbox(Generic[Source]):
         self.waited_s = 0.0  # only the waits below: the loads are not counted, waiting or not
         while True:
             chosen = self._newest_ready()
-            if chosen is not None:
+            if chosen is not None and chosen[0] >= min_version:  # an older one would be replaced unused
                 self._load(load, *chosen)
             if self.held_version >= min_version:
                 return self.held_version
