@@ -10,8 +10,10 @@ it keep their mapping until they close it), :meth:`SharedSegment.close` unmaps.
 Whether two processes share a ``/dev/shm`` is decided by trying (:func:`probe_token`): containers on
 one machine may each have their own. A segment's memory is reserved when it is created
 (``posix_fallocate``): a full ``/dev/shm`` (Docker's default is 64 MB) is an ``OSError`` then, never
-a SIGBUS on a later write. Names are ``aisrl-<creator pid>-<hex>``; :func:`remove_orphans` removes
-the segments of creators that no longer run (killed between creating one and unlinking it).
+a SIGBUS on a later write. Names are ``aisrl-<creator pid>-n<pid namespace>-<hex>``;
+:func:`remove_orphans` removes the segments of creators that no longer run (killed between creating
+one and unlinking it), among those made in its own pid namespace only: a container that shares
+``/dev/shm`` but not the pids would see every other container's creators as gone.
 """
 
 import mmap
@@ -88,17 +90,30 @@ class SharedSegment:
             self._map = None
 
 
+OWN = re.compile(r"aisrl-(\d+)-n([0-9a-f]+)-[0-9a-z-]+")
+"""A name :func:`new_name` made: creator pid and pid namespace."""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``, hex; "0" where unknown)."""
+    try:
+        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
+    except OSError:
+        return "0"
+
+
 def new_name(kind: str = "") -> str:
-    """A fresh segment name of this process: ``aisrl-<pid>-[<kind>-]<random hex>``."""
-    return f"aisrl-{os.getpid()}-{kind + '-' if kind else ''}{secrets.token_hex(6)}"
+    """A fresh segment name of this process: ``aisrl-<pid>-n<pid namespace>-[<kind>-]<random hex>``."""
+    return f"aisrl-{os.getpid()}-n{pid_namespace()}-{kind + '-' if kind else ''}{secrets.token_hex(6)}"
 
 
 def remove_orphans() -> list[str]:
-    """Unlink the segments whose creator no longer runs (this host's pids); the names removed."""
-    removed = []
-    for path in SHM_DIR.glob("aisrl-*") if available() else []:
-        match = NAME.fullmatch(path.name)
-        if match is None or int(match.group(1)) == os.getpid():
+    """Unlink the segments whose creator no longer runs, among those made in this pid namespace (a
+    pid of another one says nothing here); the names removed."""
+    removed, namespace = [], pid_namespace()
+    for path in SHM_DIR.glob("aisrl-*") if available() and namespace != "0" else []:
+        match = OWN.fullmatch(path.name)
+        if match is None or match.group(2) != namespace or int(match.group(1)) == os.getpid():
             continue
         try:
             os.kill(int(match.group(1)), 0)

@@ -66,16 +66,23 @@ def test_orphans_of_processes_that_no_longer_run_are_removed_and_nothing_else():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     dead_pid = int(dead.stdout)  # exited: its pid runs nothing (unless reused within this test)
-    orphan = shared_segment.SHM_DIR / f"aisrl-{dead_pid}-deadbeef"
+    ns = shared_segment.pid_namespace()
+    orphan = shared_segment.SHM_DIR / f"aisrl-{dead_pid}-n{ns}-deadbeef"
     orphan.write_bytes(b"x" * 10)
     mine = SharedSegment(shared_segment.new_name("test"), 64, create=True)
-    alive = shared_segment.SHM_DIR / f"aisrl-{os.getppid()}-cafe"  # the parent runs
+    alive = shared_segment.SHM_DIR / f"aisrl-{os.getppid()}-n{ns}-cafe"  # the parent runs
     alive.write_bytes(b"y")
+    # the same dead pid in another pid namespace (a container sharing /dev/shm): not ours to judge
+    foreign = shared_segment.SHM_DIR / f"aisrl-{dead_pid}-n{int(ns, 16) + 1:x}-beef"
+    foreign.write_bytes(b"z")
+    unmarked = shared_segment.SHM_DIR / f"aisrl-{dead_pid}-feed"  # no namespace in the name: left alone
+    unmarked.write_bytes(b"w")
     try:
         removed = shared_segment.remove_orphans()
         assert orphan.name in removed and not orphan.exists()
         assert mine.path.exists() and alive.exists() and mine.name not in removed and alive.name not in removed
+        assert foreign.exists() and unmarked.exists() and foreign.name not in removed and unmarked.name not in removed
     finally:
-        orphan.unlink(missing_ok=True)
-        alive.unlink(missing_ok=True)
+        for path in (orphan, alive, foreign, unmarked):
+            path.unlink(missing_ok=True)
         mine.close()
