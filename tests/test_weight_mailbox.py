@@ -129,6 +129,30 @@ def test_a_call_that_requires_a_pending_version_does_not_load_an_older_existing_
     assert engine.loaded == [(3, "v3")]
 
 
+def test_an_offer_that_arrives_while_an_idle_load_runs_is_loaded_by_it_before_it_returns():
+    """An idle worker loading v1 in the background (``try_adopt`` holds the engine) when v2, whose
+    weights already exist, is offered: the offer's own ``try_adopt`` finds the engine held, so the
+    running one loads v2 as well before it returns (else v2 would wait for the next generate call)."""
+    box = WeightMailbox(held_version=0)
+    loading, release, loaded = threading.Event(), threading.Event(), []
+
+    def load(version, source):
+        if version == 1:
+            loading.set()
+            release.wait(5)
+        loaded.append(version)
+
+    box.offer(1, "v1")
+    idle = threading.Thread(target=box.try_adopt, args=(load,))
+    idle.start()
+    assert loading.wait(5)
+    box.offer(2, "v2")
+    assert not box.try_adopt(load)  # the engine is busy with v1
+    release.set()
+    idle.join(5)
+    assert loaded == [1, 2] and box.held_version == 2
+
+
 def test_an_idle_worker_loads_a_pending_offer_once_it_exists():
     steps = Steps()
     box, engine = WeightMailbox(held_version=0, ready=steps.ready), Engine()

@@ -46,6 +46,7 @@ class WeightMailbox(Generic[Source]):
         """Held while the engine generates or loads: one thing at a time."""
         self.waited_s = 0.0
         """Seconds the last :meth:`adopt` waited for its ``min_version`` (offered, then ready)."""
+        self._missed = False  # a try_adopt found the engine held (see try_adopt)
 
     def offer(self, version: int, source: Source) -> bool:
         """Record ``version`` if newer than every earlier offer and the held version; True if recorded.
@@ -109,14 +110,24 @@ class WeightMailbox(Generic[Source]):
 
     def try_adopt(self, load: Callable[[int, Source], None]) -> bool:
         """Load the newest offer whose weights exist, now, if the engine is free (an idle worker);
-        True if it loaded one."""
-        if not self.engine.acquire(blocking=False):
-            return False
-        try:
-            before = self.held_version
-            return self.adopt(load, timeout_s=0.0) > before
-        finally:
-            self.engine.release()
+        True if it loaded one. An offer that finds the engine held by another ``try_adopt`` (an idle
+        load in progress) is looked at by that one before it returns."""
+        loaded = False
+        while True:
+            if not self.engine.acquire(blocking=False):
+                with self._cond:
+                    self._missed = True
+                return loaded
+            try:
+                with self._cond:
+                    self._missed = False
+                before = self.held_version
+                loaded = self.adopt(load, timeout_s=0.0) > before or loaded
+            finally:
+                self.engine.release()
+            with self._cond:
+                if not self._missed:
+                    return loaded
 
     def load_when_ready(self, load: Callable[[int, Source], None]) -> threading.Thread | None:
         """An idle worker's offer whose weights do not exist yet: wait for them in a background thread,
