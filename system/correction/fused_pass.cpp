@@ -110,29 +110,25 @@ inline double expm1_small(double x) {
   return std::fma(s, expm1_reduced(r), s - 1.0);
 }
 
-// exp(x) for any finite x, in one multiply after an exact scaling: 2^k is added to the exponent
-// field of 1 + expm1(r) (in [0.7, 1.42], so the sum stays a normal double for every k that gives a
-// normal result); below x = -708 (subnormal results) the exponent gets k + 64 and the single multiply
-// by 2^-64 rounds once, as libm does; above log(DBL_MAX) the result is inf. One multiply: no
-// association for -fassociative-math to change (a product of two scale factors could overflow).
+// exp(x) for x in [kMinNormalLog, kMaxLog], where the result is a normal double: 2^k is added to the
+// exponent field of 1 + expm1(r) (in [0.7, 1.42], so the sum stays normal), exact, no multiply. The
+// pass sends the rare tokens outside that range (a subnormal or infinite exp(mu)) to libm instead.
+constexpr double kMinNormalLog = -708.0;               // exp(-708) = 3.3e-308 > DBL_MIN
 constexpr double kMaxLog = 709.782712893383973096;   // log(DBL_MAX)
 
-inline double exp_any(double x) {
-  x = std::min(std::max(x, -746.0), 710.0);  // beyond: 0 or inf anyway (and k stays small)
+inline double exp_normal(double x) {
+  x = std::min(std::max(x, kMinNormalLog), kMaxLog);
   const double k = std::nearbyint(x * kLog2e);
   const double r = std::fma(-k, kLn2Lo, std::fma(-k, kLn2Hi, x));
-  const bool tiny = x < -708.0;
-  const double kk = tiny ? k + 64.0 : k;
-  const double t = kk + kShifter;  // its low mantissa bits hold kk
+  const double t = k + kShifter;  // its low mantissa bits hold k
   const double y = 1.0 + expm1_reduced(r);
   int64_t y_bits, k_bits;
   std::memcpy(&y_bits, &y, sizeof y_bits);
   std::memcpy(&k_bits, &t, sizeof k_bits);
   y_bits = static_cast<int64_t>(static_cast<uint64_t>(y_bits) + (static_cast<uint64_t>(k_bits) << 52));
-  double scaled;
-  std::memcpy(&scaled, &y_bits, sizeof scaled);
-  const double out = scaled * (tiny ? 0x1p-64 : 1.0);
-  return x > kMaxLog ? INFINITY : out;
+  double out;
+  std::memcpy(&out, &y_bits, sizeof out);
+  return out;
 }
 
 template <typename F>
@@ -203,10 +199,10 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
       srho2 += rho * rho;
       sk3 += e - dc;
       sabs += a;
-      // |exp(old) - exp(mu)| = exp(mu) |expm1(d)|, and expm1(d) = e while |d| <= 20; the rare
-      // |d| > 20 tokens are added in the scalar loop below from the two exponentials
-      const uint64_t small = 1 - ((uint64_t{0} - static_cast<uint64_t>(a > kClamp ? 1 : 0)) >> 63);
-      sgap += select(keep & (0 - small), exp_any(select(keep, m, 0.0)) * std::fabs(e), 0.0);
+      // |exp(old) - exp(mu)| = exp(mu) |expm1(d)|, and expm1(d) = e while |d| <= 20; the rare tokens
+      // with |d| > 20 or exp(mu) not a normal double are added in the scalar loop below, from libm
+      const uint64_t usual = (a > kClamp || m < kMinNormalLog || m > kMaxLog) ? 0 : 1;
+      sgap += select(keep & (0 - usual), exp_normal(select(keep, m, 0.0)) * std::fabs(e), 0.0);
       out2 += a > log2 ? 1.0 : 0.0;
       out5 += a > log5 ? 1.0 : 0.0;
       // min d and max |d| as integer reductions on order-preserving bit patterns (they vectorise)
@@ -222,12 +218,14 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
       smo += x * y;
       below += select(keep, a < lo ? 1.0 : 0.0, 0.0);
       abs_j[j] = select(keep, a >= lo && a <= hi ? a : -1.0, -1.0);
-      big += select(keep, a > kClamp ? 1.0 : 0.0, 0.0);
+      big += select(keep, usual ? 0.0 : 1.0, 0.0);
     }
-    if (big > 0.0) {  // rare: the probability gap of the tokens with |d| > 20, from both exponentials
+    if (big > 0.0) {  // rare: the probability gap of the tokens left out above, from both exponentials
       for (int64_t j = 0; j < span; ++j) {
         const double m = static_cast<double>(m_row[j]), o = static_cast<double>(o_row[j]);
-        if (k_row[j] && std::isfinite(o - m) && std::fabs(o - m) > kClamp) sgap += std::fabs(std::exp(o) - std::exp(m));
+        if (k_row[j] && std::isfinite(o - m) && (std::fabs(o - m) > kClamp || m < kMinNormalLog || m > kMaxLog)) {
+          sgap += std::fabs(std::exp(o) - std::exp(m));
+        }
       }
     }
     int64_t in_row = 0;  // the row's band values, compacted to the front of abs_row (branch-free)
@@ -337,11 +335,11 @@ int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* 
   return 0;
 }
 
-// The pass's inline exponentials on their own, for tests against libm: exp(x[i]) for any x, and
-// expm1(x[i]) where |x[i]| <= 20 (the pass's clamp; NaN elsewhere).
+// The pass's inline exponentials on their own, for tests against libm: exp(x[i]) where the pass uses
+// it, x in [-708, log(DBL_MAX)], and expm1(x[i]) where |x[i]| <= 20 (the pass's clamp); NaN elsewhere.
 void aisrl_exponentials(const double* x, int64_t n, double* exp_out, double* expm1_out) {
   for (int64_t i = 0; i < n; ++i) {
-    exp_out[i] = exp_any(x[i]);
+    exp_out[i] = x[i] >= kMinNormalLog && x[i] <= kMaxLog ? exp_normal(x[i]) : NAN;
     expm1_out[i] = std::fabs(x[i]) <= kClamp ? expm1_small(x[i]) : NAN;
   }
 }
