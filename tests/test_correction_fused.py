@@ -199,6 +199,30 @@ def test_inline_exponentials_are_within_two_ulp_of_libm():
     assert np.isnan(expm1[~inside]).all()
 
 
+@pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "constant", "zeros_and_one", "small"])
+def test_selection_of_two_adjacent_ranks_matches_a_sort(kind):
+    """``aisrl_select`` (the median's last step: a radix histogram, then ``nth_element`` on the bins
+    holding the ranks) against ``np.sort``, for r2 = r1 and r2 = r1 + 1 at the ends and in the middle."""
+    rng = np.random.default_rng(3)
+    n = 50_000
+    values = {
+        "spread": np.abs(rng.standard_cauchy(n)),  # many exponents
+        "narrow": 0.032 + rng.random(n) * 0.0035,  # one exponent, as a median's band
+        "ties": np.round(rng.random(n) * 20) / 20,  # 21 distinct values
+        "constant": np.full(n, 0.25),
+        "zeros_and_one": np.where(np.arange(n) == n // 2, 1.0, 0.0),
+        "small": rng.random(1000),  # below the histogram's size: nth_element alone
+    }[kind]
+    reference = np.sort(values)
+    lib = fused._library()
+    for r1 in (0, 1, len(values) // 2 - 1, len(values) // 2, len(values) - 2):
+        for r2 in (r1, r1 + 1):
+            band, out = values.copy(), np.zeros(2)
+            assert lib.aisrl_select(band.ctypes.data, band.size, r1, r2, out.ctypes.data) == 0
+            assert (out[0], out[1]) == (reference[r1], reference[r2]), (kind, r1, r2)
+            assert np.array_equal(np.sort(band), reference)  # reordered, nothing lost
+
+
 def test_a_library_of_another_abi_or_layout_is_not_used():
     """A library built from an older source (another argument list or output layout) is refused,
     so the torch path runs instead of a call with the wrong arguments."""
