@@ -96,8 +96,8 @@ def available() -> bool:
 
 
 def exponentials(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The pass's inline ``exp(x)`` and ``expm1(x)`` (NaN where |x| > 20) for float64 ``x``, to test
-    them against libm."""
+    """The pass's inline ``exp(x)`` (NaN outside [-708, log(DBL_MAX)], where the pass uses libm) and
+    ``expm1(x)`` (NaN where |x| > 20) for float64 ``x``, to test them against libm."""
     lib = _library()
     if lib is None:
         raise RuntimeError(f"the fused pass is not available: {_load_error}")

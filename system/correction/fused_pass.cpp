@@ -67,21 +67,25 @@ inline double from_ordered_bits(int64_t key) {
 // call: the vector math library's exp cost about as much as the whole remaining loop). x = k ln2 + r
 // with k = round(x / ln2), |r| <= ln2 / 2 (Cody-Waite: ln2 in two parts, the product k * ln2_hi
 // exact); expm1(r) = r + r^2/2! + ... + r^13/13! (truncation below 1e-17 relative); then
-// exp(x) = 2^k (1 + expm1(r)) and expm1(x) = 2^k expm1(r) + (2^k - 1). k is read from the bits of
-// k + 1.5 * 2^52 (an exact sum whose low mantissa bits hold k), with no double-to-int conversion.
-// Within 2 ulp of glibc's exp / expm1 (tested in tests/test_correction_fused.py through the pass).
+// exp(x) = 2^k (1 + expm1(r)) and expm1(x) = 2^k expm1(r) + (2^k - 1), 2^k applied to the exponent
+// field (``times_pow2``, no double-to-int conversion). Within 2 ulp of glibc's exp / expm1 (tested
+// value by value and through the pass in tests/test_correction_fused.py).
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2Hi = 0.693147180369123816490;   // ln 2 to 32 bits: k * kLn2Hi exact for |k| < 2^20
 constexpr double kLn2Lo = 1.90821492927058770002e-10;
 constexpr double kShifter = 6755399441055744.0;        // 1.5 * 2^52
 
-inline double pow2_bits(double k, int64_t bias) {  // 2^(k + bias - 1023) for integer-valued k
+// y * 2^k for integer-valued k, by adding k to y's exponent field: exact, and right as long as the
+// result is a normal double (the callers make sure). k is read from the low mantissa bits of the
+// exact sum k + 1.5 * 2^52.
+inline double times_pow2(double y, double k) {
   const double t = k + kShifter;
-  int64_t bits;
-  std::memcpy(&bits, &t, sizeof bits);
-  bits = static_cast<int64_t>((static_cast<uint64_t>(bits) << 52) + (static_cast<uint64_t>(bias) << 52));
+  uint64_t y_bits, k_bits;
+  std::memcpy(&y_bits, &y, sizeof y_bits);
+  std::memcpy(&k_bits, &t, sizeof k_bits);
+  y_bits += k_bits << 52;
   double out;
-  std::memcpy(&out, &bits, sizeof out);
+  std::memcpy(&out, &y_bits, sizeof out);
   return out;
 }
 
@@ -106,12 +110,12 @@ inline double expm1_reduced(double r) {
 inline double expm1_small(double x) {
   const double k = std::nearbyint(x * kLog2e);
   const double r = std::fma(-k, kLn2Lo, std::fma(-k, kLn2Hi, x));
-  const double s = pow2_bits(k, 1023);  // 2^k, exact
+  const double s = times_pow2(1.0, k);  // 2^k, |k| <= 29
   return std::fma(s, expm1_reduced(r), s - 1.0);
 }
 
 // exp(x) for x in [kMinNormalLog, kMaxLog], where the result is a normal double: 2^k is added to the
-// exponent field of 1 + expm1(r) (in [0.7, 1.42], so the sum stays normal), exact, no multiply. The
+// exponent field of 1 + expm1(r) (in [0.7, 1.42], so the result stays normal), no multiply. The
 // pass sends the rare tokens outside that range (a subnormal or infinite exp(mu)) to libm instead.
 constexpr double kMinNormalLog = -708.0;               // exp(-708) = 3.3e-308 > DBL_MIN
 constexpr double kMaxLog = 709.782712893383973096;   // log(DBL_MAX)
@@ -120,15 +124,7 @@ inline double exp_normal(double x) {
   x = std::min(std::max(x, kMinNormalLog), kMaxLog);
   const double k = std::nearbyint(x * kLog2e);
   const double r = std::fma(-k, kLn2Lo, std::fma(-k, kLn2Hi, x));
-  const double t = k + kShifter;  // its low mantissa bits hold k
-  const double y = 1.0 + expm1_reduced(r);
-  int64_t y_bits, k_bits;
-  std::memcpy(&y_bits, &y, sizeof y_bits);
-  std::memcpy(&k_bits, &t, sizeof k_bits);
-  y_bits = static_cast<int64_t>(static_cast<uint64_t>(y_bits) + (static_cast<uint64_t>(k_bits) << 52));
-  double out;
-  std::memcpy(&out, &y_bits, sizeof out);
-  return out;
+  return times_pow2(1.0 + expm1_reduced(r), k);
 }
 
 template <typename F>
@@ -352,46 +348,42 @@ void aisrl_exponentials(const double* x, int64_t n, double* exp_out, double* exp
 int aisrl_select(double* band, int64_t n, int64_t r1, int64_t r2, double* out) {
   if (r1 < 0 || r2 < r1 || r2 > r1 + 1 || r2 >= n) return -1;
   constexpr int kBins = 4096;
-  if (n <= kBins) {
-    std::nth_element(band, band + r1, band + n);
-    out[0] = band[r1];
-    out[1] = r2 != r1 ? *std::min_element(band + r1 + 1, band + n) : out[0];
-    return 0;
-  }
-  auto key = [](double v) {
-    uint64_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    return bits;
-  };
-  uint64_t kmin = UINT64_MAX, kmax = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t k = key(band[i]);
-    kmin = k < kmin ? k : kmin;
-    kmax = k > kmax ? k : kmax;
-  }
-  int shift = 0;
-  while (((kmax - kmin) >> shift) >= static_cast<uint64_t>(kBins)) ++shift;
-  std::vector<int64_t> hist(kBins, 0);
-  for (int64_t i = 0; i < n; ++i) ++hist[(key(band[i]) - kmin) >> shift];
-  int64_t cum = 0, base = 0;
-  int b1 = -1, b2 = -1;
-  for (int b = 0; b < kBins; ++b) {
-    if (b1 < 0 && r1 < cum + hist[b]) {
-      b1 = b;
-      base = cum;
+  int64_t m = n, base = 0;  // band[0:m] holds ranks base .. base + m - 1 of the whole band
+  if (n > kBins) {
+    auto key = [](double v) {
+      uint64_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      return bits;
+    };
+    uint64_t kmin = UINT64_MAX, kmax = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t k = key(band[i]);
+      kmin = k < kmin ? k : kmin;
+      kmax = k > kmax ? k : kmax;
     }
-    if (r2 < cum + hist[b]) {
-      b2 = b;
-      break;
+    int shift = 0;
+    while (((kmax - kmin) >> shift) >= static_cast<uint64_t>(kBins)) ++shift;
+    std::vector<int64_t> hist(kBins, 0);
+    for (int64_t i = 0; i < n; ++i) ++hist[(key(band[i]) - kmin) >> shift];
+    int64_t cum = 0;
+    int b1 = -1, b2 = -1;
+    for (int b = 0; b < kBins; ++b) {
+      if (b1 < 0 && r1 < cum + hist[b]) {
+        b1 = b;
+        base = cum;
+      }
+      if (r2 < cum + hist[b]) {
+        b2 = b;
+        break;
+      }
+      cum += hist[b];
     }
-    cum += hist[b];
-  }
-  // the values of bins b1..b2 (b2 is b1 or the next non-empty bin), at the front of band: their
-  // ranks in the whole band are base + their ranks among themselves
-  int64_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t bin = static_cast<int64_t>((key(band[i]) - kmin) >> shift);
-    if (bin == b1 || bin == b2) std::swap(band[m++], band[i]);
+    // the values of bins b1..b2 (b2 is b1 or the next non-empty bin) to the front of band
+    m = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t bin = static_cast<int64_t>((key(band[i]) - kmin) >> shift);
+      if (bin == b1 || bin == b2) std::swap(band[m++], band[i]);
+    }
   }
   const int64_t q = r1 - base;
   std::nth_element(band, band + q, band + m);

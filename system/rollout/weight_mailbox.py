@@ -7,8 +7,9 @@ behind it). The worker queues the next generate call before the current one retu
 adopts, when it starts, the newest offered version whose weights already exist (``ready``); a call
 that requires a version (``min_version``, the staleness bound) waits for it to be offered (up to
 a timeout) and then for its weights to exist (as long as the step producing them takes; a failed
-step makes the load raise), without loading an older existing version meanwhile. So a call queued early never samples with older weights than one sent
-at the last moment would, and no version waits for a driver round trip after its step ends.
+step makes the load raise), without loading an older existing version meanwhile. So a call queued
+early never samples with older weights than one sent at the last moment would, and no version waits
+for a driver round trip after its step ends.
 
 An idle worker loads an offer as soon as its weights exist (``try_adopt``, or ``load_when_ready``
 in the background), as a queued load call used to; a busy one leaves it for its next call.
