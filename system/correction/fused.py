@@ -72,14 +72,19 @@ def _library() -> ctypes.CDLL | None:
         if not compatible(lib):
             _load_error = f"{LIBRARY.name} is out of date (rebuild: python -m system.correction.fused_build)"
             return None
-        ptr = ctypes.c_void_p
-        lib.aisrl_fused_pass.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64,
-                                         ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64,
-                                         ctypes.c_int]
-        lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
-        lib.aisrl_exponentials.argtypes = [ptr, ctypes.c_int64, ptr, ptr]
-        _lib = lib
+        _lib = declare(lib)
     return _lib
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument types of the library's exported functions (``fused_pass.cpp``'s signatures)."""
+    ptr = ctypes.c_void_p
+    lib.aisrl_fused_pass.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64,
+                                     ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64,
+                                     ctypes.c_int]
+    lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
+    lib.aisrl_exponentials.argtypes = [ptr, ctypes.c_int64, ptr, ptr]
+    return lib
 
 
 def compatible(lib) -> bool:
