@@ -163,8 +163,18 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
     // Only the row's span from its first to its last response position: positions outside it add
     // exact zeros to every sum (right padding is most of a batch's masked positions).
     const uint8_t* k_full = mask + i * T;
-    if (i + 1 < i1) {  // the next row's mask tail, read backwards first (the padding scan below)
+    if (i + 1 < i1) {
+      // the next row's first cache lines: its mask tail (read backwards first, by the padding scan
+      // below) and the first 1 KB of mu and old (a 1024-token float32 row is a 4 KB page, where the
+      // hardware's stream prefetch stops; -6 % at 1M tokens on AMD EPYC, 512 B alike, 2-4 KB less)
       for (int64_t off = T - 64; off >= std::max<int64_t>(0, T - 512); off -= 64) __builtin_prefetch(k_full + T + off);
+      const char* m_next = reinterpret_cast<const char*>(mu + (i + 1) * T);
+      const char* o_next = reinterpret_cast<const char*>(old + (i + 1) * T);
+      const int64_t bytes = std::min<int64_t>(1024, T * static_cast<int64_t>(sizeof(F)));
+      for (int64_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(m_next + off);
+        __builtin_prefetch(o_next + off);
+      }
     }
     int64_t j_end = T;
     for (uint64_t word = 0; j_end >= 8; j_end -= 8) {  // the padding, eight mask bytes at a time
