@@ -104,6 +104,11 @@ def cases():
     yield "exp_subnormal", low, low + torch.tensor([[0.5, -0.3, 2.0, 0.1, 0.1, 0.01]], dtype=torch.float64), \
         torch.ones(1, 6, dtype=torch.bool)
     yield "exp_subnormal_only", low[:, :4], low[:, :4] + 0.25, torch.ones(1, 4, dtype=torch.bool)
+    # every rho tiny (d <= -15): sum rho^2 must come from rho itself (1 + 2e + e^2 cancels to 0 there)
+    far = -15.0 - 10.0 * torch.rand(4, 50, generator=g, dtype=torch.float64)
+    yield "all_far_below", mu[:, :50].repeat(2, 1)[:4], mu[:, :50].repeat(2, 1)[:4] + far, torch.ones(4, 50, dtype=torch.bool)
+    yield "one_at_the_clamp", torch.zeros(1, 1, dtype=torch.float64), torch.full((1, 1), -20.0, dtype=torch.float64), \
+        torch.ones(1, 1, dtype=torch.bool)
 
 
 @pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "3-threads"])
