@@ -56,8 +56,7 @@ class RolloutWorker:
         from there; offered while the step producing it may still run); an idle worker loads it as soon
         as it exists."""
         if self.mailbox.offer(version, holder):
-            self.mailbox.try_adopt(self._load)  # an idle worker: now, if its weights exist
-            self.mailbox.load_when_ready(self._load)  # else once they do
+            self.mailbox.adopt_if_idle(self._load)  # an idle worker: now, or once its weights exist
 
     def _load(self, version: int, holder: list) -> None:
         """The broadcast copy of ``version`` if it arrived, else the object store's."""

@@ -137,8 +137,7 @@ class SimulatedRolloutWorker:
     def offer_weights(self, version: int, holder: list) -> None:
         stamp(self.settings.timeline, "offer", v=version)
         if self.mailbox.offer(version, holder):
-            self.mailbox.try_adopt(self._load)  # an idle worker: now, if its weights exist
-            self.mailbox.load_when_ready(self._load)  # else once they do
+            self.mailbox.adopt_if_idle(self._load)  # an idle worker: now, or once its weights exist
 
     def _load(self, version: int, holder: list) -> None:
         self.update_weights(ray.get(holder[0]))

@@ -190,3 +190,45 @@ def test_an_offer_drops_the_older_ones_once_a_newer_one_exists():
         box.offer(3, steps.source("v3"))
         assert sorted(box._offers) == [2, 3]
     assert box.adopt(engine.load) == 2 and engine.loaded == [(2, "v2")]
+
+
+def test_weights_that_appear_between_an_offers_two_looks_are_loaded_at_once():
+    """An idle worker offered v1 while its step runs: ``try_adopt`` finds no weights, the step ends, and
+    ``load_when_ready`` then finds them: it loads v1 itself (before, it returned and nothing loaded v1
+    until the next generate call)."""
+    steps = Steps()
+    box, engine = WeightMailbox(held_version=0, ready=steps.ready), Engine()
+    box.offer(1, steps.source("v1"))
+    assert not box.try_adopt(engine.load)
+    steps.make("v1")  # the step ends between the two looks
+    assert box.load_when_ready(engine.load) is None
+    assert engine.loaded == [(1, "v1")] and box.held_version == 1
+
+
+def test_a_call_does_not_spin_when_a_zero_timeout_check_lags_the_blocking_wait():
+    """Weights that a blocking wait sees but a zero-timeout check does not (yet): the call loads what the
+    wait saw instead of looping between the two checks forever with the engine held."""
+    checks = []
+
+    def lagging(source, timeout_s):
+        checks.append(timeout_s)
+        return timeout_s is None  # exists when waited for, never on a zero-timeout check
+
+    box, engine = WeightMailbox(held_version=0, ready=lagging), Engine()
+    box.offer(1, "v1")
+    done = []
+    call = threading.Thread(target=lambda: done.append(box.adopt(engine.load, min_version=1, timeout_s=0.01)))
+    call.start()
+    call.join(timeout=5.0)
+    assert not call.is_alive() and done == [1] and engine.loaded == [(1, "v1")]
+    assert len(checks) < 10
+
+
+def test_an_idle_workers_failed_load_is_left_to_the_next_call():
+    """``adopt_if_idle`` (the offer's own path) swallows a failed load (a failed step): the offer stays,
+    and the next generate call's load raises it or succeeds."""
+    box, engine = WeightMailbox(held_version=0), Engine(fail_once=True)
+    box.offer(1, "v1")
+    assert box.adopt_if_idle(engine.load) is None
+    assert engine.loaded == [] and box.offered_version() == 1
+    assert box.adopt(engine.load) == 1 and engine.loaded == [(1, "v1")]

@@ -11,8 +11,9 @@ step makes the load raise), without loading an older existing version meanwhile.
 early never samples with older weights than one sent at the last moment would, and no version waits
 for a driver round trip after its step ends.
 
-An idle worker loads an offer as soon as its weights exist (``try_adopt``, or ``load_when_ready``
-in the background), as a queued load call used to; a busy one leaves it for its next call.
+An idle worker loads an offer as soon as its weights exist (``adopt_if_idle``: ``try_adopt`` now, or
+``load_when_ready`` in the background), as a queued load call used to; a busy one leaves it for its
+next call.
 """
 
 import threading
@@ -106,8 +107,17 @@ class WeightMailbox(Generic[Source]):
                     self._cond.wait(remaining)
                     self.waited_s += time.monotonic() - started
                     continue
-            self._ready(pending[0][1], None)  # the oldest sufficient version is produced first
+            version, source = pending[0]
+            self._ready(source, None)  # the oldest sufficient version is produced first
             self.waited_s += time.monotonic() - started
+            # load it now (or a newer one whose weights exist), trusting the blocking wait: a zero-timeout
+            # check right after it may still say no (Ray has had such lags), and would spin this loop
+            chosen = self._newest_ready()
+            if chosen is None or chosen[0] < version:
+                with self._cond:
+                    chosen = (version, source) if self._offers.get(version) is source else None
+            if chosen is not None:
+                self._load(load, *chosen)
 
     def try_adopt(self, load: Callable[[int, Source], None]) -> bool:
         """Load the newest offer whose weights exist, now, if the engine is free (an idle worker);
@@ -130,14 +140,25 @@ class WeightMailbox(Generic[Source]):
                 if not self._missed:
                     return loaded
 
+    def adopt_if_idle(self, load: Callable[[int, Source], None]) -> threading.Thread | None:
+        """What an offer does on an idle worker: load the newest offer now if its weights exist
+        (:meth:`try_adopt`), else once they do (:meth:`load_when_ready`). A load that fails (a failed
+        step) is left to the next generate call, whose load raises it; the offers stay."""
+        try:
+            self.try_adopt(load)
+        except Exception:  # noqa: BLE001 - raised again by the next call's load
+            return None
+        return self.load_when_ready(load)
+
     def load_when_ready(self, load: Callable[[int, Source], None]) -> threading.Thread | None:
-        """An idle worker's offer whose weights do not exist yet: wait for them in a background thread,
-        then :meth:`try_adopt` (a call that starts meanwhile adopts it itself). None if there is no
-        such offer."""
+        """An idle worker's newest offer: wait for its weights in a background thread, then
+        :meth:`try_adopt` (a call that starts meanwhile adopts it itself); if they exist already (they
+        may have appeared since the caller's own :meth:`try_adopt` looked), load it now. The thread, or
+        None if none was needed."""
         with self._cond:
             newest = max(self._offers, default=None)
             source = self._offers.get(newest) if newest is not None else None
-        if newest is None or self._ready(source, 0.0):
+        if newest is None:
             return None
 
         def wait_then_adopt() -> None:
@@ -146,6 +167,10 @@ class WeightMailbox(Generic[Source]):
                 self.try_adopt(load)
             except Exception:  # noqa: BLE001 - a failed step: the next call's load raises it
                 pass
+
+        if self._ready(source, 0.0):
+            wait_then_adopt()
+            return None
 
         thread = threading.Thread(target=wait_then_adopt, name=f"adopt-v{newest}", daemon=True)
         thread.start()
