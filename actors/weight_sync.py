@@ -83,7 +83,8 @@ class CollectiveTransport(ObjectStoreTransport):
                 slot.handle.join_broadcast.remote(address, rank, self.timeout_s, self.delta)
             self.members = tuple(s.worker_id for s in members)
             return
-        ready = sorted(pool.ready(), key=lambda s: s.worker_id)
+        # not the retiring: a generation including one would break as soon as it is removed
+        ready = sorted((s for s in pool.ready() if not s.retiring), key=lambda s: s.worker_id)
         if ready and (tuple(s.worker_id for s in ready) != self.members or self.reform):
             self.generation, self.reform = self.generation + 1, False
             self._opening = (self.rank0.open_broadcast.remote(f"generation-{self.generation}", len(ready) + 1),

@@ -96,6 +96,7 @@ class BroadcastReceiver:
         self._cond = threading.Condition()
         self._generation = 0
         self._alive = False
+        self._connected = False  # the current generation's group is up (its versions can arrive)
         self.latest: WeightPayload | None = None
         self.error: str | None = None
 
@@ -104,12 +105,15 @@ class BroadcastReceiver:
         sender codes versions as deltas, decoded here against this member's reconstruction."""
         with self._cond:
             self._generation += 1
-            generation, self._alive = self._generation, True
+            generation, self._alive, self._connected = self._generation, True, False
 
         def loop() -> None:
             group = None
             try:
                 group = WeightBroadcast(address, rank, timeout_s)
+                with self._cond:
+                    if generation == self._generation:
+                        self._connected = True
                 decoder = DeltaDecoder() if delta else None
                 while True:
                     payload = group.receive()
@@ -133,7 +137,8 @@ class BroadcastReceiver:
 
     def take(self, version: int, wait_s: float = 5.0) -> WeightPayload | None:
         """The payload of ``version`` if it arrived (waiting up to ``wait_s`` while the generation is
-        alive and only older versions arrived); None if it did not (load it another way)."""
+        connected and only older versions arrived; not while it forms: the sender skips the versions
+        exported before every member joined); None if it did not (load it another way)."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while True:
@@ -142,6 +147,6 @@ class BroadcastReceiver:
                 if self.latest is not None and self.latest.policy_version > version:
                     return None
                 remaining = deadline - time.monotonic()
-                if not self._alive or remaining <= 0:
+                if not (self._alive and self._connected) or remaining <= 0:
                     return None
                 self._cond.wait(remaining)

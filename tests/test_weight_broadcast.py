@@ -226,3 +226,20 @@ def test_a_generation_nobody_joins_is_reported_failed_once_so_a_new_one_forms():
     sender.close()
     assert (first["broadcast_failed"], first["broadcast_receivers"], first["broadcast_bytes"]) == (1, 0, 0)
     assert (second["broadcast_failed"], second["broadcast_receivers"]) == (0, 0)
+
+
+def test_a_receiver_does_not_wait_for_a_version_while_its_generation_forms():
+    """A worker that joined a generation another member has not joined yet (the sender skips every
+    version until all have): ``take`` answers None at once, so the load falls back to the object store,
+    instead of holding the engine for ``wait_s`` per version (as it did while the group formed)."""
+    from system.weight_generations import BroadcastReceiver, BroadcastSender
+
+    sender = BroadcastSender(timeout_s=3.0)
+    address = sender.open("one-member-late", 3, "127.0.0.1")
+    receiver = BroadcastReceiver()
+    receiver.join(address, 1, timeout_s=3.0)  # member 2 never joins
+    time.sleep(0.2)
+    started = time.monotonic()
+    assert receiver.take(1, wait_s=5.0) is None
+    assert time.monotonic() - started < 1.0
+    sender.close()
