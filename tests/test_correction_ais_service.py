@@ -136,3 +136,27 @@ def test_service_per_lag_streams_each_bucket_and_applies_its_alpha():
     assert {"ais/by_lag/0/bias", "ais/by_lag/0/noise"} <= set(m)
     np.testing.assert_allclose(res.weights_BT, [[1.25, 0], [0, 0], [8 / 9, 8 / 9], [1, 1]], rtol=1e-6)
     assert core.state_dict()["ais"]["alpha_by_lag"] == pytest.approx({"0": 0.25, "1": 2 / 9})
+
+
+@pytest.mark.parametrize("fused_pass", [True, False], ids=["fused", "torch"])
+def test_service_streams_every_section_1_diagnostic_of_each_lag(fused_pass, monkeypatch):
+    """``mismatch_by_lag/<lag>/<key>`` for every section 1 key (as ``summary.json``'s ``by_lag``), equal
+    to the torch path's per-lag diagnostics, whichever path computes them."""
+    from system.correction import diagnostics_by_lag_of, fused
+    from system.correction.diagnostics import DIAGNOSTIC_KEYS
+
+    if fused_pass and not fused.available():
+        pytest.skip("the fused pass is not built")
+    monkeypatch.setattr(fused, "available", lambda: fused_pass)
+    rng = np.random.default_rng(3)
+    mu = -rng.exponential(1.0, size=(9, 7)).astype(np.float32)
+    old = (mu + rng.normal(0.0, 0.3, size=(9, 7))).astype(np.float32)
+    mask = rng.random((9, 7)) < 0.8
+    lag = np.array([0, 1, 2, 0, 1, 2, 0, 0, 1], dtype=np.int32)
+    metrics = CorrectionCore(CorrectionConfig()).process(mu, old, mask, lag, rng.normal(size=9)).metrics
+    reference = diagnostics_by_lag_of(compute_log_ratios(mu, old, mask), torch.from_numpy(lag))
+    for name, diag in reference.items():
+        assert set(diag) == set(DIAGNOSTIC_KEYS)
+        for key, value in diag.items():
+            got = metrics[f"mismatch_by_lag/{name}/{key}"]
+            assert (got is None and value is None) or got == pytest.approx(value, rel=1e-12, abs=0), (name, key)

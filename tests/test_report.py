@@ -354,7 +354,8 @@ def test_extreme_mismatch_stays_finite(tmp_path):
     result, out = _report(tmp_path, {"rollout_logp": mu, "train_logp": old, "response_mask": mask})
     assert result.exit_code == 0, result.output
     s, _, _ = _outputs(out)
-    assert s["nonfinite_tokens"] == 2 and "by_lag" not in s
+    assert s["nonfinite_tokens"] == 2
+    assert list(s["by_lag"]) == ["0"] and s["by_lag"]["0"] == {k: s[k] for k in SECTION1}  # no lag: all 0
     assert all(np.isfinite(s[k]) for k in SECTION1 if s[k] is not None)
 
 

@@ -276,25 +276,26 @@ def _diagnostics(sums: FusedSums, g: dict, n: int, out: np.ndarray) -> dict:
     return diag
 
 
-def diagnostics_by_lag(sums: FusedSums, lag_B) -> dict[str, dict]:
-    """Per lag (keyed ``str(lag)``, sorted): n_sequences, kl_k1, kl_k3, abs_diff_mean and
-    frac_outside_5x of that lag's responses (``diagnostics_by_lag_of``'s values for these keys)."""
-    lag_B = torch.as_tensor(lag_B)
-    if lag_B.shape != sums.num_valid_B.shape:
-        raise ValueError(f"lag has shape {tuple(lag_B.shape)} but the batch has {sums.num_valid_B.numel()} responses")
+def diagnostics_by_lag(behaviour_logp_BT, proximal_logp_BT, mask_BT, lag_B,
+                       whole: FusedSums | None = None) -> dict[str, dict]:
+    """Every section 1 diagnostic of the responses of each lag (keyed ``str(lag)``, sorted):
+    ``diagnostics_by_lag_of``'s values, from one fused pass over each lag's rows (``whole``, the
+    batch's own sums, stands for a batch of a single lag: no second pass)."""
+    lag_B = np.asarray(torch.as_tensor(lag_B).cpu())
+    num_rows = np.shape(behaviour_logp_BT)[0]
+    if lag_B.shape != (num_rows,):
+        raise ValueError(f"lag has shape {lag_B.shape} but the batch has {num_rows} responses")
+    if lag_B.dtype.kind not in "iu":
+        raise ValueError(f"lag must be an integer array, got {lag_B.dtype}")
+    lags = sorted(np.unique(lag_B).tolist())
+    if len(lags) == 1 and whole is not None:
+        return {str(lags[0]): dict(whole.diagnostics)}
+    mu, old, mask = (torch.as_tensor(x) for x in (behaviour_logp_BT, proximal_logp_BT, mask_BT))
     out = {}
-    for lag in sorted(torch.unique(lag_B).tolist()):
-        rows_B = lag_B == lag
-        n = int(sums.num_valid_B[rows_B].sum().item())
-        entry = {"n_sequences": int(sums.seq_valid_B[rows_B].sum().item())}
-        if n == 0:
-            entry.update(dict.fromkeys(("kl_k1", "kl_k3", "abs_diff_mean", "frac_outside_5x")))
-        else:
-            entry.update(kl_k1=(0.0 - float(sums.sum_d_B[rows_B].sum().item())) / n,
-                         kl_k3=float(sums.sum_k3_B[rows_B].sum().item()) / n,
-                         abs_diff_mean=float(sums.sum_abs_B[rows_B].sum().item()) / n,
-                         frac_outside_5x=float(sums.out5_B[rows_B].sum().item()) / n)
-        out[str(lag)] = entry
+    for lag in lags:
+        rows = torch.from_numpy(np.flatnonzero(lag_B == lag))
+        out[str(lag)] = fused_sums(mu.index_select(0, rows), old.index_select(0, rows),
+                                   mask.index_select(0, rows)).diagnostics
     return out
 
 

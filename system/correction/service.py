@@ -36,8 +36,6 @@ from system.correction import (
 )
 from system.correction.alarm import drift_alarm, likely_cause
 
-BY_LAG_KEYS = ("n_sequences", "kl_k1", "kl_k3", "abs_diff_mean", "frac_outside_5x")
-
 
 @dataclass(frozen=True)
 class CorrectionResult:
@@ -92,8 +90,8 @@ class CorrectionCore:
                 metrics.update(flatten("method_before_ais", method_statistics(ratios, w_BT)))
         metrics["ais/enabled"] = int(self.cfg.ais.enabled)
         metrics.update(flatten("correction", method_statistics(ratios, applied_BT)))
-        for lag, diag in by_lag.items():
-            metrics.update({f"mismatch_by_lag/{lag}/{k}": diag[k] for k in BY_LAG_KEYS})
+        for lag, diag in by_lag.items():  # every section 1 key, as summary.json's by_lag
+            metrics.update({f"mismatch_by_lag/{lag}/{k}": v for k, v in diag.items()})
         kl0_before = self.kl0_before
         metrics["mismatch/alarm"], alarm = drift_alarm(metrics, self.cfg.alarm, kl0_before)
         kl0 = metrics.get("mismatch_by_lag/0/kl_k1")
@@ -105,14 +103,14 @@ class CorrectionCore:
 
     @staticmethod
     def _diagnostics(ratios, behaviour_BT, proximal_BT, mask_BT, lag_B) -> tuple[dict, dict]:
-        """Section 1's diagnostics and the per-lag ones (``BY_LAG_KEYS``): from the fused pass when it
-        is built (``system.correction.fused``: two reads of the batch), else from ``ratios``."""
+        """Section 1's diagnostics of the batch and of each lag's responses (every key): from the fused
+        pass when it is built (``system.correction.fused``: one pass over the batch, and one over each
+        lag's rows when there are several lags), else from ``ratios``."""
         on_cpu = not isinstance(behaviour_BT, torch.Tensor) or behaviour_BT.device.type == "cpu"
         if on_cpu and fused.available():
             sums = fused.fused_sums(behaviour_BT, proximal_BT, mask_BT)
-            return sums.diagnostics, fused.diagnostics_by_lag(sums, lag_B)
-        by_lag = diagnostics_by_lag_of(ratios, torch.as_tensor(lag_B))
-        return compute_diagnostics(ratios), {lag: {k: d[k] for k in BY_LAG_KEYS} for lag, d in by_lag.items()}
+            return sums.diagnostics, fused.diagnostics_by_lag(behaviour_BT, proximal_BT, mask_BT, lag_B, sums)
+        return compute_diagnostics(ratios), diagnostics_by_lag_of(ratios, torch.as_tensor(lag_B))
 
     def state_dict(self) -> dict:
         return {"ais": self.ais.state_dict(), "kl0_before": self.kl0_before}

@@ -26,7 +26,6 @@ class BatchDump:
     train_logp: np.ndarray  # float32 [N, T]  (old)
     response_mask: np.ndarray  # bool [N, T]
     lag: np.ndarray  # int32 [N] (all 0 when absent)
-    has_lag: bool
     reward: np.ndarray | None = None  # float32 [N]
     advantage: np.ndarray | None = None  # float32 [N] (what each response carried into the loss)
     uid: np.ndarray | None = None  # str [N]
@@ -163,7 +162,6 @@ def load_dump(path: str | Path) -> BatchDump:
         train_logp=arrays["train_logp"].astype(np.float32, copy=False),
         response_mask=mask.astype(bool, copy=False),
         lag=(lag if lag is not None else np.zeros(n)).astype(np.int32),
-        has_lag=lag is not None,
         reward=arrays["reward"].astype(np.float32) if "reward" in arrays else None,
         advantage=arrays["advantage"].astype(np.float32) if "advantage" in arrays else None,
         uid=arrays.get("uid"),

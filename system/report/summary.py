@@ -36,15 +36,15 @@ def methods_table(ratios: LogRatios) -> dict[str, dict]:
 
 
 def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
-    """Every key of section 1 at the top level, plus ``ais``, ``methods`` and (with lags) ``by_lag``."""
+    """Every key of section 1 at the top level, plus ``ais``, ``methods`` and ``by_lag``."""
     ratios = ratios if ratios is not None else dump_ratios(dump)
     summary = dict(compute_diagnostics(ratios))
     # AIS v2 bias / noise / alpha_raw of the default method (seq-mis, hi = 3); null without advantages
     seq_mis = default_method_configs()["seq-mis"]
     summary["ais"] = {**ais_diagnostics(ratios), **ais_estimate(ratios, seq_mis, dump.advantage)}
     summary["methods"] = methods_table(ratios)
-    if dump.has_lag:
-        summary["by_lag"] = diagnostics_by_lag_of(ratios, torch.from_numpy(dump.lag.astype(np.int64)))
+    # a dump without ``lag`` is all lag 0 (spec section 6): by_lag["0"] is then the whole batch
+    summary["by_lag"] = diagnostics_by_lag_of(ratios, torch.from_numpy(dump.lag.astype(np.int64)))
     if dump.reward is not None:
         summary["reward_mean"] = float(np.mean(dump.reward))
     return summary
