@@ -290,12 +290,13 @@ def diagnostics_by_lag(behaviour_logp_BT, proximal_logp_BT, mask_BT, lag_B,
     lags = sorted(np.unique(lag_B).tolist())
     if len(lags) == 1 and whole is not None:
         return {str(lags[0]): dict(whole.diagnostics)}
-    mu, old, mask = (torch.as_tensor(x) for x in (behaviour_logp_BT, proximal_logp_BT, mask_BT))
+    def rows_of(x, rows: np.ndarray):  # numpy arrays (read-only ones from the object store too) or tensors
+        return x[rows] if isinstance(x, np.ndarray) else torch.as_tensor(x).index_select(0, torch.from_numpy(rows))
+
     out = {}
     for lag in lags:
-        rows = torch.from_numpy(np.flatnonzero(lag_B == lag))
-        out[str(lag)] = fused_sums(mu.index_select(0, rows), old.index_select(0, rows),
-                                   mask.index_select(0, rows)).diagnostics
+        rows = np.flatnonzero(lag_B == lag)
+        out[str(lag)] = fused_sums(*(rows_of(x, rows) for x in (behaviour_logp_BT, proximal_logp_BT, mask_BT))).diagnostics
     return out
 
 
