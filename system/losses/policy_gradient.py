@@ -81,7 +81,14 @@ def ppo_token_loss(
     cfg: PPOLossConfig = _DEFAULT_PPO,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token weighted PPO loss (0 at non-valid tokens) and its statistics as python numbers;
-    ``cfg`` gives the clip range ``[1 - eps_lo, 1 + eps_hi]``."""
+    ``cfg`` gives the clip range ``[1 - eps_lo, 1 + eps_hi]``.
+
+        l = -w * min(r A, clip(r, 1 - eps_lo, 1 + eps_hi) A),  r = exp(clamp(cur - old, -20, 20))
+
+    The ±20 pre-clamp is CTPO's (spec section 4), applied here too although section 5 writes
+    ``r = exp(cur - old)``: it changes nothing unless the policy moved by more than e^20 on a token
+    within one batch, and keeps r finite there (float32 exp overflows past 88, and inf * A = NaN at
+    A = 0 would void a whole step)."""
     eps_lo, eps_hi = cfg.eps_lo, cfg.eps_hi
     current_BT, proximal_BT, valid_BT = token_loss_inputs(
         current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
