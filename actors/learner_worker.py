@@ -60,10 +60,10 @@ class LearnerRank:
             sync.update(self.sender.send(outcome.payload))
         return replace(outcome, payload=None, weight_sync=sync), outcome.payload
 
-    def open_broadcast(self, name: str, world_size: int) -> GroupAddress:
-        """Rank 0 with ``weight_sync.type=collective``: host a new broadcast generation on this node
+    def open_broadcast(self, number: int, world_size: int) -> GroupAddress:
+        """Rank 0 with ``weight_sync.type=collective``: host broadcast generation ``number`` on this node
         (returns at once; the workers join in the background, see ``system.weight_broadcast``)."""
-        return self.sender.open(name, world_size, ray.util.get_node_ip_address())
+        return self.sender.open(f"generation-{number}", world_size, ray.util.get_node_ip_address(), number)
 
     def export_weights(self):
         return self.core.export_weights()

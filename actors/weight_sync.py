@@ -87,11 +87,13 @@ class CollectiveTransport(ObjectStoreTransport):
         ready = sorted((s for s in pool.ready() if not s.retiring), key=lambda s: s.worker_id)
         if ready and (tuple(s.worker_id for s in ready) != self.members or self.reform):
             self.generation, self.reform = self.generation + 1, False
-            self._opening = (self.rank0.open_broadcast.remote(f"generation-{self.generation}", len(ready) + 1),
-                             ready)
+            self._opening = (self.rank0.open_broadcast.remote(self.generation, len(ready) + 1), ready)
 
     def step_done(self, weight_sync_metrics: dict) -> None:
-        if weight_sync_metrics.get("broadcast_failed"):
+        # only a failure of the newest generation: a step that ran before it was opened may report the
+        # failure of the one it replaces, which would otherwise tear the new one down as it forms
+        failed = weight_sync_metrics.get("broadcast_failed")
+        if failed and weight_sync_metrics.get("broadcast_generation", self.generation) == self.generation:
             self.reform = True
 
 

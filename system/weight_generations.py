@@ -32,10 +32,14 @@ class BroadcastSender:
         self._group: WeightBroadcast | None = None
         self._connecting: threading.Thread | None = None
         self._result: dict = {}
+        self._number = 0  # the generation connected or connecting (its number from ``open``)
 
-    def open(self, name: str, world_size: int, host: str) -> GroupAddress:
-        """Host generation ``name`` of ``world_size`` members (this one and ``world_size - 1`` workers)."""
+    def open(self, name: str, world_size: int, host: str, number: int = 0) -> GroupAddress:
+        """Host generation ``name`` of ``world_size`` members (this one and ``world_size - 1`` workers);
+        ``number`` identifies it in the metrics (``broadcast_generation``), so the caller can tell a
+        late failure report of an older generation from one of the newest."""
         self.close()
+        self._number = number
         if self.encoder is not None:
             self.encoder.reset()  # a new generation starts from the full weights
         store, port = host_store(host, self.timeout_s)
@@ -61,7 +65,8 @@ class BroadcastSender:
             # controller forms a new generation instead of serving every later version from the object store
         if self._group is None:
             return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
-                    "broadcast_failed": join_failed, "broadcast_shared_memory": 0}
+                    "broadcast_failed": join_failed, "broadcast_shared_memory": 0,
+                    "broadcast_generation": self._number}
         started = time.perf_counter()
         receivers = self._group.world_size - 1
         wire = self.encoder.encode(payload) if self.encoder is not None else payload
@@ -72,11 +77,11 @@ class BroadcastSender:
             self.close()
             return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
                     "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1,
-                    "broadcast_shared_memory": shared}
+                    "broadcast_shared_memory": shared, "broadcast_generation": self._number}
         shared = int(self._group.shared)  # 0 when this version fell back to gloo
         metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
-                   "broadcast_shared_memory": shared}
+                   "broadcast_shared_memory": shared, "broadcast_generation": self._number}
         if self.encoder is not None:
             metrics |= {"compression_ratio": payload.num_bytes / max(wire.num_bytes, 1),
                         "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error}

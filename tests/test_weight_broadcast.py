@@ -218,13 +218,14 @@ def test_a_generation_nobody_joins_is_reported_failed_once_so_a_new_one_forms():
     from system.weight_generations import BroadcastSender
 
     sender = BroadcastSender(timeout_s=1.0)
-    sender.open("nobody-joins", 2, "127.0.0.1")
+    sender.open("nobody-joins", 2, "127.0.0.1", number=7)
     deadline = time.monotonic() + 30
     while sender._connecting is not None and sender._connecting.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     first, second = sender.send(payload_of(1)), sender.send(payload_of(2))
     sender.close()
     assert (first["broadcast_failed"], first["broadcast_receivers"], first["broadcast_bytes"]) == (1, 0, 0)
+    assert first["broadcast_generation"] == 7  # which generation failed: the controller re-forms only the newest
     assert (second["broadcast_failed"], second["broadcast_receivers"]) == (0, 0)
 
 
@@ -243,3 +244,24 @@ def test_a_receiver_does_not_wait_for_a_version_while_its_generation_forms():
     assert receiver.take(1, wait_s=5.0) is None
     assert time.monotonic() - started < 1.0
     sender.close()
+
+
+def test_only_a_failure_of_the_newest_generation_re_forms_the_group():
+    """A step that ran before generation 3 was opened reports generation 2's failure after it: ignored
+    (3 is forming already); a failure of 3 itself, or one without a number, re-forms."""
+    from types import SimpleNamespace
+
+    from actors.weight_sync import CollectiveTransport
+    from system.config.loading import resolve_config
+
+    transport = CollectiveTransport(resolve_config([], ["weight_sync.type=collective"]), SimpleNamespace(ranks=[None]))
+    transport.generation = 3
+    transport.step_done({"broadcast_failed": 1, "broadcast_generation": 2})
+    assert not transport.reform
+    transport.step_done({"broadcast_failed": 0, "broadcast_generation": 3})
+    assert not transport.reform
+    transport.step_done({"broadcast_failed": 1, "broadcast_generation": 3})
+    assert transport.reform
+    transport.reform = False
+    transport.step_done({"broadcast_failed": 1})
+    assert transport.reform
