@@ -30,7 +30,7 @@ from test_learner_step import (
 from transformers import Qwen2ForCausalLM
 
 from system.config.learner import CTPOLossConfig, LearnerConfig, PPOLossConfig
-from system.learner.batch import collate_groups, mini_batch_slices, shard_batch
+from system.learner.batch import collate_groups, mini_batch_slices, shard_batch, update_micro_slices
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import build_optimizer, build_scheduler
 from system.learner.step import (
@@ -53,7 +53,7 @@ def _setup(tmp_path, **cfg_kwargs):
     opt = build_optimizer(model, cfg)
     batch = make_batch()
     shard = shard_tensors(batch, torch.device("cpu"))
-    old_BT = proximal_logprobs(model, shard, cfg.micro_batch_size, TEMPERATURE)
+    old_BT = proximal_logprobs(model, shard, cfg.micro_batch_size, TEMPERATURE, cfg.mini_batches)
     arrays = batch.response_arrays()
     norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
     w_BT = torch.from_numpy(make_weights(batch))
@@ -222,3 +222,36 @@ def test_combine_updates_by_hand():
     assert out["last/loss/clip_frac"] == 0.6 and out["last/num_valid_tokens"] == 30
     with pytest.raises(ValueError, match="equal epochs"):
         combine_updates(per_update[:3], epochs=2)
+
+
+def test_update_micro_slices_are_each_mini_batchs_micro_batches():
+    # 12 rows, 2 mini-batches of 6, micro-batches of 5: [0, 5) [5, 6) | [6, 11) [11, 12)
+    assert update_micro_slices(12, 2, 5) == [slice(0, 5), slice(5, 6), slice(6, 11), slice(11, 12)]
+    assert update_micro_slices(12, 1, 5) == [slice(0, 5), slice(5, 10), slice(10, 12)]
+    assert update_micro_slices(7, 3, 2) == [slice(0, 2), slice(2, 3), slice(3, 5), slice(5, 7)]
+
+
+def test_old_equals_cur_exactly_with_several_mini_batches(tmp_path, monkeypatch):
+    """With the weights held still (lr 0), every update of every mini-batch sees cur == old bit for bit:
+    the proximal recompute ran through the same micro-batches as the updates (mini-batches of 6 rows in
+    micro-batches of 5). Through the whole shard's micro-batches instead, rows 5-11 came out up to
+    2.4e-7 apart in fp32 on AMD EPYC (other batch shapes, other summation orders), so the clip could
+    act on the first update."""
+    import system.learner.step as step_module
+
+    cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, mini_batches=2, updates_per_batch=2)
+    for group in opt.param_groups:
+        group["lr"] = group["initial_lr"] = 0.0
+    sched.base_lrs = [0.0 for _ in sched.base_lrs]  # the schedule would set it back at every step
+    seen = []
+    real = step_module.policy_token_loss
+
+    def spy(cur_BT, old_rows_BT, adv_B, w_rows_BT, valid_rows_BT, loss_cfg):
+        seen.append((cur_BT.detach()[valid_rows_BT], old_rows_BT[valid_rows_BT]))
+        return real(cur_BT, old_rows_BT, adv_B, w_rows_BT, valid_rows_BT, loss_cfg)
+
+    monkeypatch.setattr(step_module, "policy_token_loss", spy)
+    out = train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT, norms)
+    assert len(seen) == 2 * 4  # 2 updates x (2 micro-batches in each of 2 mini-batches)
+    assert all(torch.equal(cur, old) for cur, old in seen)
+    assert out["loss/ratio_mean"] == 1.0 and out["loss/clip_frac"] == 0.0

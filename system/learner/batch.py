@@ -175,6 +175,15 @@ def micro_batch_slices(num_sequences: int, micro_batch_size: int) -> list[slice]
     return [slice(s, min(s + micro_batch_size, num_sequences)) for s in starts]
 
 
+def update_micro_slices(num_sequences: int, mini_batches: int, micro_batch_size: int) -> list[slice]:
+    """The micro-batches of an update, in shard rows: ``micro_batch_slices`` of each mini-batch in turn
+    (what ``train_updates`` runs), so a pass over them gives every row the batch shape it is trained
+    in (the proximal recompute uses them: ``cur - old`` is then exactly 0 on the first update)."""
+    return [slice(mini.start + micro.start, mini.start + micro.stop)
+            for mini in mini_batch_slices(num_sequences, mini_batches)
+            for micro in micro_batch_slices(mini.stop - mini.start, micro_batch_size)]
+
+
 def mini_batch_slices(num_sequences: int, mini_batches: int) -> list[slice]:
     """``mini_batches`` consecutive row slices covering ``num_sequences`` rows, sizes differing by at most 1
     (the first ``num_sequences % mini_batches`` slices hold one row more). Every slice is non-empty."""

@@ -82,7 +82,7 @@ class LearnerCore:
     def compute_proximal_logprobs(self, batch_shard: LearnerBatch) -> np.ndarray:
         """float32 ``old[B_shard, T]`` with the current weights (response view, 0 past each response)."""
         shard = shard_tensors(batch_shard, self.device)
-        old_BT = proximal_logprobs(self.model, shard, self.cfg.micro_batch_size, self.sampling)
+        old_BT = proximal_logprobs(self.model, shard, self.cfg.micro_batch_size, self.sampling, self.cfg.mini_batches)
         self._proximal = (batch_shard.uids, old_BT)
         return old_BT.cpu().numpy()
 
