@@ -229,6 +229,11 @@ class RolloutLoop:
             except self.runtime.actor_died as exc:
                 self._worker_lost(slot, exc)
                 continue
+            except Exception as exc:  # noqa: BLE001 - e.g. a worker refusing stale weights
+                if not self.stop.is_set():
+                    raise  # the loop fails, and with it the run (``take_batch`` raises it)
+                self._failed_while_draining(slot, ref, exc)
+                continue
             if ref == slot.starting:
                 self.pool.mark_ready(slot, result)
                 if self.pool.failures:
@@ -248,6 +253,20 @@ class RolloutLoop:
                     self.state.generated_tokens += sum(len(c.response_token_ids) for c in g.completions)
             self.state.cond.notify_all()
 
+    def _failed_while_draining(self, slot: WorkerSlot, ref, exc: BaseException) -> None:
+        """A call (or a worker's start) that failed once the run was ending: its prompts are handed back
+        (the final ledger drops them) instead of failing the end of the run (its checkpoint, report
+        and ledger); the loop itself may have stopped on the same error already."""
+        log.warning("rollout worker %s: a call failed while the run was ending (%s: %s)", slot.worker_id,
+                    type(exc).__name__, str(exc)[:200])
+        if ref == slot.starting:
+            self.pool.slots.pop(slot.worker_id, None)
+            return
+        failed = [c for c in slot.calls if c.ref == ref]
+        slot.calls = [c for c in slot.calls if c.ref != ref]
+        with self.state.cond:
+            self.sampler.requeue([p.prompt_id for c in failed for p in c.prompts])
+
     def _worker_lost(self, slot: WorkerSlot, exc: BaseException) -> None:
         log.warning("rollout worker %s lost (%s); re-issuing its %d prompts and replacing it",
                     slot.worker_id, type(exc).__name__, len(slot.inflight_prompts()))
@@ -260,7 +279,8 @@ class RolloutLoop:
     def drain(self, timeout: float) -> None:
         """Stop dispatching; collect (and account for) what is still in flight."""
         self.stop.set()
-        self.thread.join()
+        if self.thread.ident is not None:  # started (a run that failed while building may not have)
+            self.thread.join()
         deadline = time.monotonic() + timeout
         while self.pool.busy() and time.monotonic() < deadline:
             self._collect(timeout=0.5)

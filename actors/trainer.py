@@ -83,10 +83,6 @@ class Trainer:
                 raise run_state.CheckpointError(
                     f"--resume: no usable checkpoint under {self.run_dir / 'checkpoints'}"
                     + (f" ({'; '.join(skipped)})" if skipped else ""))
-            dropped = run_state.trim_metrics(self.run_dir, saved["step"])
-            if dropped:
-                log.warning("resuming at step %d: dropped %d metrics records written after that checkpoint",
-                            saved["step"], dropped)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = str(resolve_model_dir(cfg))
         self.step = saved.get("step", 0)
@@ -98,6 +94,12 @@ class Trainer:
             self.shutdown()  # whatever started before the failure (learner ranks, service, workers)
             raise
         # written once the run is accepted: a refused --resume leaves the directory as it was
+        if self.ckpt is not None:
+            dropped = run_state.trim_metrics(self.run_dir, saved["step"])
+            if dropped:
+                log.warning("resuming at step %d: dropped %d metrics records written after that checkpoint",
+                            saved["step"], dropped)
+        self._saved_step = saved.get("step")  # the checkpoint on disk for this step (None: none)
         (self.run_dir / "config.json").write_text(dump_config(cfg))
 
     def _build(self, saved: dict) -> None:
@@ -190,7 +192,7 @@ class Trainer:
         self._queued = None
         if self._may_queue_after(current.step):
             ended = current.pending.on_done(self.state.wake)  # the wait below sleeps until a batch or this
-            self._queued = self._submit(current.step, give_up=ended.is_set)
+            self._queued = self._submit(current.step, give_up=lambda: ended.is_set() or self.stop_requested.is_set())
         return self._complete(current)
 
     def _may_queue_after(self, step: int) -> bool:
@@ -279,25 +281,34 @@ class Trainer:
         return (tokens - n_prev) / max(now - t_prev, 1e-9)
 
     def save_checkpoint(self) -> Path | None:
-        """Checkpoint both halves; a step that was non-finite is not checkpointed (None)."""
+        """Checkpoint both halves; a step that was non-finite is not checkpointed (None). The checkpoint
+        a run resumed from (or saved last) is not written again: a preemption in the middle of
+        rewriting it would tear the newest complete checkpoint."""
         if self.nonfinite_streak:
             log.warning("step %d had a non-finite loss, gradient or log-prob: not checkpointed", self.step)
             return None
         ckpt = run_state.checkpoint_dir(self.run_dir, self.step)
+        if self._saved_step == self.step:
+            return ckpt
         self.learners.save_checkpoint(run_state.learner_dir(ckpt))
+        # the service's state before the lock: the rollout loop waits on that lock, and these calls
+        # queue behind the step records the service is still writing
+        correction = ray.get(self.service.state_dict.remote())
+        wandb_run_id = ray.get(self.service.wandb_run_id.remote())
         with self.state.cond:
             state = {
                 "step": self.step, "sampler": self.sampler.state_dict(), "buffer": self.buffer.groups(),
-                "correction": ray.get(self.service.state_dict.remote()),
-                "wandb_run_id": ray.get(self.service.wandb_run_id.remote()),
+                "correction": correction, "wandb_run_id": wandb_run_id,
                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
             }
         run_state.save_controller_state(ckpt, state)
+        self._saved_step = self.step
         return ckpt
 
     def finish(self) -> None:
         """Drain the rollout loop, checkpoint (buffer kept: a resumed run trains those groups as the
-        uninterrupted run would have), then account for the unused groups in the final ledger."""
+        uninterrupted run would have), then account for the unused groups and the prompts still in
+        flight in the final ledger (dropped, with their reasons)."""
         self.rollout.drain(timeout=60)
         if self.cfg.checkpoint_every == 0 or self.step % self.cfg.checkpoint_every:
             self.save_checkpoint()
@@ -305,6 +316,7 @@ class Trainer:
             for g in self.buffer.groups():
                 self.sampler.mark_dropped(g.prompt.prompt_id, "unused_at_end")
             self.buffer.restore([])
+            self.sampler.drop_in_flight("in_flight_at_end")  # lost or still running at the drain's end
         report = ray.get(self.service.write_report.remote())
         ray.get(self.service.close.remote())
         (self.run_dir / "ledger.json").write_text(json.dumps(self.sampler.counts(), indent=1))

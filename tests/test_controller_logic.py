@@ -294,3 +294,34 @@ def test_a_worker_that_joins_is_offered_the_finished_version_and_those_in_traini
     ticks(loop)
     assert [e for e in cls.log if e[0] == "update" and e[1] == "rollout-1"] == [
         ("update", "rollout-1", 1), ("update", "rollout-1", 2)]
+
+
+def test_a_call_failing_while_the_run_ends_is_handed_back_and_the_ledger_closes():
+    """A generate call that fails with something other than a lost worker (here: stale weights refused)
+    once the run is ending: the drain hands its prompts back instead of raising (the final checkpoint,
+    report and ledger still happen), and ``drop_in_flight`` leaves no prompt in flight."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    worker = cls.handles["rollout-0"]
+    worker.held[0] = True  # the next calls wait to be released
+    ticks(loop, 2)
+    [slot] = pool.slots_now()
+    assert len(slot.calls) == 2
+    for ref in worker.held[1:]:
+        ref.error = RuntimeError("holds policy version 0, the controller requires >= 1")
+        ref.ready = True
+    loop.drain(timeout=1.0)  # the loop's thread never started: drain collects in this thread
+    assert not slot.calls and sampler.counts()["in_flight"] == 4  # handed back, not raised
+    assert sampler.drop_in_flight("in_flight_at_end") == 4
+    c = sampler.counts()
+    assert c["in_flight"] == 0 and c["dropped/in_flight_at_end"] == 4 and not sampler.requeued
+    assert c["issued"] == c["trained"] + c["buffered"] + c["in_flight"] + c["dropped"]
+
+
+def test_a_call_failing_during_the_run_still_fails_the_loop():
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    worker = cls.handles["rollout-0"]
+    worker.held[0] = True
+    ticks(loop, 2)
+    worker.held[1].error, worker.held[1].ready = RuntimeError("refused"), True
+    with pytest.raises(RuntimeError, match="refused"):
+        ticks(loop, 1)

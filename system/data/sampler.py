@@ -108,6 +108,15 @@ class PromptSampler:
         self.state[prompt_id] = DROPPED
         self.drop_reasons[reason] += 1
 
+    def drop_in_flight(self, reason: str) -> int:
+        """Drop every prompt still issued (generation lost or still running when the run ends) and forget
+        the requeued ones; how many were dropped. The final ledger then holds no prompt in flight."""
+        in_flight = [pid for pid, s in self.state.items() if s == ISSUED]
+        for pid in in_flight:
+            self.mark_dropped(pid, reason)
+        self.requeued.clear()
+        return len(in_flight)
+
     def counts(self) -> dict[str, int]:
         c = Counter(self.state.values())
         return {
