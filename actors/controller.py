@@ -260,7 +260,7 @@ class RolloutLoop:
         log.warning("rollout worker %s: a call failed while the run was ending (%s: %s)", slot.worker_id,
                     type(exc).__name__, str(exc)[:200])
         if ref == slot.starting:
-            self.pool.slots.pop(slot.worker_id, None)
+            self.pool.remove(slot)  # killed too: shutdown no longer sees it
             return
         failed = [c for c in slot.calls if c.ref == ref]
         slot.calls = [c for c in slot.calls if c.ref != ref]

@@ -197,7 +197,7 @@ def test_inline_exponentials_are_within_two_ulp_of_libm():
     x = np.concatenate([rng.uniform(-720, 720, 100_000), rng.uniform(-20, 20, 100_000),
                         np.array([k * math.log(2) for k in range(-1021, 1024)]),
                         np.logspace(-300, 0, 2000), -np.logspace(-300, 0, 2000), edges])
-    exp, expm1 = fused.exponentials(x)
+    exp, expm1, rho = fused.exponentials(x)
     inside = (x >= -708.0) & (x <= top)
     assert _ulps(exp[inside], np.array([math.exp(v) for v in x[inside]])).max() <= 2
     assert np.isnan(exp[~inside]).all() and (~inside).sum() > 1000
@@ -205,6 +205,9 @@ def test_inline_exponentials_are_within_two_ulp_of_libm():
     inside = np.abs(x) <= 20
     assert _ulps(expm1[inside], np.array([math.expm1(v) for v in x[inside]])).max() <= 2
     assert np.isnan(expm1[~inside]).all()
+    # the token ratio from expm1's reduction, 2^k (1 + q): relative to itself also where it is tiny
+    assert _ulps(rho[inside], np.array([math.exp(v) for v in x[inside]])).max() <= 2
+    assert np.isnan(rho[~inside]).all() and rho[x == -20.0][0] == pytest.approx(math.exp(-20.0), rel=1e-15)
 
 
 @pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "constant", "zeros_and_one", "small"])
@@ -236,9 +239,13 @@ def test_the_build_without_avx512_matches_the_torch_path(tmp_path, monkeypatch):
     value at a time instead of AVX-512's compress, 128-bit vectors elsewhere) against the torch path,
     on the batches whose band is collected from a sampled bracket, from holes, and from ties."""
     import ctypes
+    import platform
     import subprocess
 
     from system.correction import fused_build
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86-64-v2 is an x86 target")
 
     flags = [f if not f.startswith("-march=") else "-march=x86-64-v2" for f in fused_build.FLAGS]
     path = tmp_path / "fused_v2.so"

@@ -61,6 +61,21 @@ def test_resume_trims_records_past_the_checkpoint(tmp_path):
     assert run_state.trim_metrics(tmp_path / "none", 2) == 0
 
 
+def test_records_logged_after_a_resume_trimmed_the_file_land_in_it(tmp_path):
+    """The resumed run's metrics sink exists (the correction service is built) before the resume is
+    accepted and the file trimmed (replaced): its records must still reach ``metrics.jsonl``."""
+    from system.report.sinks import JsonlSink
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    assert run_state.trim_metrics(tmp_path, 2) == 1
+    sink.log(3, {"loss": 0.5})
+    sink.log(4, {"loss": 0.25})
+    sink.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[-1]["loss"] == 0.25
+
+
 def test_truncated_controller_state_is_refused_by_name(tmp_path):
     ckpt = make_checkpoint(tmp_path, 4)
     data = (ckpt / "controller.pkl").read_bytes()

@@ -41,7 +41,7 @@ from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
-_ABI = 3
+_ABI = 4
 """``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
 _POSITIONS_PER_THREAD = 1 << 21
 """A thread per 2M positions at most: on the 2-core AMD EPYC a second thread did not pay at 1M
@@ -49,6 +49,8 @@ positions (8.2 -> 8.8-10.9 ms) and paid little and unsteadily at 4M (27-37 -> 24
 _SAMPLE = 16384
 _SEED = 0x5EED
 _ROW = ("num_valid", "nonfinite", "seq_logratio", "sum_d", "sum_k3", "sum_abs", "out5", "min_d")
+"""The pass's per-response columns (its output layout; sum_d, sum_k3, sum_abs and out5 are read by
+no caller since the per-lag diagnostics run a pass of their own, and cost the pass nothing per token)."""
 _GLOB = ("n", "sum_d", "sum_dc2", "sum_e", "sum_e2", "sum_rho", "sum_rho2", "sum_k3", "sum_abs", "max_abs",
          "sum_gap", "out2", "out5", "sum_mu", "sum_old", "ref_mu", "ref_old", "sum_mu2", "sum_old2", "sum_mu_old",
          "below", "band")
@@ -83,7 +85,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                      ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64,
                                      ctypes.c_int]
     lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
-    lib.aisrl_exponentials.argtypes = [ptr, ctypes.c_int64, ptr, ptr]
+    lib.aisrl_exponentials.argtypes = [ptr, ctypes.c_int64, ptr, ptr, ptr]
     return lib
 
 
@@ -100,16 +102,17 @@ def available() -> bool:
     return _library() is not None
 
 
-def exponentials(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The pass's inline ``exp(x)`` (NaN outside [-708, log(DBL_MAX)], where the pass uses libm) and
-    ``expm1(x)`` (NaN where |x| > 20) for float64 ``x``, to test them against libm."""
+def exponentials(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pass's inline ``exp(x)`` (NaN outside [-708, log(DBL_MAX)], where the pass uses libm),
+    ``expm1(x)`` and the token ratio ``exp(x)`` computed beside it (both NaN where |x| > 20) for
+    float64 ``x``, to test them against libm."""
     lib = _library()
     if lib is None:
         raise RuntimeError(f"the fused pass is not available: {_load_error}")
     x = np.ascontiguousarray(x, dtype=np.float64)
-    exp_out, expm1_out = np.empty_like(x), np.empty_like(x)
-    lib.aisrl_exponentials(x.ctypes.data, x.size, exp_out.ctypes.data, expm1_out.ctypes.data)
-    return exp_out, expm1_out
+    exp_out, expm1_out, rho_out = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    lib.aisrl_exponentials(x.ctypes.data, x.size, exp_out.ctypes.data, expm1_out.ctypes.data, rho_out.ctypes.data)
+    return exp_out, expm1_out, rho_out
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,6 @@ class FusedSums:
     num_valid_B: torch.Tensor
     nonfinite_B: torch.Tensor
     seq_logratio_B: torch.Tensor
-    sum_d_B: torch.Tensor
-    sum_k3_B: torch.Tensor
-    sum_abs_B: torch.Tensor
-    out5_B: torch.Tensor
     min_d_B: torch.Tensor
     """The smallest d of each response's valid tokens (+inf for an empty response)."""
     diagnostics: dict
@@ -241,7 +240,6 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads: int | None
     counts = {name: rows[name].to(torch.int64) for name in ("num_valid", "nonfinite")}
     sums = FusedSums(
         num_valid_B=counts["num_valid"], nonfinite_B=counts["nonfinite"], seq_logratio_B=rows["seq_logratio"],
-        sum_d_B=rows["sum_d"], sum_k3_B=rows["sum_k3"], sum_abs_B=rows["sum_abs"], out5_B=rows["out5"],
         min_d_B=rows["min_d"], diagnostics={}, weight_dtype=weight_dtype)
     sums.diagnostics.update(_diagnostics(sums, g, n, out))
     return sums

@@ -356,7 +356,7 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
 extern "C" {
 
 // Bumped whenever an exported function's arguments change (fused.py refuses another version).
-int aisrl_fused_abi() { return 3; }
+int aisrl_fused_abi() { return 4; }
 int aisrl_fused_row_cols() { return kRowCols; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
 
@@ -380,13 +380,15 @@ int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* 
 }
 
 // The pass's inline exponentials on their own, for tests against libm: exp(x[i]) where the pass uses
-// it, x in [-708, log(DBL_MAX)], and expm1(x[i]) where |x[i]| <= 20 (the pass's clamp); NaN elsewhere.
-void aisrl_exponentials(const double* x, int64_t n, double* exp_out, double* expm1_out) {
+// it, x in [-708, log(DBL_MAX)]; expm1(x[i]) and the token ratio's exp(x[i]) from the same reduction
+// where |x[i]| <= 20 (the pass's clamp); NaN elsewhere.
+void aisrl_exponentials(const double* x, int64_t n, double* exp_out, double* expm1_out, double* rho_out) {
   for (int64_t i = 0; i < n; ++i) {
     exp_out[i] = x[i] >= kMinNormalLog && x[i] <= kMaxLog ? exp_normal(x[i]) : NAN;
     double e = NAN, ex = NAN;
     if (std::fabs(x[i]) <= kClamp) expm1_and_exp(x[i], &e, &ex);
     expm1_out[i] = e;
+    rho_out[i] = ex;
   }
 }
 

@@ -35,19 +35,24 @@ class NullSink:
 
 
 class JsonlSink(NullSink):
-    """Appends one JSON object per ``log`` call to ``metrics.jsonl`` (flushed each line)."""
+    """Appends one JSON object per ``log`` call to ``metrics.jsonl`` (flushed each line). The file is
+    opened at the first record, by path: a resume trims the file (``run_state.trim_metrics`` replaces
+    it) after this sink exists and before the first record."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("a", buffering=1)
+        self._fh = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: json_safe(v) for k, v in metrics.items()}}
+        if self._fh is None:
+            self._fh = self.path.open("a", buffering=1)
         self._fh.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.close()
 
 
 class FanOutSink(NullSink):
