@@ -1,6 +1,7 @@
 """The ``aisrl`` command line: ``train``, ``report`` and ``demo-dump``."""
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -133,6 +134,9 @@ def report(
         summary = write_report(dump, out)
     except DumpError as exc:
         _fail(str(exc))
+    except OSError as exc:  # writing the report: a name taken by a directory, a read-only place, a full disk
+        _fail(f"--out {out}: cannot write the report ({exc.strerror or type(exc).__name__}"
+              f"{': ' + str(exc.filename) if exc.filename else ''})")
     console.print(f"[green]report written[/] to {out}/report.html: {summary_line(summary)}", highlight=False)
     import gc
 
@@ -145,10 +149,20 @@ def demo_dump(
     sequences: int = typer.Option(64, min=1, help="Responses in the batch."),
     max_len: int = typer.Option(48, min=1, help="Padded response length."),
     sigma: float = typer.Option(0.05, min=0.0, help="Per-token log-ratio noise at lag 0 (grows with lag)."),
-    seed: int = typer.Option(0, help="Random seed."),
+    seed: int = typer.Option(0, min=0, help="Random seed."),
 ) -> None:
-    """Write a synthetic batch dump with a controlled mismatch (for trying the report)."""
-    save_dump(path, **make_demo_dump(sequences, max_len, sigma=sigma, seed=seed))
+    """Write a synthetic batch dump with a controlled mismatch (for trying the report). Exit 2 with a
+    message on a path that cannot be written or a batch too large to build (over 10^8 positions)."""
+    if not math.isfinite(sigma):
+        _fail(f"--sigma must be finite, got {sigma}")
+    if sequences * max_len > 10**8:
+        _fail(f"--sequences x --max-len = {sequences * max_len} positions: at most 10^8 for a demo dump")
+    if not path.name or path.is_dir():
+        _fail(f"path {str(path)!r}: give a file name for the .npz (it names a directory)")
+    try:
+        save_dump(path, **make_demo_dump(sequences, max_len, sigma=sigma, seed=seed))
+    except OSError as exc:
+        _fail(f"path {path}: cannot write the dump ({exc.strerror or type(exc).__name__})")
     console.print(f"wrote {path}")
 
 

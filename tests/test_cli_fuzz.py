@@ -108,3 +108,24 @@ def test_override_order_never_changes_the_outcome(pairs, rnd):
     first, second = runner.invoke(app, ["train", "--dry-run", *args]), runner.invoke(app, ["train", "--dry-run", *shuffled])
     assert (first.exit_code, first.stdout) == (second.exit_code, second.stdout), (args, shuffled)
     assert first.exit_code in (0, 2)
+
+
+def test_demo_dump_and_report_refuse_bad_paths_and_sizes_with_exit_2(tmp_path):
+    """Each a message naming the option or the file, never a traceback (found by a hostile probe)."""
+    cases = [
+        (["demo-dump", str(tmp_path / "x.npz"), "--sigma", "inf"], "--sigma must be finite"),
+        (["demo-dump", str(tmp_path / "x.npz"), "--sequences", "100000000"], "at most 10^8"),
+        (["demo-dump", str(tmp_path)], "give a file name"),
+        (["train", "--dry-run", "learner.mini_batches=1000"], "learner.mini_batches (1000) is more than"),
+    ]
+    (tmp_path / "afile").write_text("x")
+    cases.append((["demo-dump", str(tmp_path / "afile" / "x.npz")], "cannot write the dump"))
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), (args, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), args
+    dump = tmp_path / "d.npz"
+    assert runner.invoke(app, ["demo-dump", str(dump)]).exit_code == 0
+    (tmp_path / "out" / "report.html").mkdir(parents=True)  # the report's own name taken by a directory
+    result = runner.invoke(app, ["report", str(dump), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "cannot write the report" in " ".join(result.output.split())

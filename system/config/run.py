@@ -55,4 +55,9 @@ class RunConfig(StrictModel):
                 f"learner.num_ranks ({r}) must divide the batch of prompts_per_step x "
                 f"rollout.group_size = {n} sequences"
             )
+        if self.learner.mini_batches > n // r:  # checked here, not at the first step
+            raise ValueError(
+                f"learner.mini_batches ({self.learner.mini_batches}) is more than the {n // r} sequences of a "
+                f"learner rank's shard (prompts_per_step x rollout.group_size / learner.num_ranks)"
+            )
         return self
