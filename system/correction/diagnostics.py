@@ -155,16 +155,19 @@ def diagnostics_by_lag(
     return diagnostics_by_lag_of(ratios, lag_B)
 
 
-def diagnostics_by_lag_of(ratios: LogRatios, lag_B) -> dict[str, dict[str, float | int | None]]:
-    """``diagnostics_by_lag`` on ratios already computed (no recompute of the log-ratios)."""
-    lag_B = torch.as_tensor(lag_B, device=ratios.valid_BT.device)
-    if lag_B.shape != ratios.num_valid_B.shape:
-        raise ValueError(
-            f"lag has shape {tuple(lag_B.shape)} but the batch has {ratios.num_valid_B.numel()} responses"
-        )
+def checked_lags(lag_B, num_responses: int) -> tuple[torch.Tensor, list[int]]:
+    """``lag_B`` as an integer tensor of one lag per response, and its distinct lags, sorted; a
+    ValueError naming ``lag`` otherwise."""
+    lag_B = torch.as_tensor(lag_B)
+    if lag_B.shape != (num_responses,):
+        raise ValueError(f"lag has shape {tuple(lag_B.shape)} but the batch has {num_responses} responses")
     if lag_B.is_floating_point() or lag_B.is_complex() or lag_B.dtype == torch.bool:
         raise ValueError(f"lag must be an integer tensor, got {lag_B.dtype}")
-    return {
-        str(lag): compute_diagnostics(select_sequences(ratios, lag_B == lag))
-        for lag in sorted(torch.unique(lag_B).tolist())
-    }
+    return lag_B, sorted(torch.unique(lag_B).tolist())
+
+
+def diagnostics_by_lag_of(ratios: LogRatios, lag_B) -> dict[str, dict[str, float | int | None]]:
+    """``diagnostics_by_lag`` on ratios already computed (no recompute of the log-ratios)."""
+    lag_B, lags = checked_lags(lag_B, ratios.num_valid_B.numel())
+    lag_B = lag_B.to(ratios.valid_BT.device)
+    return {str(lag): compute_diagnostics(select_sequences(ratios, lag_B == lag)) for lag in lags}

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from system.correction.diagnostics import DIAGNOSTIC_KEYS
+from system.correction.diagnostics import DIAGNOSTIC_KEYS, checked_lags
 from system.correction.fused_build import LIBRARY, build
 from system.correction.methods import sequence_weights_B
 from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios, check_inputs
@@ -279,13 +279,8 @@ def diagnostics_by_lag(behaviour_logp_BT, proximal_logp_BT, mask_BT, lag_B,
     """Every section 1 diagnostic of the responses of each lag (keyed ``str(lag)``, sorted):
     ``diagnostics_by_lag_of``'s values, from one fused pass over each lag's rows (``whole``, the
     batch's own sums, stands for a batch of a single lag: no second pass)."""
-    lag_B = np.asarray(torch.as_tensor(lag_B).cpu())
-    num_rows = np.shape(behaviour_logp_BT)[0]
-    if lag_B.shape != (num_rows,):
-        raise ValueError(f"lag has shape {lag_B.shape} but the batch has {num_rows} responses")
-    if lag_B.dtype.kind not in "iu":
-        raise ValueError(f"lag must be an integer array, got {lag_B.dtype}")
-    lags = sorted(np.unique(lag_B).tolist())
+    lag_t, lags = checked_lags(lag_B, np.shape(behaviour_logp_BT)[0])
+    lag_B = lag_t.cpu().numpy()
     if len(lags) == 1 and whole is not None:
         return {str(lags[0]): dict(whole.diagnostics)}
     def rows_of(x, rows: np.ndarray):  # numpy arrays (read-only ones from the object store too) or tensors
