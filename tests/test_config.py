@@ -168,3 +168,27 @@ def test_a_key_below_a_non_mapping_override_is_an_error():
 
 def test_a_key_given_twice_takes_the_last_value():
     assert resolve_config([], ["max_steps=3", "max_steps=5"]).max_steps == 5
+
+
+def test_a_key_twice_in_one_yaml_mapping_is_refused_naming_file_key_and_lines(tmp_path):
+    # PyYAML keeps the last of two equal keys silently: a preset's first value would vanish
+    preset = tmp_path / "twice.yaml"
+    preset.write_text("learner:\n  lr: 1.0e-3\n  grad_clip: 1.0\n  lr: 2.0e-3\n")
+    with pytest.raises(ConfigError, match=r"(?s)twice\.yaml.*key 'lr' appears twice \(line 2, column 3 and line 4"):
+        resolve_config([preset])
+    with pytest.raises(ConfigError, match=r"(?s)override 'learner=\{lr: 1, lr: 2\}'.*key 'lr' appears twice"):
+        resolve_config([], ["learner={lr: 1, lr: 2}"])
+    # the same key name in two different mappings is fine
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("learner: {lr: 1.0e-3}\nrollout: {group_size: 4}\n")
+    assert resolve_config([ok]).learner.lr == 1.0e-3
+
+
+def test_cross_field_bounds_are_refused_naming_both_fields():
+    with pytest.raises(ConfigError, match=r"num_workers \(3\) is above max_workers \(2\)"):
+        resolve_config([], ["rollout.num_workers=3", "rollout.max_workers=2"])
+    assert resolve_config([], ["rollout.num_workers=2", "rollout.max_workers=2"]).rollout.max_workers == 2
+    # the tiny model's context holds prompt + response: 128 positions leave no room for a prompt at 128
+    with pytest.raises(ConfigError, match=r"rollout\.max_new_tokens \(128\).*model\.max_position_embeddings \(128\)"):
+        resolve_config([], ["rollout.max_new_tokens=128"])
+    assert resolve_config([], ["rollout.max_new_tokens=127"]).rollout.max_new_tokens == 127

@@ -382,3 +382,72 @@ def test_report_ais_bias_noise_alpha_raw_of_seq_mis_from_the_advantages(tmp_path
     ais = json.loads((out / "summary.json").read_text())["ais"]
     assert (ais["bias"], ais["noise"], ais["alpha_raw"]) == (None, None, None)
     assert ais["severity"] is not None
+
+
+def test_nonfinite_rewards_and_advantages_are_left_out_and_counted(tmp_path):
+    """Found by a hostile probe: one NaN made reward_mean and the ais estimate null without a word."""
+    arrays = make_demo_dump(6, 4, seed=5)
+    arrays["reward"] = np.array([1.0, np.nan, 0.0, 0.5, np.inf, 0.25], np.float32)
+    arrays["advantage"] = np.array([0.5, -0.5, np.nan, 1.0, -1.0, 0.0], np.float32)
+    result, out = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output
+    s, _, page = _outputs(out)
+    # the finite rewards 1, 0, 0.5, 0.25: mean 1.75 / 4
+    assert s["reward_mean"] == pytest.approx(1.75 / 4) and s["reward_nonfinite"] == 2
+    assert s["advantage_nonfinite"] == 1 and s["ais"]["alpha_raw"] is None
+    assert "2 non-finite reward(s)" in said(result) and "1 non-finite advantage(s)" in said(result)
+    assert "Non-finite rewards or advantages" in page
+    arrays["reward"][:] = 1.0  # all finite: counted as 0, no notice
+    arrays["advantage"][:] = 1.0
+    result, out = _report(tmp_path / "finite", arrays)
+    s, _, page = _outputs(out)
+    assert (s["reward_nonfinite"], s["advantage_nonfinite"]) == (0, 0) and s["reward_mean"] == 1.0
+    assert "Non-finite rewards" not in page and "non-finite" not in said(result).split("sequences", 1)[1]
+
+
+def test_a_directory_given_as_the_dump_names_its_dumps(tmp_path):
+    run = tmp_path / "run"
+    for step in (2, 4):
+        save_dump(run / "dumps" / f"step_{step:06d}.npz", **make_demo_dump(3, 3, seed=step))
+    result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "a directory, not a dump file" in said(result)
+    squeezed = "".join(result.output.split())  # rich wraps long paths anywhere
+    assert "dumps/step_000004.npz" in squeezed and "2dumpfile(s)" in squeezed
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 2 and "dumps/step_XXXXXX.npz" in "".join(result.output.split())
+
+
+def test_a_failed_report_write_leaves_the_previous_report_whole(tmp_path, monkeypatch):
+    from system.report import mismatch_report
+
+    result, out = _report(tmp_path, make_demo_dump(5, 4, seed=1))
+    assert result.exit_code == 0, result.output
+    before = {name: (out / name).read_bytes() for name in ("summary.json", "samples.json", "report.html")}
+    # a directory now holds the page's name: refused before any file is replaced
+    (out / "report.html").unlink()
+    (out / "report.html").mkdir()
+    result = runner.invoke(app, ["report", str(save_dump(tmp_path / "b.npz", **make_demo_dump(7, 4, seed=2))),
+                                 "--out", str(out)])
+    assert result.exit_code == 2 and "cannot write the report" in said(result)
+    assert "report.html" in "".join(result.output.split())
+    assert {n: (out / n).read_bytes() for n in ("summary.json", "samples.json")} == \
+        {n: before[n] for n in ("summary.json", "samples.json")}
+    (out / "report.html").rmdir()
+    (out / "report.html").write_bytes(before["report.html"])
+    # the disk fills while the second file is written: nothing replaced, no partial file left
+    real_write = Path.write_text
+    calls = []
+
+    def failing_write(self, *args, **kwargs):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(self))
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", failing_write)
+    with pytest.raises(OSError, match="No space"):
+        mismatch_report.write_report(tmp_path / "b.npz", out)
+    monkeypatch.undo()
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "samples.json", "summary.json"]

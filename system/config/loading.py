@@ -39,6 +39,31 @@ def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
+    silently, so a preset's earlier value would vanish without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class raises its own error
+                continue
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"key {key!r} appears twice (line {first.line + 1}, column {first.column + 1} and "
+                    f"line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str):
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_preset(path: str | Path) -> dict[str, Any]:
     """Load one YAML preset as a mapping, naming the file on any error."""
     p = Path(path)
@@ -51,7 +76,7 @@ def read_preset(path: str | Path) -> dict[str, Any]:
             raise
         raise ConfigError(f"preset {str(p)!r}: cannot read it: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"preset {str(p)!r}: invalid YAML: {exc}") from exc
     if data is None:
@@ -67,7 +92,7 @@ def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected dotted.key=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
     return tuple(key.split(".")), value

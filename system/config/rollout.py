@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from system.config.base import StrictModel
 
@@ -72,3 +72,10 @@ class RolloutConfig(StrictModel):
     """Policy versions over which sigma reaches ``perturb_std_final``."""
     engine: EngineConfig = Field(default_factory=VLLMEngineConfig)
     """The inference engine."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "RolloutConfig":
+        if self.max_workers is not None and self.num_workers > self.max_workers:
+            raise ValueError(f"num_workers ({self.num_workers}) is above max_workers ({self.max_workers}): "
+                             "num_workers is the floor and max_workers the ceiling of the worker count")
+        return self

@@ -60,4 +60,11 @@ class RunConfig(StrictModel):
                 f"learner.mini_batches ({self.learner.mini_batches}) is more than the {n // r} sequences of a "
                 f"learner rank's shard (prompts_per_step x rollout.group_size / learner.num_ranks)"
             )
+        tiny = self.model if isinstance(self.model, TinyModelConfig) else None
+        if tiny is not None and self.rollout.max_new_tokens >= tiny.max_position_embeddings:
+            raise ValueError(
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for the prompt in "
+                f"model.max_position_embeddings ({tiny.max_position_embeddings}): prompt + response must fit "
+                "(vLLM would stop every response at the model's length without a word)"
+            )
         return self

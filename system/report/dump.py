@@ -125,9 +125,22 @@ def _check_lag(lag: np.ndarray, path: str) -> None:
         raise DumpError(f"{path}: key 'lag' holds {lag.max()}, beyond int32")
 
 
+def _dumps_hint(directory: Path) -> str:
+    """Where the dumps of a run directory (or a dumps directory) are, for the error message."""
+    try:
+        found = sorted(directory.glob("*.npz")) or sorted(directory.glob("dumps/*.npz"))
+    except OSError:
+        found = []
+    if found:
+        return f"give one of its {len(found)} dump file(s), e.g. the last: {found[-1]}"
+    return "give a .npz dump file (a run writes them as <output_dir>/dumps/step_XXXXXX.npz)"
+
+
 def load_dump(path: str | Path) -> BatchDump:
     """Read and validate a dump; raises DumpError naming the file and the offending key."""
     p = str(path)
+    if Path(p).is_dir():
+        raise DumpError(f"{p}: a directory, not a dump file; {_dumps_hint(Path(p))}")
     if not Path(p).is_file():
         raise DumpError(f"{p}: no such file")
     arrays = _read_npz(p)

@@ -13,6 +13,8 @@ notice on the page, and the command exits 0. Only an unreadable or malformed dum
 """
 
 import dataclasses
+import errno
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,12 +77,34 @@ def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFA
         summary = strict_json.jsonable(build_summary(dump, ratios))
         figures = _figures(ratios, summary)
     del ratios, dump
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    strict_json.write(out / "summary.json", summary, indent=2)
-    strict_json.write(out / "samples.json", samples, sanitize=False, separators=(",", ":"))
-    (out / "report.html").write_text(render_page(str(dump_path), summary, samples, figures), encoding="utf-8")
+    texts = {
+        "summary.json": strict_json.dumps(summary, indent=2),
+        "samples.json": strict_json.dumps(samples, sanitize=False, separators=(",", ":")),
+        "report.html": render_page(str(dump_path), summary, samples, figures),
+    }
+    write_all_or_none(Path(out_dir), texts)
     return summary
+
+
+def write_all_or_none(out: Path, texts: dict[str, str]) -> None:
+    """Write every ``name -> text`` into ``out`` or, if any write fails, none: each goes to a temporary
+    file beside its target first, and the targets are replaced only once all are written (a
+    failure leaves the previous report's files as they were and raises)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in texts:
+        if (out / name).is_dir():  # the one failure a rename would meet after others were replaced
+            raise IsADirectoryError(errno.EISDIR, "a directory has the report file's name", str(out / name))
+    temps: dict[Path, Path] = {}
+    try:
+        for name, text in texts.items():
+            temp = out / f".{name}.partial"
+            temps[temp] = out / name
+            temp.write_text(text, encoding="utf-8")
+        for temp, target in temps.items():
+            os.replace(temp, target)
+    finally:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
 
 
 def summary_line(summary: dict) -> str:
@@ -90,6 +114,10 @@ def summary_line(summary: dict) -> str:
                 "every diagnostic is null")
     kept = summary["methods"]["seq-mis"]["keep_seq_frac"]
     kl = summary["kl_k1"]
+    bad = [f"{summary[key]} non-finite {what}" for key, what in
+           (("reward_nonfinite", "reward(s), left out of reward_mean"),
+            ("advantage_nonfinite", "advantage(s): the ais estimate is null")) if summary.get(key)]
     return (f"{summary['n_sequences']} sequences, {summary['n_tokens']} tokens, "
             f"kl_k1 {'n/a' if kl is None else format(kl, '.3g')}, "
-            f"seq-mis keeps {'n/a' if kept is None else format(kept, '.1%')} of sequences")
+            f"seq-mis keeps {'n/a' if kept is None else format(kept, '.1%')} of sequences"
+            + "".join(f"; {b}" for b in bad))

@@ -45,6 +45,12 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
     summary["methods"] = methods_table(ratios)
     # a dump without ``lag`` is all lag 0 (spec section 6): by_lag["0"] is then the whole batch
     summary["by_lag"] = diagnostics_by_lag_of(ratios, torch.from_numpy(dump.lag.astype(np.int64)))
+    # non-finite rewards are left out of the mean and counted; a non-finite advantage makes the ais
+    # estimate null (``ais_estimate``): counted, so the report says why
     if dump.reward is not None:
-        summary["reward_mean"] = float(np.mean(dump.reward))
+        finite = np.isfinite(dump.reward)
+        summary["reward_mean"] = float(np.mean(dump.reward[finite])) if finite.any() else None
+        summary["reward_nonfinite"] = int((~finite).sum())
+    if dump.advantage is not None:
+        summary["advantage_nonfinite"] = int((~np.isfinite(dump.advantage)).sum())
     return summary
