@@ -179,8 +179,9 @@ def submit(
     address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
     follow: bool = typer.Option(False, "--follow", help="Stream the job's logs until it ends; exit 1 unless it SUCCEEDED."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run `aisrl train --dry-run` on the cluster (checks the image and the shipped config)."),
-    stop_wait_s: int = typer.Option(120, "--stop-wait-s", min=0, help="On `job stop`, seconds between SIGTERM (finish the step, checkpoint) and SIGKILL."),
+    stop_wait_s: int = typer.Option(300, "--stop-wait-s", min=0, help="On `job stop`, seconds between SIGTERM (finish the step, drain the rollouts for up to 60 s, checkpoint) and SIGKILL; as the RayJob."),
     resume: str = typer.Option(None, "--resume", help="Continue this run directory (a path on the cluster) from its last complete checkpoint; ARGS are overrides only."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in output_dir on the cluster (its files are deleted), as `aisrl train --overwrite`."),
 ) -> None:
     """Validate the config here, then run `aisrl train` on a running Ray cluster as a Ray job."""
     import tempfile
@@ -191,8 +192,9 @@ def submit(
         jobs.check_address(address)
         presets, overrides = split_args(args or [])
         if resume is not None:
-            if presets or dry_run:
-                raise ConfigError("--resume takes dotted overrides only (the run's config.json is its preset), no --dry-run")
+            if presets or dry_run or overwrite:
+                raise ConfigError("--resume takes dotted overrides only (the run's config.json is its preset), "
+                                  "no --dry-run or --overwrite")
             cfg, overrides = jobs.resolve_resume(resume, overrides)
             if cfg is None:
                 console.print(f"note: {resume} is not readable here; the cluster validates its config.json")
@@ -201,7 +203,8 @@ def submit(
         else:
             cfg = jobs.resolve_for_cluster(presets, overrides)
             with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
-                sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s)
+                sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s,
+                                  overwrite=overwrite)
     except (ConfigError, jobs.JobError) as exc:
         _fail(str(exc))
     for warning in jobs.placement_warnings(cfg) if cfg is not None else []:

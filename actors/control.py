@@ -1,10 +1,11 @@
 """The run's control board: a small named actor through which ``aisrl scale`` changes the number of
 rollout workers of a running job, and which reports the job's progress.
 
-The trainer creates it as ``aisrl-control-<run name>`` in the ``aisrl`` namespace and writes
+The trainer creates it as ``aisrl-control-<run name>-<path hash>`` in the ``aisrl`` namespace and writes
 ``<run>/control.json`` (cluster address + actor name) so a second process can find it.
 """
 
+import hashlib
 import json
 import os
 import socket
@@ -20,7 +21,10 @@ NAMESPACE = "aisrl"
 
 
 def control_name(run_dir: str | Path) -> str:
-    return f"aisrl-control-{Path(run_dir).resolve().name}"
+    """The board's actor name: the run directory's name and a hash of its whole path (two runs in
+    directories with the same name, ``/a/try1`` and ``/b/try1``, must not share one board)."""
+    resolved = Path(run_dir).resolve()
+    return f"aisrl-control-{resolved.name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:8]}"
 
 
 @ray.remote(num_cpus=0)

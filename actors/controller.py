@@ -41,7 +41,9 @@ makes its samples staler than sending it at the last moment would.
 Admission (``async.max_lag``): a generate call is sent to a worker offered version ``v`` only
 if the step that will consume its groups, ``k = steps_started + (buffered + in flight) // B``,
 satisfies ``k - v <= max_lag`` (queued calls count as in flight); the call requires version
-``k - max_lag`` (the worker waits for it, and refuses to sample below it). ``max_lag = 0`` is the
+``k - max_lag`` (the worker waits for it, and refuses to sample below it), and holds at most the
+prompts step k's batch still lacks (when B is not a multiple of ``rollout.prompts_per_call``, a call
+never straddles two steps, whose second would find its groups too stale). ``max_lag = 0`` is the
 synchronous on-policy mode. The buffer re-checks the bound at batch time, so no trained sample
 ever exceeds it.
 """
@@ -188,11 +190,14 @@ class RolloutLoop:
     def _inflight_prompts(self) -> int:
         return sum(len(c.prompts) for s in self.pool.busy() for c in s.calls)
 
-    def _consuming_step(self) -> int:
-        """The learner version the next dispatched prompts will be trained from (0-based)."""
+    def _consuming_step(self) -> tuple[int, int]:
+        """The learner version the next dispatched prompts will be trained from (0-based), and how many
+        prompts that step's batch still lacks (a call takes no more: it never straddles two steps, so
+        the version it requires holds for all its prompts)."""
         with self.state.cond:
             queued = len(self.buffer) + self._inflight_prompts()
-            return self.state.steps_started + queued // self.cfg.prompts_per_step
+            batch = self.cfg.prompts_per_step
+            return self.state.steps_started + queued // batch, batch - queued % batch
 
     def _dispatch(self) -> None:
         """Fill every worker with room up to ``rollout.calls_per_worker`` admitted calls. A call requires
@@ -202,11 +207,11 @@ class RolloutLoop:
         depth, max_lag = self.cfg.rollout.calls_per_worker, self.cfg.async_.max_lag
         for slot in self.pool.with_room():
             while len(slot.calls) < depth:
-                consuming_step = self._consuming_step()
+                consuming_step, room = self._consuming_step()
                 if consuming_step - slot.policy_version > max_lag or consuming_step >= self.cfg.max_steps:
                     break
                 with self.state.cond:
-                    prompts = self.sampler.next_prompts(self.cfg.rollout.prompts_per_call)
+                    prompts = self.sampler.next_prompts(min(self.cfg.rollout.prompts_per_call, room))
                     if slot.idle_since is not None:
                         self.state.rollout_idle_s += time.monotonic() - slot.idle_since
                         slot.idle_since = None
@@ -274,7 +279,9 @@ class RolloutLoop:
             self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts()])
         self.pool.failures += 1
         self._lost_since_ready = True
-        self.pool.slots.pop(slot.worker_id, None)
+        # killed too: Ray's actor error also covers an actor it cannot reach that may still run and
+        # hold its node's GPU and rollout resource, which its replacement then could not get
+        self.pool.remove(slot)
 
     def drain(self, timeout: float) -> None:
         """Stop dispatching; collect (and account for) what is still in flight."""

@@ -142,12 +142,23 @@ def resolve_resume(run_dir: str, overrides: list[str]) -> tuple[RunConfig | None
     return None, extra
 
 
-def placement_warnings(cfg: RunConfig) -> list[str]:
-    """What will not be where the user expects on the cluster (relative paths live in the job's temp dir)."""
-    if Path(cfg.output_dir).is_absolute():
-        return []
-    return [f"output_dir {cfg.output_dir!r} is relative: on the cluster it lands in the job's temporary "
-            "working directory on the head node; use an absolute path on shared storage, e.g. output_dir=/app/runs/NAME"]
+def placement_warnings(cfg: RunConfig, project: Path = PROJECT_ROOT) -> list[str]:
+    """What will not be where the user expects on the cluster: a relative path is resolved in the
+    job's temporary working directory (a copy of this checkout) on the head node."""
+    warnings = []
+    if not Path(cfg.output_dir).is_absolute():
+        warnings.append(f"output_dir {cfg.output_dir!r} is relative: on the cluster it lands in the job's temporary "
+                        "working directory on the head node; use an absolute path on shared storage, e.g. "
+                        "output_dir=/app/runs/NAME")
+    data_path = getattr(cfg.data.task, "path", None)
+    if data_path is not None and not Path(data_path).is_absolute():
+        shipped = (project / data_path).is_file()
+        warnings.append(
+            f"data.task.path {data_path!r} is relative: on the cluster it is read from the job's working directory, "
+            + ("this checkout's copy, uploaded with the job" if shipped else
+               "a copy of this checkout, which has no such file, so the job will fail to find it")
+            + f"; to read the cluster's data volume give an absolute path, e.g. data.task.path=/app/{data_path}")
+    return warnings
 
 
 def _ignore(root: Path):
@@ -189,11 +200,13 @@ def build_runtime_env(working_dir: Path, stop_wait_s: int, config_text: str | No
     return env
 
 
-def entrypoint(dry_run: bool = False, resume: str | None = None, overrides: list[str] = ()) -> str:
-    """The command the cluster runs in the job's working directory."""
+def entrypoint(dry_run: bool = False, resume: str | None = None, overrides: list[str] = (),
+               overwrite: bool = False) -> str:
+    """The command the cluster runs in the job's working directory (``overwrite``: replace a run
+    already in ``output_dir``, as ``aisrl train --overwrite``)."""
     if resume is not None:
         return " ".join(["aisrl train --resume", shlex.quote(resume), *map(shlex.quote, overrides)])
-    return f"aisrl train{' --dry-run' if dry_run else ''} {SHIPPED_CONFIG}"
+    return f"aisrl train{' --dry-run' if dry_run else ''}{' --overwrite' if overwrite else ''} {SHIPPED_CONFIG}"
 
 
 # -- the Jobs API --------------------------------------------------------------------------------
@@ -205,18 +218,19 @@ class Submitted:
     runtime_env: dict
 
 
-def submit(address: str, cfg: RunConfig, staging: Path, *, dry_run: bool = False, stop_wait_s: int = 120) -> Submitted:
+def submit(address: str, cfg: RunConfig, staging: Path, *, dry_run: bool = False, stop_wait_s: int = 300,
+           overwrite: bool = False) -> Submitted:
     """Stage the working dir in ``staging`` (an empty directory), submit, return the job id."""
     address = check_address(address)
     runtime_env = build_runtime_env(stage_working_dir(cfg, staging), stop_wait_s)
-    command = entrypoint(dry_run)
+    command = entrypoint(dry_run, overwrite=overwrite)
     metadata = {"aisrl.output_dir": cfg.output_dir, "aisrl.max_steps": str(cfg.max_steps)}
     with job_api(address) as client:
         job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata=metadata)
     return Submitted(job_id, command, runtime_env)
 
 
-def submit_resume(address: str, run_dir: str, overrides: list[str], staging: Path, *, stop_wait_s: int = 120) -> Submitted:
+def submit_resume(address: str, run_dir: str, overrides: list[str], staging: Path, *, stop_wait_s: int = 300) -> Submitted:
     """Submit ``aisrl train --resume run_dir [overrides]`` (validate first with :func:`resolve_resume`)."""
     address = check_address(address)
     command = entrypoint(resume=run_dir, overrides=overrides)

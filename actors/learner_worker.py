@@ -23,15 +23,33 @@ from system.weight_generations import BroadcastSender
 
 @ray.remote
 class LearnerRank:
-    def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int, master_port: int) -> None:
+    """One FSDP2 rank. Built in two phases, because the ranks may sit on different nodes: the group
+    asks rank 0 where to meet (:meth:`rendezvous_address`: its node's address, as Ray knows it, and a
+    free port there), then every rank joins the process group there (:meth:`connect`)."""
+
+    def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int) -> None:
         if not torch.cuda.is_available():
             torch.set_num_threads(cfg.learner.cpu_threads)
+        self.cfg, self.model_dir = cfg, model_dir
         self.rank, self.world_size = rank, world_size
-        self.core = LearnerCore(cfg, model_dir, rank, world_size, master_port)
+        self.core: LearnerCore | None = None
+        self.sender: BroadcastSender | None = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0: ``(this node's address, a free port on it)``. On a private single-machine cluster
+        Ray's node address is 127.0.0.1, so the rendezvous stays on loopback there."""
+        host = ray.util.get_node_ip_address()
+        return host, find_free_port(host)
+
+    def connect(self, master_addr: str, master_port: int) -> None:
+        """Join the process group hosted by rank 0 at ``master_addr:master_port`` and build the model
+        (collective: every rank calls it together)."""
+        cfg = self.cfg
+        self.core = LearnerCore(cfg, self.model_dir, self.rank, self.world_size, master_port, master_addr)
         sync = cfg.weight_sync
         encoder = DeltaEncoder(sync.rank, sync.full_every, cfg.seed) if sync.type == "delta" else None
         self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, encoder, sync.shared_memory)
-                       if sync.type in ("collective", "delta") and rank == 0 else None)
+                       if sync.type in ("collective", "delta") and self.rank == 0 else None)
 
     def policy_version(self) -> int:
         return self.core.policy_version
@@ -75,7 +93,8 @@ class LearnerRank:
         self.core.load_checkpoint(path)
 
     def close(self) -> None:
-        self.core.close()
+        if self.core is not None:  # None: its connect never completed
+            self.core.close()
 
 
 class LearnerLostError(RuntimeError):
@@ -154,13 +173,12 @@ class LearnerGroup:
 
     def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=LearnerRank) -> None:
         """``actor_cls``: the Ray actor class of a rank (a simulated learner in orchestration benchmarks)."""
-        port = find_free_port()
         world = cfg.learner.num_ranks
-        self.ranks = [
-            actor_cls.options(**options.actor_options()).remote(cfg, model_dir, r, world, port)
-            for r in range(world)
-        ]
-        gather([r.policy_version.remote() for r in self.ranks])
+        self.ranks = [actor_cls.options(**options.actor_options()).remote(cfg, model_dir, r, world)
+                      for r in range(world)]
+        # rank 0's node hosts the rendezvous: the ranks may be spread over several nodes
+        master_addr, master_port = gather([self.ranks[0].rendezvous_address.remote()])[0]
+        gather([r.connect.remote(master_addr, master_port) for r in self.ranks])
 
     def submit(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> "PendingStep":
         """Start the whole step on every rank without waiting (Ray runs a caller's calls to an actor

@@ -10,6 +10,7 @@ returns; a *retiring* worker gets no new prompts and leaves once idle.
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
@@ -67,6 +68,11 @@ class RolloutPool:
         self._next_id = 0
         self.failures = 0
         self.replacement_seconds: list[float] = []
+        self.started: dict[str, tuple[str, dict | None]] = {}
+        """``worker id -> (quantization scheme, FP8 kernel decision)`` of every worker that became ready
+        during the run (replacements and scaled-up ones included)."""
+        self.on_ready: Callable[[], None] | None = None
+        """Called after each worker becomes ready (the trainer rewrites ``rollout_workers.json``)."""
 
     def launch(self, count: int) -> list[WorkerSlot]:
         """Create ``count`` workers without waiting; each is *starting* until its ``ready`` returns."""
@@ -96,6 +102,9 @@ class RolloutPool:
             log.warning("rollout worker %s: %s", slot.worker_id, slot.fp8_kernel["warning"])
         slot.policy_version = max(slot.policy_version, info["policy_version"])
         slot.idle_since = time.monotonic()
+        self.started[slot.worker_id] = (slot.quantization, slot.fp8_kernel)
+        if self.on_ready is not None:
+            self.on_ready()
 
     def slots_now(self) -> list[WorkerSlot]:
         """A snapshot of the slots: the train thread reads them while the rollout loop changes them."""

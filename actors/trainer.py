@@ -128,11 +128,19 @@ class Trainer:
         log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, schemes,
                     "".join(f" ({w}: FP8 kernel {k['kernel']}, {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)"
                             for w, k in kernels.items()))
-        (self.run_dir / "rollout_workers.json").write_text(json.dumps(
-            {"requested": cfg.rollout.quantization, "running": schemes, "fp8_kernel": kernels}, indent=1))
+        self._write_rollout_workers()
+        self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
         self.control = create_control(self.run_dir, cfg.rollout.num_workers)
         self.rollout.control = self.control
+
+    def _write_rollout_workers(self) -> None:
+        """``rollout_workers.json``: the scheme and FP8 kernel of every worker that became ready so far
+        (a mixed cluster's nodes may choose differently)."""
+        started = dict(self.pool.started)
+        (self.run_dir / "rollout_workers.json").write_text(json.dumps(
+            {"requested": self.cfg.rollout.quantization, "running": {w: q for w, (q, _) in started.items()},
+             "fp8_kernel": {w: k for w, (_, k) in started.items() if k is not None}}, indent=1))
 
     def _restore(self, saved: dict) -> None:
         try:

@@ -251,7 +251,7 @@ class SimulatedLearnerRank:
         baked = type(cls.__name__, (cls,), {"settings": replace(cls.settings, **settings)})
         return ray.remote(baked)
 
-    def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int, master_port: int) -> None:
+    def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self._policy_version = 0
         self.optimizer_step = 0
@@ -261,6 +261,13 @@ class SimulatedLearnerRank:
             shapes = synthetic_weight_shapes(self.settings.payload_params)
             # Filled (so resident), not random: a 1.5 B payload must build in seconds.
             self._arrays = {name: np.full(shape, i, dtype=np.int16) for i, (name, shape) in enumerate(shapes.items())}
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """As ``LearnerRank``'s (no process group is formed here)."""
+        return ray.util.get_node_ip_address(), 0
+
+    def connect(self, master_addr: str, master_port: int) -> None:
+        pass
 
     def policy_version(self) -> int:
         return self._policy_version

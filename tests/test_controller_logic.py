@@ -230,6 +230,7 @@ def test_a_lost_worker_is_replaced_and_its_prompts_served_again():
     assert [g[1:] for g in generated[:2]] == [("rollout-1", 3, requeued[:2]), ("rollout-1", 3, requeued[2:])]
     assert ("update", "rollout-1", 3) in cls.log
     assert sampler.counts()["duplicates"] == 0 and not sampler.requeued
+    assert cls.handles["rollout-0"].killed  # an unreachable actor may live on, holding its resources
 
 
 def test_scaling_follows_desired_workers():
@@ -325,3 +326,26 @@ def test_a_call_failing_during_the_run_still_fails_the_loop():
     worker.held[1].error, worker.held[1].ready = RuntimeError("refused"), True
     with pytest.raises(RuntimeError, match="refused"):
         ticks(loop, 1)
+
+
+def test_a_call_never_straddles_two_steps():
+    """Found by a review: B = 3 prompts per step, 2 per call, max_lag 0. The second call used to take
+    2 prompts, one of step 0's batch and one of step 1's, all at version 0: step 1 (version 1)
+    dropped that one as stale, every step. Now it takes the 1 prompt step 0 still lacks."""
+    cfg = resolve_config(overrides=["async.max_lag=0", "prompts_per_step=3", "rollout.prompts_per_call=2",
+                                    "rollout.group_size=2", "max_steps=50", "rollout.calls_per_worker=2"])
+    cls = FakeWorkerClass()
+    pool = RolloutPool(cfg, "unused", RoleOptions("rollout_worker", 1, 1.0, 0.0, {}), cls, InProcessRuntime())
+    pool.start(1)
+    sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
+    buffer, state = TrajectoryBuffer(0), SharedState(0, (0, 0))
+    loop = RolloutLoop(cfg, pool, sampler, buffer, state, ObjectStoreTransport())
+    for version in range(3):
+        ticks(loop)
+        calls = [e for e in cls.log if e[0] == "generate" and e[2] == version]
+        assert [len(e[3]) for e in calls] == [2, 1]  # step `version`'s batch: 2 + 1 prompts
+        groups, _ = take_batch(cfg, buffer, sampler, state, version, loop)
+        assert len(groups) == 3
+        sampler.mark_trained([g.prompt.prompt_id for g in groups])
+        state.publish(version + 1, version + 1)
+    assert sampler.counts()["dropped"] == 0 and sampler.counts()["trained"] == 9

@@ -288,3 +288,17 @@ def test_bad_shapes_and_dtypes_are_refused():
         fused.fused_sums(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
     with pytest.raises(ValueError, match="must be a floating tensor"):
         fused.fused_sums(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3), torch.ones(2, 3))
+
+
+def test_the_library_is_named_for_the_cpus_instruction_sets():
+    """A checkout shared by machines of different CPUs (a login node and compute nodes) must not hand
+    one a library built with instructions it lacks (SIGILL): the file name carries the ISA flags."""
+    from system.correction import fused_build
+
+    base = "processor : 0\nflags : fpu sse4_2 avx2 fma hypervisor\n"
+    same = fused_build.isa_key(base.replace(" hypervisor", ""))  # not an instruction set: same key
+    assert fused_build.isa_key(base) == same
+    assert fused_build.isa_key(base.replace("avx2", "avx2 avx512f")) != same
+    assert fused_build.isa_key(base.replace("fma", "fma amx_bf16")) != same
+    assert fused_build.isa_key("flags : avx2 fma sse4_2") == fused_build.isa_key("flags : sse4_2 fma avx2")
+    assert fused_build.LIBRARY.name == f"_fused_pass.{fused_build.isa_key()}.so"

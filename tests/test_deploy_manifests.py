@@ -166,3 +166,16 @@ def test_cluster_has_room_for_the_entrypoint_config():
                 units += group["replicas"] * res[resource]
                 gpus += group["replicas"] * pod_gpus
         assert units >= actors, f"{resource}: room for {units} actors, the config wants {actors}"
+
+
+@pytest.mark.parametrize("kind", ["RayCluster", "RayJob"])
+def test_every_ray_pod_has_a_memory_backed_dev_shm(kind):
+    """Ray's object store lives in /dev/shm; a container's default is 64 MB, and the head holds the
+    driver's store (every batch it puts, every rollout result it reads): found missing on the head."""
+    ray_pods = [p for p in pod_specs_in(shipped_kind(kind))
+                if any(c["name"] in ("ray-head", "ray-worker") for c in p["containers"])]
+    assert len(ray_pods) == 3  # head, rollout, learner (not the RayJob's submitter)
+    for pod in ray_pods:
+        memory = {v["name"] for v in pod.get("volumes", []) if (v.get("emptyDir") or {}).get("medium") == "Memory"}
+        mounts = {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"}
+        assert mounts and mounts <= memory, pod["containers"][0]["name"]

@@ -271,6 +271,8 @@ def test_staging_ships_the_code_and_config_but_no_secrets(tmp_path, monkeypatch)
     assert not list(staging.rglob("__pycache__")) and not list(staging.rglob("*.pyc"))
     assert jobs.entrypoint() == f"aisrl train {jobs.SHIPPED_CONFIG}"
     assert jobs.entrypoint(dry_run=True) == f"aisrl train --dry-run {jobs.SHIPPED_CONFIG}"
+    # a run that died before its first checkpoint: resubmitted over its output_dir (found missing by a review)
+    assert jobs.entrypoint(overwrite=True) == f"aisrl train --overwrite {jobs.SHIPPED_CONFIG}"
     assert "output_dir 'runs/qwen25-1p5b-gsm8k' is relative" in jobs.placement_warnings(cfg)[0]
 
 
@@ -333,3 +335,19 @@ def test_resume_submission_is_validated_here_when_the_run_is_readable(tmp_path):
         jobs.resolve_resume(str(run), ["output_dir=/elsewhere"])
     command = jobs.entrypoint(resume="/runs/my run", overrides=["output_note=a b"])
     assert shlex.split(command) == ["aisrl", "train", "--resume", "/runs/my run", "output_note=a b"]
+
+
+def test_a_relative_data_path_is_flagged_with_where_it_would_be_read(tmp_path):
+    """Found by a review: the documented submit example read data/gsm8k/train.jsonl relative to the
+    job's working directory (a staged copy of the checkout), never the cluster's /app/data volume."""
+    preset = [str(ROOT / "configs/gpu_qwen25_1p5b_gsm8k.yaml")]
+    cfg = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q"])
+    [missing] = jobs.placement_warnings(cfg, project=tmp_path)  # a checkout without the file
+    assert "data.task.path 'data/gsm8k/train.jsonl' is relative" in missing and "will fail to find it" in missing
+    assert "data.task.path=/app/data/gsm8k/train.jsonl" in missing
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k" / "train.jsonl").write_text("{}\n")
+    [shipped] = jobs.placement_warnings(cfg, project=tmp_path)
+    assert "uploaded with the job" in shipped
+    absolute = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=/app/data/gsm8k/train.jsonl"])
+    assert jobs.placement_warnings(absolute) == []

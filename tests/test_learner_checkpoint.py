@@ -39,3 +39,51 @@ def test_loading_an_incomplete_checkpoint_is_an_error(tmp_path):
     _fake_checkpoint(tmp_path / "step_00000001", metadata=False)
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         load_checkpoint(str(tmp_path / "step_00000001"), model=None, optimizer=None, scheduler=None)
+
+
+def _trained(lr, warmup, weight_decay, steps):
+    import torch
+
+    from system.config.learner import LearnerConfig
+    from system.learner.optim import build_scheduler
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    scheduler = build_scheduler(optimizer, LearnerConfig(lr=lr, warmup_steps=warmup))
+    for _ in range(steps):
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    return model, optimizer, scheduler
+
+
+def test_a_resumed_run_takes_its_configs_lr_warmup_and_weight_decay(tmp_path):
+    """Found by a review: loading the optimiser and scheduler state restored the saved lr, warm-up and
+    weight decay, so ``--resume DIR learner.lr=...`` was silently ignored."""
+    import copy
+
+    from system.learner.checkpoint import keep_hyperparameters
+
+    _, saved_opt, saved_sched = _trained(lr=1e-3, warmup=10, weight_decay=0.1, steps=3)
+    saved = copy.deepcopy((saved_opt.state_dict(), saved_sched.state_dict()))
+    # the same config: exactly the saved state (warm-up step 3 of 10: lr = 1e-3 * 4 / 10)
+    _, opt, sched = _trained(lr=1e-3, warmup=10, weight_decay=0.1, steps=0)
+    with keep_hyperparameters(opt, sched):
+        opt.load_state_dict(copy.deepcopy(saved[0]))
+        sched.load_state_dict(copy.deepcopy(saved[1]))
+    assert opt.param_groups[0]["lr"] == pytest.approx(4e-4) == saved_opt.param_groups[0]["lr"]
+    assert sched.last_epoch == 3 and sched.get_last_lr() == [pytest.approx(4e-4)]
+    # a new config: lr 5e-4, no warm-up, weight decay 0; the moments and step counts stay the saved ones
+    _, opt, sched = _trained(lr=5e-4, warmup=0, weight_decay=0.0, steps=0)
+    with keep_hyperparameters(opt, sched):
+        opt.load_state_dict(copy.deepcopy(saved[0]))
+        sched.load_state_dict(copy.deepcopy(saved[1]))
+    group = opt.param_groups[0]
+    assert (group["lr"], group["initial_lr"], group["weight_decay"]) == (5e-4, 5e-4, 0.0)
+    assert sched.last_epoch == 3 and sched.lr_lambdas[0].warmup_steps == 0 and sched.base_lrs == [5e-4]
+    first = next(iter(opt.state.values()))
+    assert float(first["step"]) == 3.0 and first["exp_avg"].abs().sum() > 0
+    sched.step()  # the schedule goes on from the saved position under the new config
+    assert group["lr"] == 5e-4 and sched.last_epoch == 4

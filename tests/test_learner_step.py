@@ -206,3 +206,20 @@ def test_ctpo_equals_ppo_on_the_first_update(tmp_path):
     assert ctpo["loss"] == pytest.approx(ppo["loss"], rel=1e-6)
     assert ctpo["grad_norm"] == pytest.approx(ppo["grad_norm"], rel=1e-6)
     assert ctpo["loss/ratio_mean"] == pytest.approx(1.0)
+
+
+def test_a_token_outside_the_learners_top_p_set_is_not_a_diverged_forward_pass():
+    """Found by a review: with top-p / top-k the learner's kept set may leave out a token the rollout
+    sampled (their logits differ near the boundary): old = -inf, a legal value the correction excludes
+    and counts. The divergence counter (3 such steps stop the run) counted it as a broken forward pass."""
+    from system.learner.group_step import nonfinite_proximal_tokens
+    from system.learner.logprobs import Sampling
+
+    mask = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], bool)
+    mu = np.array([[-1.0, -2.0, -0.5, np.nan, 0.0], [-1.0, -3.0, -0.1, 0.0, 0.0]], np.float32)
+    old = np.array([[-1.1, -np.inf, np.nan, np.nan, np.nan], [np.inf, -3.0, -np.inf, np.nan, 0.0]], np.float32)
+    # valid (mask and finite mu): row 0 cols 0-2, row 1 cols 0-2. Among them old is -inf at (0,1), (1,2),
+    # NaN at (0,2), +inf at (1,0): untruncated all 4 count, truncated only the NaN and the +inf
+    assert nonfinite_proximal_tokens(mask, mu, old) == 4
+    assert nonfinite_proximal_tokens(mask, mu, old, truncated=True) == 2
+    assert Sampling(1.0, 0.9, 0).truncates and Sampling(1.0, 1.0, 5).truncates and not Sampling(0.7).truncates

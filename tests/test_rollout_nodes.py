@@ -129,3 +129,6 @@ def test_workers_follow_rollout_nodes_joining_and_leaving(tmp_path, monkeypatch)
     assert ledger["duplicates"] == 0 and ledger["trained"] == trainer.step * 8
     assert ledger["issued"] == ledger["trained"] + ledger["dropped"] + ledger["in_flight"] + ledger["buffered"]
     assert trainer.pool.failures == 2  # the two workers of the removed node were lost, not replaced
+    # every worker that came up is recorded, the two that joined mid-run too (was: the first only)
+    workers = json.loads((tmp_path / "run" / "rollout_workers.json").read_text())
+    assert workers["running"] == {f"rollout-{i}": "simulated" for i in range(3)}

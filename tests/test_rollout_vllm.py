@@ -205,6 +205,21 @@ def test_rowwise_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, 
     assert 0.5 * cw.mean() < rw.mean() < 2.0 * cw.mean()
 
 
+def test_rowwise_fp8_kernel_runs_a_single_sequence(rowwise_engine, hf_model):
+    """Found by a review: with one sequence running, the decode forward has one token, so vLLM's
+    per-token scales are [1, 1] and the kernel took them for a per-tensor scale: the padded
+    product raised ``Invalid scaling configuration`` (the last unfinished completion of a call)."""
+    from system.rollout.vllm_engine import rowwise_kernel_class
+
+    before = rowwise_kernel_class().calls
+    one = rowwise_engine.generate([PROMPTS[0].text], n=1, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=5, seed=2)
+    assert rowwise_kernel_class().calls > before
+    response = one[0].responses[0]
+    assert len(response.response_token_ids) >= 1 and np.isfinite(response.behaviour_logprobs).all()
+    gap = logprob_gaps(hf_model, one, TEMPERATURE)
+    assert gap.max() < 0.5  # FP8's level of error (about 0.01-0.05 here), not a broken product
+
+
 def test_worker_groups_are_scored_stamped_and_typed(fp8_worker, model_dir):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     before = fp8_worker.stats()

@@ -4,18 +4,43 @@
 compiler (``c++``/``g++``), links nothing but the C++ runtime and is loaded with ``ctypes``, so it
 never conflicts with vLLM or torch in the same process. Without a compiler nothing fails: the
 correction core uses its torch path (``system.correction.fused.available()`` says which).
-The library is compiled for the CPU it is built on (``-march=native``): build it on the machine
-that runs it (``make`` does), never copy it across machines.
+The library is compiled for the CPU it is built on (``-march=native``), so its file is named for
+that CPU's instruction sets (``_fused_pass.<isa key>.so``, :func:`isa_key`): a checkout shared by
+machines of different CPUs (a SLURM login node and its compute nodes on one file system) holds one
+library per kind of CPU, each process loads (or builds) its own, and none runs code its CPU lacks.
 """
 
+import hashlib
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("fused_pass.cpp")
-LIBRARY = Path(__file__).with_name("_fused_pass.so")
+_ISA_FLAG = re.compile(r"^(sse|ssse3|avx|fma|f16c|bmi|amx|vaes|vpclmulqdq|gfni|adx|popcnt|movbe|abm|lzcnt|"
+                       r"sha_ni|aes|pclmulqdq|cx16|xsave|clwb|clflushopt|rdrand|rdseed|serialize|movdir)")
+"""The /proc/cpuinfo flags that say which instructions ``-march=native`` may use."""
+
+
+def isa_key(cpuinfo: str | None = None) -> str:
+    """A short name for this CPU's instruction sets: the machine and a hash of its ISA flags
+    (``/proc/cpuinfo``'s first ``flags`` line, or ``cpuinfo`` as given); CPUs that differ in any
+    flag ``-march=native`` could use get different keys."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith(("flags", "Features"))), "")
+    flags = sorted({f for f in line.partition(":")[2].split() if _ISA_FLAG.match(f)})
+    return f"{platform.machine() or 'cpu'}-{hashlib.sha256(' '.join(flags).encode()).hexdigest()[:10]}"
+
+
+LIBRARY = Path(__file__).with_name(f"_fused_pass.{isa_key()}.so")
+"""This machine's library."""
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread",
          # vectorised sums, keeping NaN / inf semantics (no -ffast-math); exp / expm1 are inline
          "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]

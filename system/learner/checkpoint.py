@@ -19,6 +19,9 @@ import json
 import os
 import re
 import shutil
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -83,17 +86,48 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> dict[str, int]:
-    """Restore model, optimiser and scheduler in place; returns the saved counters. Collective."""
+    """Restore model, optimiser and scheduler in place; returns the saved counters. Collective.
+
+    The optimiser's moments and step counts and the scheduler's position come from the checkpoint;
+    its hyperparameters (lr, betas, eps, weight decay, the warm-up's length) stay those the
+    optimiser and scheduler were built with, i.e. the resumed run's config
+    (:func:`keep_hyperparameters`): ``aisrl train --resume DIR learner.lr=...`` takes effect."""
     if not is_complete(path):
         raise ValueError(f"{path} is not a complete checkpoint (missing .metadata or {_TRAINER_FILE})")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    with open(os.path.join(path, _TRAINER_FILE)) as f:
-        trainer = json.load(f)
-    scheduler.load_state_dict(trainer["scheduler"])
+    with keep_hyperparameters(optimizer, scheduler):
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        with open(os.path.join(path, _TRAINER_FILE)) as f:
+            trainer = json.load(f)
+        scheduler.load_state_dict(trainer["scheduler"])
     return {k: int(v) for k, v in trainer["counters"].items()}
+
+
+@contextmanager
+def keep_hyperparameters(optimizer: torch.optim.Optimizer,
+                         scheduler: torch.optim.lr_scheduler.LambdaLR) -> Iterator[None]:
+    """Around loading saved optimiser and scheduler state: afterwards, every param group's
+    hyperparameters and the schedule's multipliers are those from before (the config's), and each
+    group's lr is ``initial_lr * multiplier(saved step)``. (Loading alone would restore the saved
+    lr, warm-up and weight decay: PyTorch's ``load_state_dict`` takes param groups and
+    ``LambdaLR``'s multiplier objects whole.)"""
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    multipliers = [dict(fn.__dict__) if not isinstance(fn, types.FunctionType) else None
+                   for fn in scheduler.lr_lambdas]
+    yield
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint has {len(optimizer.param_groups)} param groups, the model {len(groups)}")
+    for fn, attrs in zip(scheduler.lr_lambdas, multipliers, strict=True):
+        if attrs is not None:
+            fn.__dict__.clear()
+            fn.__dict__.update(attrs)
+    scheduler.base_lrs = [g["initial_lr"] for g in groups]
+    for group, fresh, fn in zip(optimizer.param_groups, groups, scheduler.lr_lambdas, strict=True):
+        group.update(fresh)
+        group["lr"] = fresh["initial_lr"] * fn(scheduler.last_epoch)
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
 
 
 def checkpoint_problems(path: str) -> list[str]:

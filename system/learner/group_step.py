@@ -59,10 +59,17 @@ class StepOutcome:
     its reference, ``payload`` None)."""
 
 
-def nonfinite_proximal_tokens(mask_BT: np.ndarray, behaviour_BT: np.ndarray, proximal_BT: np.ndarray) -> int:
+def nonfinite_proximal_tokens(mask_BT: np.ndarray, behaviour_BT: np.ndarray, proximal_BT: np.ndarray,
+                              truncated: bool = False) -> int:
     """Response tokens whose behaviour log-prob is finite but whose recomputed one is not: the
-    learner's own forward pass broke (a diverged model), as opposed to a NaN from the sampler."""
-    return int((valid_tokens(mask_BT, behaviour_BT) & ~np.isfinite(proximal_BT)).sum())
+    learner's own forward pass broke (a diverged model), as opposed to a NaN from the sampler.
+
+    With ``truncated`` sampling (top-p < 1 or top-k on) a recomputed ``-inf`` is not counted: the
+    sampled token fell outside the learner's kept set (its logits differ from the rollout's near the
+    set's boundary), a legal value that the correction excludes and counts (spec section 0); only
+    NaN and ``+inf`` are then a broken forward pass."""
+    broken_BT = np.isnan(proximal_BT) | np.isposinf(proximal_BT) if truncated else ~np.isfinite(proximal_BT)
+    return int((valid_tokens(mask_BT, behaviour_BT) & broken_BT).sum())
 
 
 def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Correct | None) -> StepOutcome:
@@ -96,7 +103,7 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
     norms: LossNormalisers = loss_normalisers(resp["response_mask"], resp["behaviour_logp"], proximal_BT)
     learner = core.train_step(shard, weights_of_this_shard, norms)
     learner["nonfinite_proximal_tokens"] = float(
-        nonfinite_proximal_tokens(resp["response_mask"], resp["behaviour_logp"], proximal_BT))
+        nonfinite_proximal_tokens(resp["response_mask"], resp["behaviour_logp"], proximal_BT, core.sampling.truncates))
     t3 = time.perf_counter()
     payload = core.export_weights()
     t4 = time.perf_counter()

@@ -251,6 +251,11 @@ class Sampling:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         _check_truncation(self.top_p, self.top_k)
 
+    @property
+    def truncates(self) -> bool:
+        """Whether top-p or top-k may leave a token outside the kept set (log-prob ``-inf``)."""
+        return self.top_p < 1.0 or self.top_k > 0
+
     @classmethod
     def of(cls, sampling: "float | Sampling") -> "Sampling":
         """A ``Sampling`` as is; a bare number is a temperature without truncation."""

@@ -98,8 +98,10 @@ def rowwise_kernel_class() -> type:
 
         def apply_scaled_mm(self, *, A: torch.Tensor, As: torch.Tensor, **kwargs) -> torch.Tensor:
             type(self).calls += 1
-            pad = A.shape[0] - As.shape[0]  # vLLM pads the FP8 input to >= 17 rows, not its token scales
-            if As.numel() > 1 and pad > 0:
+            # vLLM pads the FP8 input to >= 17 rows, not its per-token scales (always per token here:
+            # ``can_implement`` refuses per-tensor ones), also when one token runs (As [1, 1])
+            pad = A.shape[0] - As.shape[0]
+            if pad > 0:
                 As = torch.cat([As.reshape(-1, 1), As.new_ones(pad, 1)])
             return super().apply_scaled_mm(A=A, As=As, **kwargs)
 
