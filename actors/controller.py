@@ -90,6 +90,7 @@ class RolloutLoop:
         self.error: BaseException | None = None
         self._last_alive = time.monotonic()
         self._lost_since_ready = False  # the worker-timeout clock runs only after a loss
+        self._start_failures = 0  # workers in a row that died before they were ready
         self.thread = threading.Thread(target=self._run, name="rollout-loop", daemon=True)
 
     def _run(self) -> None:
@@ -240,6 +241,7 @@ class RolloutLoop:
                 self._failed_while_draining(slot, ref, exc)
                 continue
             if ref == slot.starting:
+                self._start_failures = 0
                 self.pool.mark_ready(slot, result)
                 if self.pool.failures:
                     self.pool.replacement_seconds.append(time.monotonic() - slot.launched_at)
@@ -273,6 +275,15 @@ class RolloutLoop:
             self.sampler.requeue([p.prompt_id for c in failed for p in c.prompts])
 
     def _worker_lost(self, slot: WorkerSlot, exc: BaseException) -> None:
+        if slot.starting is not None:  # it never became ready
+            self._start_failures += 1
+            limit = self.cfg.rollout.max_start_failures
+            if self._start_failures >= limit:
+                self.pool.remove(slot)
+                cause = " ".join(str(exc).split())[-1500:]
+                raise RuntimeError(
+                    f"{self._start_failures} rollout workers in a row failed to start (rollout.max_start_failures="
+                    f"{limit}); the last, {slot.worker_id}: {type(exc).__name__}: {cause}")
         log.warning("rollout worker %s lost (%s); re-issuing its %d prompts and replacing it",
                     slot.worker_id, type(exc).__name__, len(slot.inflight_prompts()))
         with self.state.cond:

@@ -349,3 +349,39 @@ def test_a_call_never_straddles_two_steps():
         sampler.mark_trained([g.prompt.prompt_id for g in groups])
         state.publish(version + 1, version + 1)
     assert sampler.counts()["dropped"] == 0 and sampler.counts()["trained"] == 9
+
+
+def test_workers_that_keep_failing_to_start_fail_the_run_with_the_error():
+    """Found by a review: a worker whose engine cannot be built died on ``ready`` and was relaunched
+    forever while another worker stayed alive (the worker timeout never ran). Now the third in a
+    row (rollout.max_start_failures=3) fails the loop with the last one's error; one coming up
+    in between resets the count."""
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    cfg = resolve_config(overrides=["prompts_per_step=2", "rollout.prompts_per_call=2", "rollout.group_size=2",
+                                    "max_steps=50", "rollout.max_start_failures=3"])
+    loop.cfg = pool.cfg = cfg
+    broken = {"on": True}
+    real_remote = cls.remote
+
+    def remote(cfg_, model_dir, worker_id):
+        handle = real_remote(cfg_, model_dir, worker_id)
+        if broken["on"]:
+            def fail():
+                raise WorkerDied(f"{worker_id}: engine build failed: no kernel for this CPU")
+            handle.ready = Method(fail)
+        return handle
+
+    cls.remote = remote
+    loop.desired_workers = 2  # one healthy worker (rollout-0) stays; the second keeps failing to start
+    for _ in range(30):  # each tick launches a replacement and collects one result
+        if pool.failures == 2:
+            break
+        loop.tick(timeout=0)
+    assert loop._start_failures == 2 and pool.failures == 2
+    broken["on"] = False  # the next one starts: the count resets
+    ticks(loop, 6)
+    assert loop._start_failures == 0 and len(pool.ready()) == 2
+    broken["on"] = True
+    loop.desired_workers = 3
+    with pytest.raises(RuntimeError, match=r"3 rollout workers in a row failed to start.*no kernel for this CPU"):
+        ticks(loop, 10)

@@ -40,8 +40,9 @@ class RolloutConfig(StrictModel):
     ``vllm`` / ``rowwise`` force one. What ran is in ``rollout_workers.json``."""
     group_size: int = Field(default=8, ge=1)
     """G: samples per prompt (the GRPO group)."""
-    temperature: float = Field(default=1.0, gt=0.0)
-    """Sampling temperature; the learner divides its logits by the same value."""
+    temperature: float = Field(default=1.0, ge=1e-5)
+    """Sampling temperature; the learner divides its logits by the same value. At least 1e-5: vLLM
+    samples greedily below that (its log-probs are then not those of logits / temperature)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1 = off); the learner's log-probs apply the same truncation."""
     top_k: int = Field(default=0, ge=0)
@@ -61,6 +62,10 @@ class RolloutConfig(StrictModel):
     workers are replaced meanwhile): the time a replacement has to start, and within about this
     time a job that lost every rollout node fails instead of hanging. A pool that lost nothing
     (starting, scaled up from 0) waits for its workers however long they take."""
+    max_start_failures: int = Field(default=5, ge=1)
+    """Fail the run when this many rollout workers in a row die before they are ready (none coming up in
+    between), with the last one's error: an engine that cannot start on this cluster (a build error,
+    a kernel the node's CPU or GPU lacks) is reported instead of relaunched forever."""
     perturb_std: float = Field(default=0.0, ge=0.0, le=1.0)
     """Ablations only: relative Gaussian noise on the rollout copy of the weights,
     ``w * (1 + perturb_std * eps)`` with a fixed pattern per tensor (``system.rollout.perturbation``);
