@@ -126,7 +126,8 @@ class Trainer:
         schemes = {s.worker_id: s.quantization for s in started}
         kernels = {s.worker_id: s.fp8_kernel for s in started if s.fp8_kernel is not None}
         log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, schemes,
-                    "".join(f" ({w}: FP8 kernel {k['kernel']}, {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)"
+                    "".join(f" ({w}: FP8 kernel {k['kernel']}"
+                            + (f", {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)" if k.get("fp8_vs_bf16") else ")")
                             for w, k in kernels.items()))
         self._write_rollout_workers()
         self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too

@@ -97,3 +97,15 @@ def test_probe_times_every_variant_on_this_cpu():
     p = probe_fp8_matmul(32, 64, 128)
     assert (p.m, p.k, p.n) == (32, 64, 128)
     assert p.bf16_ms > 0 and p.channelwise_ms > 0 and p.rowwise_ms > 0
+
+
+def test_a_cpu_with_amx_fp8_keeps_vllms_native_kernel():
+    """Found by a review: on a CPU with AMX-FP8 vLLM runs its native kernel ahead of the torch ones;
+    the probe timed only the torch paths, so ``vllm`` was recorded with another kernel's timings and
+    ``auto`` could put the row-wise kernel in front of a faster native one."""
+    for requested in ("auto", "vllm"):
+        d = choose_fp8_kernel(requested, AMX, native_amx_fp8=True)  # even where the probe says rowwise
+        assert d.kernel == "vllm" and "native" in d.reason and d.probe is None and d.fp8_vs_bf16 is None
+    forced = choose_fp8_kernel("rowwise", AMX, native_amx_fp8=True)
+    assert forced.kernel == "rowwise" and forced.probe == AMX
+    assert choose_fp8_kernel("auto", AMX).kernel == "rowwise"  # without AMX-FP8, as before

@@ -121,8 +121,13 @@ class Fp8KernelDecision:
         return out
 
 
-def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None) -> Fp8KernelDecision:
+def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
+                      native_amx_fp8: bool = False) -> Fp8KernelDecision:
     """The kernel for ``rollout.fp8_kernel = requested`` given this CPU's ``probe``.
+
+    On a CPU with AMX-FP8 (``native_amx_fp8``) vLLM runs its native FP8 kernel ahead of the torch
+    ones, which the probe does not time: ``auto`` and ``vllm`` keep it (not probed, nothing
+    substituted); only a forced ``rowwise`` replaces it.
 
     ``auto`` picks ``rowwise`` when ``channelwise_ms >= ROWWISE_MIN_GAIN * rowwise_ms``, else
     ``vllm``; a forced choice is kept. ``fp8_vs_bf16 = bf16_ms / chosen_ms``; below
@@ -130,6 +135,9 @@ def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None) -> 
     """
     if requested not in ("auto", "vllm", "rowwise"):
         raise ValueError(f"rollout.fp8_kernel={requested!r}: choose auto, vllm or rowwise")
+    if native_amx_fp8 and requested != "rowwise":
+        return Fp8KernelDecision("vllm", f"{requested}: this CPU has AMX-FP8, vLLM's native FP8 kernel runs "
+                                 "(CPUFP8W8A8ScaledMMLinearKernel; not probed)", None, None, None)
     if probe is None:
         kernel = "vllm" if requested == "auto" else requested
         return Fp8KernelDecision(kernel, f"{requested} (not probed)", None, None, None)

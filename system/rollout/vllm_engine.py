@@ -132,11 +132,25 @@ def _probe_shape(model_dir: Path, tokens: int) -> tuple[int, int, int]:
         return tokens, 1024, 4096
 
 
+def native_amx_fp8() -> bool:
+    """Whether vLLM's native AMX-FP8 kernel (first on its CPU list) runs on this CPU."""
+    try:
+        from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFP8W8A8ScaledMMLinearKernel
+
+        return bool(CPUFP8W8A8ScaledMMLinearKernel.is_supported()[0])
+    except Exception:  # noqa: BLE001 - another vLLM layout, or no CPU build: the torch kernels run
+        return False
+
+
 def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_tokens: int = 256) -> Fp8KernelDecision:
-    """Probe this CPU at the model's shape and choose the FP8 kernel (``system.rollout.fp8_kernels``)."""
+    """Probe this CPU at the model's shape and choose the FP8 kernel (``system.rollout.fp8_kernels``);
+    on a CPU with AMX-FP8, vLLM's native kernel unless ``rowwise`` is forced (not probed)."""
+    native = native_amx_fp8()
+    if native and requested != "rowwise":
+        return choose_fp8_kernel(requested, None, native_amx_fp8=True)
     with single_thread():  # vLLM on CPU runs its matmuls on one intra-op thread in this process
         probe = probe_fp8_matmul(*_probe_shape(Path(model_dir), probe_tokens))
-    return choose_fp8_kernel(requested, probe)
+    return choose_fp8_kernel(requested, probe, native_amx_fp8=native)
 
 
 class VLLMEngine:
