@@ -32,6 +32,18 @@ def test_dry_run_prints_one_json_object_with_config_and_placement():
     assert roles == {"rollout_worker": 1, "learner_rank": 4, "correction_service": 1}
 
 
+def test_dry_run_for_a_joined_cluster_says_what_each_role_asks_of_it():
+    """Found by a review: with ray.address set the plan printed ``resources: {}`` for every role (the
+    local plan), while on the cluster rollout workers and learner ranks go to the nodes offering
+    the rollout / learner resources."""
+    result = runner.invoke(app, ["train", "--dry-run", "ray.address=auto", "ray.rollout_resource=gen"])
+    assert result.exit_code == 0, result.output
+    roles = {r["role"]: r for r in json.loads(result.stdout)["placement"]}
+    assert roles["rollout_worker"]["resources_if_the_cluster_offers_them"] == {"gen": 1.0}
+    assert roles["learner_rank"]["resources_if_the_cluster_offers_them"] == {"learner": 1.0}
+    assert all(r["resources"] is None for r in roles.values())  # decided by the cluster at run time
+
+
 def test_dry_run_creates_nothing(tmp_path):
     out = tmp_path / "new" / "run"
     result = runner.invoke(app, ["train", "--dry-run", f"output_dir={out}"])
