@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from system.config import RunConfig, dump_config
 from system.correction.service import CorrectionCore
-from system.report.dump import token_text_grid
+from system.report.dump import newest_dump, token_text_grid
 from system.report.mismatch_report import write_report
 from system.report.run_logger import RunLogger
 from system.report.wandb_sink import remove_process_temp_dirs
@@ -58,16 +58,17 @@ class CorrectionService:
         """Write the step's record (the driver sends it without waiting for this call)."""
         self.logger.finish_step(record.step, record.metrics())
 
-    def write_report(self) -> str | None:
+    def write_report(self, step: int | None = None) -> str | None:
         """The HTML report of the last step, into ``<run>/report``: the last step is dumped now if
-        ``report.dump_every`` skipped it, so every run that trained a step has a dump and a report."""
+        ``report.dump_every`` skipped it, so every run that trained a step has a dump and a report.
+        A process that dumped nothing (a resumed run already at its last step) reports the newest
+        dump up to ``step`` (the run's step: a later one is an abandoned attempt's)."""
         if self._undumped is not None:
             self._dump_undumped()
         if self.logger.last_dump is None:
-            dumps = sorted((self.run_dir / "dumps").glob("step_*.npz"))
-            if not dumps:
+            self.logger.last_dump = newest_dump(self.run_dir / "dumps", step)
+            if self.logger.last_dump is None:
                 return None
-            self.logger.last_dump = dumps[-1]
         write_report(self.logger.last_dump, self.run_dir / "report")
         return str(self.run_dir / "report" / "report.html")
 

@@ -228,7 +228,6 @@ class Trainer:
 
     def _complete(self, sub: "SubmittedStep") -> dict:
         outcome = sub.pending.result()
-        self._check_finite(outcome.learner)
         self.transport.step_done(outcome.weight_sync)
         self.state.finished(sub.step)
         with self.state.cond:
@@ -254,6 +253,7 @@ class Trainer:
         self.service.finish_step.remote(record)  # not awaited: the sinks write while the next step runs
         self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,
                                     "workers_ready": record.workers_ready, "reward/mean": record.reward_mean})
+        self._check_finite(outcome.learner)  # after its record: the step that stops a run is in metrics.jsonl
         return record.metrics()
 
     def _check_finite(self, learner_metrics: dict) -> None:
@@ -270,7 +270,7 @@ class Trainer:
         if self.nonfinite_streak > limit:
             raise TrainingDivergedError(
                 f"training diverged: {self.nonfinite_streak} consecutive steps with a non-finite loss, gradient "
-                f"or log-prob (step {self.step + 1}: loss {loss}, grad_norm {learner_metrics.get('grad_norm')}, "
+                f"or log-prob (step {self.step}: loss {loss}, grad_norm {learner_metrics.get('grad_norm')}, "
                 f"{bad_proximal} non-finite proximal log-probs; learner.max_nonfinite_steps={limit}). "
                 f"Lower learner.lr (or tighten learner.grad_clip); no checkpoint was written after the "
                 "divergence")
@@ -326,10 +326,17 @@ class Trainer:
                 self.sampler.mark_dropped(g.prompt.prompt_id, "unused_at_end")
             self.buffer.restore([])
             self.sampler.drop_in_flight("in_flight_at_end")  # lost or still running at the drain's end
-        report = ray.get(self.service.write_report.remote())
-        ray.get(self.service.close.remote())
+        # the ledger first: closing the service finishes W&B, which may wait for uploads
         (self.run_dir / "ledger.json").write_text(json.dumps(self.sampler.counts(), indent=1))
-        self.report_path = report
+        self.report_path = ray.get(self.service.write_report.remote(self.step))
+        self._close_service()
+
+    def _close_service(self, timeout_s: float | None = None) -> None:
+        """Close the service's sinks once (after every record it was sent: one caller's calls run in
+        order): the last records reach metrics.jsonl and W&B is finished."""
+        if not getattr(self, "_service_closed", False):
+            self._service_closed = True
+            ray.get(self.service.close.remote(), timeout=timeout_s)
 
     def shutdown(self) -> None:
         rollout = getattr(self, "rollout", None)
@@ -344,4 +351,9 @@ class Trainer:
             if obj is not None:
                 obj.shutdown()
         if getattr(self, "service", None) is not None:
+            try:  # a failing run: the records already sent still reach the sinks, W&B is finished
+                self._close_service(timeout_s=30)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                log.warning("the correction service did not close (%s); its last records may be lost",
+                            type(exc).__name__)
             ray.kill(self.service, no_restart=True)

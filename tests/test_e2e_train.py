@@ -127,8 +127,8 @@ def test_train_three_steps_and_refuse_a_second_run_into_its_directory(tmp_path, 
 def test_a_diverged_run_stops_with_an_error_and_no_non_finite_checkpoint(tmp_path, cache):
     """lr = 1e30 makes the parameters overflow within a few updates; from then on steps have a NaN
     gradient (skipped) or NaN log-probs. With max_nonfinite_steps = 1 the second such step in a
-    row fails the run (exit 1, before its record), and no step from the first non-finite one on
-    is checkpointed (checkpoint_every = 1)."""
+    row fails the run (exit 1, after its record: both non-finite steps are in metrics.jsonl), and
+    no step from the first non-finite one on is checkpointed (checkpoint_every = 1)."""
     run = tmp_path / "diverged"
     out = aisrl("train", "max_steps=8", f"output_dir={run}", "learner.lr=1e30", "learner.max_nonfinite_steps=1",
                 *[a for a in SMALL if not a.startswith("checkpoint_every")], "checkpoint_every=1", cache=cache, rc=1)
@@ -136,7 +136,7 @@ def test_a_diverged_run_stops_with_an_error_and_no_non_finite_checkpoint(tmp_pat
     recs = records(run)
     bad = [r["step"] for r in recs if r["learner/skipped_step"] > 0 or r["learner/nonfinite_proximal_tokens"] > 0
            or not math.isfinite(r["learner/loss"])]
-    assert bad == [recs[-1]["step"]]  # one non-finite step recorded; the next one stopped the run
+    assert bad == [recs[-1]["step"] - 1, recs[-1]["step"]]  # two in a row, the second stopped the run
     root = run / "checkpoints"
     saved = sorted(int(p.name.split("_")[1]) for p in root.iterdir()) if root.is_dir() else []
     assert saved == list(range(1, bad[0]))  # every step before the divergence, none from it on

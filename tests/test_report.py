@@ -451,3 +451,20 @@ def test_a_failed_report_write_leaves_the_previous_report_whole(tmp_path, monkey
     monkeypatch.undo()
     assert {n: (out / n).read_bytes() for n in before} == before
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "samples.json", "summary.json"]
+
+
+def test_the_fallback_report_takes_the_newest_complete_dump_of_this_attempt(tmp_path):
+    """Found by a review: the fallback (a process that dumped nothing: a resumed run already at its
+    last step) took the newest ``step_*.npz``, which could be an interrupted save's temporary file or
+    a dump of an attempt abandoned after the checkpoint the run resumed from."""
+    from system.report.dump import newest_dump
+
+    dumps = tmp_path / "dumps"
+    for step in (2, 4, 6):
+        save_dump(dumps / f"step_{step:06d}.npz", **make_demo_dump(2, 2, seed=step))
+    (dumps / ".step_000008.npz.partial.npz").write_bytes(b"killed mid-save")
+    (dumps / "step_000009.npz.tmp.npz").write_bytes(b"an older version's partial file")
+    assert newest_dump(dumps) == dumps / "step_000006.npz"
+    assert newest_dump(dumps, up_to_step=5) == dumps / "step_000004.npz"  # resumed at step 5
+    assert newest_dump(dumps, up_to_step=1) is None and newest_dump(tmp_path / "none") is None
+    assert sorted(p.name for p in dumps.iterdir() if p.name.startswith("step_") and "partial" in p.name) == []

@@ -139,3 +139,70 @@ def test_wandb_is_imported_only_by_a_logging_sink_and_leaves_no_temp_dirs(tmp_pa
     assert any(name.endswith("wandb-media") for name in seen["made"]), seen  # what the import made
     assert sorted(Path(p).name for p in seen["removed"]) == [n for n in seen["made"] if "wandb" in n]
     assert seen["left"] == [n for n in seen["made"] if "wandb" not in n] and sorted(os.listdir(temp)) == seen["left"]
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def log(self, step, metrics):
+        self.calls.append(("log", step, dict(metrics)))
+
+    def log_histogram(self, step, name, values):
+        self.calls.append(("histogram", step, name))
+
+    def log_table(self, step, name, columns, rows):
+        self.calls.append(("table", step, name))
+
+    def close(self):
+        pass
+
+
+def test_live_sinks_receive_each_step_once_in_the_order_steps_finish(tmp_path):
+    """Found by a review: with queue-ahead the learner starts step 2 (its correction metrics and dump
+    reach the service) before the driver's record of step 1 arrives; streamed at once, step 2 went to
+    W&B first and W&B then ignored all of step 1 (a step lower than one already logged)."""
+    from system.types import CorrectionInput
+
+    sink = RecordingSink()
+    logger = RunLogger(tmp_path, ReportConfig(dump_every=2, wandb=WandbConfig(mode="disabled")), {}, extra_sinks=[sink])
+    batch = CorrectionInput(
+        behaviour_BT=np.full((2, 2), -1.0, np.float32), proximal_BT=np.full((2, 2), -1.1, np.float32),
+        mask_BT=np.ones((2, 2), bool), lag_B=np.zeros(2, np.int32), advantage_B=np.zeros(2, np.float32),
+        reward_B=np.zeros(2, np.float32), response_ids_BT=np.zeros((2, 2), np.int32), uids=("a", "b"),
+        prompt_texts=("", ""), response_texts=("x", "y"))
+    logger.stream(1, {"mismatch/kl_k1": 0.1})
+    logger.stream(2, {"mismatch/kl_k1": 0.2})  # the next step's correction, queued ahead
+    logger.dump(2, batch, np.ones(4))
+    assert sink.calls == []  # nothing live before its step finishes
+    logger.finish_step(1, {"reward/mean": 0.5})
+    logger.finish_step(2, {"reward/mean": 0.6})
+    logger.close()
+    assert sink.calls == [("log", 1, {"mismatch/kl_k1": 0.1, "reward/mean": 0.5}),
+                          ("log", 2, {"mismatch/kl_k1": 0.2, "reward/mean": 0.6}),
+                          ("histogram", 2, "mismatch/token_ratio"), ("table", 2, "mismatch/worst_sequences")]
+
+
+def test_wandb_gets_the_step_as_a_value_and_a_bad_histogram_is_a_wandb_failure(tmp_path, monkeypatch):
+    """W&B drops (with a warning only) a record whose ``step=`` is lower than one already logged: a
+    resumed run re-trains the steps after its checkpoint. The step travels as ``train/step``, the
+    x-axis of every chart, and W&B's own counter only grows. A histogram W&B refuses (non-finite
+    values) is said once and never raised into training."""
+    from system.report import wandb_sink
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sink = WandbSink("offline", "aisrl-test", tmp_path, {"seed": 0})
+    logged = []
+    real_log = sink.run.log
+
+    def spy(payload, *args, **kwargs):
+        logged.append((dict(payload), args, kwargs))
+        return real_log(payload, *args, **kwargs)
+
+    monkeypatch.setattr(sink.run, "log", spy)
+    sink.log(7, {"reward/mean": 0.5})
+    sink.log(3, {"reward/mean": 0.4})  # a resumed run's earlier step
+    assert [(p[wandb_sink.STEP_KEY], p["reward/mean"], a, k) for p, a, k in logged] == [(7, 0.5, (), {}), (3, 0.4, (), {})]
+    sink.log_histogram(4, "ratio", np.array([1.0, np.inf]))
+    assert sink.failed and sink.run is None  # said once; training goes on
+    sink.close()

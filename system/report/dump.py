@@ -195,6 +195,15 @@ def _storable(path, key: str, value) -> np.ndarray:
     return arr
 
 
+def newest_dump(directory: str | Path, up_to_step: int | None = None) -> Path | None:
+    """The run's newest dump ``step_XXXXXX.npz`` in ``directory`` at or before ``up_to_step`` (a later
+    one belongs to an attempt abandoned after the checkpoint a run resumed from); None if none.
+    Partial files of an interrupted save are never taken."""
+    numbered = [(int(p.stem[5:]), p) for p in Path(directory).glob("step_*.npz") if p.stem[5:].isdigit()]
+    kept = sorted((n, p) for n, p in numbered if up_to_step is None or n <= up_to_step)
+    return kept[-1][1] if kept else None
+
+
 def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
     """Write a dump atomically (temp file, then rename); keys as in section 6."""
     missing = [k for k in REQUIRED if k not in arrays]
@@ -202,7 +211,7 @@ def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
         raise DumpError(f"{path}: cannot save without {missing}")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npz")
+    tmp = out.with_name(f".{out.name}.partial.npz")  # hidden, and matched by no ``step_*.npz`` glob
     np.savez_compressed(tmp, **{k: _storable(path, k, v) for k, v in arrays.items() if v is not None})
     tmp.replace(out)
     return out

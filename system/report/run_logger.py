@@ -1,8 +1,11 @@
 """A run's metric hub: streams metrics to JSONL + W&B, writes batch dumps and the final report.
 
-One object per job owns the W&B run. ``stream`` sends metrics the moment they exist (W&B
-merges several calls of the same step); ``finish_step`` writes the step's single
-``metrics.jsonl`` record, the union of everything streamed for that step.
+One object per job owns the W&B run. ``stream`` and ``dump`` gather a step's metrics and media as
+they appear; ``finish_step`` sends them to the live sinks (W&B) in one call and writes the step's
+single ``metrics.jsonl`` record, the union of everything gathered for that step. So the live sinks
+receive steps in the order the driver finishes them: with ``async.queue_ahead`` the next step's
+correction metrics exist before this step's record arrives (the learner calls the service
+directly), and W&B ignores a step logged after a later one.
 """
 
 from pathlib import Path
@@ -29,6 +32,7 @@ class RunLogger:
                                name=w.run_name, resume_id=wandb_run_id, init_timeout_s=w.init_timeout_s)
         self.live = FanOutSink([self.wandb, *extra_sinks])
         self._pending: dict[int, dict] = {}
+        self._media: dict[int, list] = {}  # step -> [(sink method name, args), ...]
         self.last_dump: Path | None = None
 
     @property
@@ -37,12 +41,14 @@ class RunLogger:
 
     def stream(self, step: int, metrics: dict) -> None:
         self._pending.setdefault(step, {}).update(metrics)
-        self.live.log(step, metrics)
 
     def finish_step(self, step: int, metrics: dict) -> dict:
-        """Write the step's JSONL record (streamed metrics + these); return the record."""
-        self.live.log(step, metrics)
+        """Send the step's metrics (streamed + these) and media to the live sinks, write its JSONL
+        record; return the record."""
         record = {**self._pending.pop(step, {}), **metrics}
+        self.live.log(step, record)
+        for method, args in self._media.pop(step, []):
+            getattr(self.live, method)(step, *args)
         if self.cfg.wandb.mode != "disabled":  # 0 once W&B failed (the run goes on, metrics stay here)
             record["report/wandb_live"] = int(self.wandb.run is not None)
         self.jsonl.log(step, record)
@@ -56,8 +62,9 @@ class RunLogger:
         """Write ``dumps/step_XXXXXX.npz`` and log the ratio histogram and the worst sequences."""
         path = save_batch_dump(self.run_dir / "dumps" / f"step_{step:06d}.npz", batch, token_text)
         self.last_dump = path
-        self.live.log_histogram(step, "mismatch/token_ratio", token_ratios)
-        self.live.log_table(step, "mismatch/worst_sequences", *worst_sequences_table(batch))
+        self._media.setdefault(step, []).extend([
+            ("log_histogram", ("mismatch/token_ratio", token_ratios)),
+            ("log_table", ("mismatch/worst_sequences", *worst_sequences_table(batch)))])
         return path
 
     def close(self) -> None:

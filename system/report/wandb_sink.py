@@ -46,6 +46,17 @@ def remove_process_temp_dirs() -> list[str]:
     return removed
 
 
+STEP_KEY = "train/step"
+"""The x-axis of every chart: the training step, logged as a value with each record
+(``define_metric``), not as W&B's own ``step=``, which W&B ignores (with a warning only) when it is
+lower than one already logged: a resumed run re-trains the steps after its checkpoint, whose
+records the abandoned attempt had already sent."""
+FINISH_TIMEOUT_S = 60.0
+"""``run.finish()`` gives up uploading after this long (W&B's default waits for ever: a network lost
+at the end of a run would hang the job after its final checkpoint); what is left is on disk for
+``wandb sync``."""
+
+
 class WandbSink(NullSink):
     def __init__(self, mode: str, project: str, run_dir: str | Path, config: dict,
                  entity: str | None = None, name: str | None = None, resume_id: str | None = None,
@@ -66,9 +77,13 @@ class WandbSink(NullSink):
             self.run = wandb.init(
                 mode=mode, project=project, entity=entity, name=name or Path(run_dir).name,
                 dir=str(run_dir), config=config, id=resume_id, resume="allow" if resume_id else None,
-                settings=wandb.Settings(console="off", x_disable_stats=True, init_timeout=init_timeout_s),
+                settings=wandb.Settings(console="off", x_disable_stats=True, init_timeout=init_timeout_s,
+                                        finish_timeout=FINISH_TIMEOUT_S),
             )
             self._run_id = self.run.id
+            # every metric against the training step, logged as a value (see STEP_KEY)
+            self.run.define_metric(STEP_KEY)
+            self.run.define_metric("*", step_metric=STEP_KEY)
         except Exception as exc:  # noqa: BLE001 - any W&B failure must leave training running
             self._fail("start", exc)
 
@@ -84,11 +99,13 @@ class WandbSink(NullSink):
         self.failed = True
         self.run = None
 
-    def _call(self, what: str, payload: dict, step: int) -> None:
+    def _call(self, what: str, payload, step: int) -> None:
+        """``payload``: a dict, or a function building it (its errors, e.g. a histogram of non-finite
+        values, are W&B failures too: said once, never raised into training)."""
         if self.run is None:
             return
         try:
-            self.run.log(payload, step=step)
+            self.run.log({**(payload() if callable(payload) else payload), STEP_KEY: step})
         except Exception as exc:  # noqa: BLE001
             self._fail(what, exc)
 
@@ -96,12 +113,10 @@ class WandbSink(NullSink):
         self._call("log", {k: v for k, v in metrics.items() if v is not None}, step)
 
     def log_histogram(self, step, name, values):
-        if self.run is not None:
-            self._call("log a histogram", {name: _wandb().Histogram(np.asarray(values), num_bins=64)}, step)
+        self._call("log a histogram", lambda: {name: _wandb().Histogram(np.asarray(values), num_bins=64)}, step)
 
     def log_table(self, step, name, columns, rows):
-        if self.run is not None:
-            self._call("log a table", {name: _wandb().Table(columns=columns, data=rows)}, step)
+        self._call("log a table", lambda: {name: _wandb().Table(columns=columns, data=rows)}, step)
 
     def alert(self, title: str, text: str, step: int | None = None, min_steps: int = ALERT_EVERY_STEPS) -> bool:
         """A W&B alert (``wandb.alert`` on this run, level WARN); True when sent. Rate limit: one per
