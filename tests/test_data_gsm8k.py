@@ -1,6 +1,7 @@
 """GSM8K-style files: references after the last ``####``, and bad rows named by file and line."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,12 +32,16 @@ def test_registry_uses_the_config_template():
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"question": "q", "answer": "no final answer"}', "line 2: answer has no '#### <number>'"),
+        ('{"question": "q", "answer": "no final answer"}', "line 2: answer must end in '#### <number>'"),
         ('{"question": "q"}', "line 2: missing or empty string field 'answer'"),
         ('{"question": "", "answer": "#### 3"}', "line 2: missing or empty string field 'question'"),
         ('["q", "#### 3"]', "line 2: expected an object, got list"),
         ('{"question": "q", "answer": "#### 3"', "line 2: not valid JSON"),
-        ('{"question": "q", "answer": "#### three"}', "line 2: answer has no '#### <number>'"),
+        ('{"question": "q", "answer": "#### three"}', "line 2: answer must end in '#### <number>'"),
+        # found by a review: each was read loosely as a wrong label (3, 1, 12) and trained against
+        ('{"question": "q", "answer": "#### 3/4"}', "line 2: answer must end in .*'3/4'"),
+        ('{"question": "q", "answer": "#### 1e3"}', "line 2: answer must end in .*'1e3'"),
+        ('{"question": "q", "answer": "####\\n\\nThe answer is 12"}', "line 2: answer must end in .*The answer is 12"),
     ],
 )
 def test_bad_row_names_file_and_line(tmp_path, line, message):
@@ -67,3 +72,32 @@ def test_parquet_rows_match_jsonl(tmp_path):
     from_parquet = load_gsm8k(path)
     assert [p.reference for p in from_parquet] == [p.reference for p in load_gsm8k(SAMPLE)]
     assert from_parquet[0].prompt_id == "sample-row0"
+
+
+def test_final_answers_with_a_dollar_sign_comma_or_full_stop_are_read(tmp_path):
+    path = tmp_path / "ok.jsonl"
+    answers = ["#### $1,234", "#### 72.", "so... #### 7 ####  -3.50 ", "#### 0.5"]
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": a}) + "\n" for i, a in enumerate(answers)))
+    assert [p.reference for p in load_gsm8k(path)] == ["1234", "72", "-3.5", "0.5"]
+
+
+def test_non_utf8_bytes_name_the_line_and_a_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps({"question": "ok", "answer": "#### 1"}).encode()
+    path.write_bytes(b"\xef\xbb\xbf" + good + b"\n" + good + b"\n" + b'{"question": "caf\xe9", "answer": "#### 2"}\n')
+    with pytest.raises(ValueError, match=r"latin1\.jsonl: line 3: not UTF-8 \(byte 0xe9 at column 18\)"):
+        load_gsm8k(path)
+    path.write_bytes(b"\xef\xbb\xbf" + good + b"\n")  # a BOM (written by some editors) is not data
+    assert [p.reference for p in load_gsm8k(path)] == ["1"]
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("Solve this.", "must hold the placeholder {question}"),  # every prompt the same text
+    ('{"x": 1} {question}', "must hold the placeholder {question} and no other"),
+    ("{0} {question}", "and no other"),
+    ("{question", "prompt_template: "),
+])
+def test_a_template_without_exactly_the_question_placeholder_is_refused(template, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        JsonlTaskConfig(path="x.jsonl", prompt_template=template)
+    assert JsonlTaskConfig(path="x.jsonl", prompt_template="{{json}}: {question}").prompt_template

@@ -47,6 +47,16 @@ def test_normalise_number(text, canonical):
     assert normalise_number(text) == canonical
 
 
+def test_a_run_of_digits_longer_than_decimals_precision_is_a_number_not_a_crash():
+    """Found by a review: 29+ digits raised decimal.InvalidOperation, failing the rollout call and the
+    run (and again on resume: the prompt re-samples with the same seed)."""
+    reward = build_reward(MathAnswerReward(format_bonus=0.1))
+    assert normalise_number("1" * 29) == "1" * 29 and normalise_number("2" * 40 + ".50") == "2" * 40 + ".5"
+    assert reward("answer " + "1" * 29, "72") == 0.0  # unmarked, wrong
+    assert reward("#### 1" + "0" * 30, "72") == 0.1  # marked, wrong: the format bonus
+    assert reward("#### 1" + "0" * 30, "1" + "0" * 30) == 1.0
+
+
 def test_number_finders():
     assert number_after_marker("a #### b") is None
     assert number_after_marker("no marker 5") is None

@@ -1,5 +1,6 @@
 """Config of the prompt source (a union on ``type``) and its verifiable reward (a union on ``type``)."""
 
+import string
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -39,6 +40,13 @@ class JsonlTaskConfig(StrictModel):
     def _suffix(self) -> "JsonlTaskConfig":
         if not self.path.endswith((".jsonl", ".parquet")):
             raise ValueError(f"path must end in .jsonl or .parquet, got {self.path!r}")
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(self.prompt_template) if name is not None}
+        except ValueError as exc:  # an unmatched brace
+            raise ValueError(f"prompt_template: {exc} (write a literal brace as {{{{ or }}}})") from None
+        if fields != {"question"}:
+            raise ValueError(f"prompt_template must hold the placeholder {{question}} and no other, got "
+                             f"{sorted(fields) or 'none'} (write a literal brace as {{{{ or }}}})")
         return self
 
 

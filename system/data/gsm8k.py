@@ -2,7 +2,9 @@
 
 Rows come from ``.jsonl`` (one JSON object per line; blank lines are skipped) or ``.parquet``
 (needs ``pyarrow``). The prompt is ``prompt_template.format(question=...)`` and the reference
-is the canonical number after the answer's last ``####`` (``"1,000.0"`` -> ``"1000"``).
+is the canonical number after the answer's last ``####`` (``"1,000.0"`` -> ``"1000"``), which must
+be all that follows it (a ``$`` before and a ``.`` after are allowed; ``3/4`` or ``12 apples`` are
+refused, never read as 3 or 12).
 
 A bad row is an error, not a silent skip: :class:`ValueError` names the file and the line
 (jsonl, 1-based) or row (parquet, 0-based) and what is wrong, so a corrupt dataset never
@@ -13,13 +15,18 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from system.rewards.numbers import normalise_number, number_after_marker
+from system.rewards.numbers import MARKER, NUMBER, normalise_number
 from system.types import Prompt
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:  # a UTF-8 byte-order mark at the start of the file is allowed
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: line {line_no}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                                 f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -43,10 +50,13 @@ def _prompt_of(row: object, where: str, path: Path, template: str) -> Prompt:
     for key in ("question", "answer"):
         if not isinstance(row.get(key), str) or not row[key].strip():
             raise ValueError(f"{path}: {where}: missing or empty string field {key!r}")
-    raw = number_after_marker(row["answer"])
-    reference = normalise_number(raw) if raw is not None else None
-    if reference is None:
-        raise ValueError(f"{path}: {where}: answer has no '#### <number>' final answer")
+    _, marker, tail = row["answer"].rpartition(MARKER)
+    final = tail.strip().removeprefix("$").removesuffix(".")
+    reference = normalise_number(final) if marker and NUMBER.fullmatch(final) else None
+    if reference is None:  # a label read loosely ("#### 3/4" as 3) would train against a wrong answer
+        shown = f"{tail.strip()[:60]!r}" if marker else "none"
+        raise ValueError(f"{path}: {where}: answer must end in '#### <number>' (a number such as 72, -3.5 or "
+                         f"$1,234); after its last '####': {shown}")
     prompt_id = f"{path.stem}-{where.replace(' ', '')}"
     return Prompt(prompt_id=prompt_id, text=template.format(question=row["question"].strip()),
                   reference=reference)
