@@ -184,12 +184,15 @@ def _ulps(ours: np.ndarray, reference: np.ndarray) -> np.ndarray:
         return np.where(ours == reference, 0.0, np.abs(ours - reference) / spacing)
 
 
-def test_inline_exponentials_are_within_two_ulp_of_libm():
+def test_inline_exponentials_are_within_four_ulp_of_libm():
     """The pass's own exp (where it uses it: results that are normal doubles, x in [-708, log(DBL_MAX)];
     the pass sends other tokens to libm) and expm1 (|x| <= 20, the clamp; its k = 0 branch for tiny x)
     against Python's ``math`` (glibc), value by value; NaN outside those ranges. Measured on AMD EPYC:
-    exp <= 1 ulp, expm1 <= 2 ulp; the polynomial one degree short (degree 8, fitted the same way) is
-    8 ulp off in exp and 29 in expm1."""
+    exp <= 1 ulp, expm1 <= 2 ulp; the bound is 4 ulp because the library is built for the CPU it runs
+    on (``-march=native``, reassociation allowed), so another instruction set may order the
+    polynomial's operations differently; the polynomial one degree short (degree 8, fitted the same
+    way) is 8 ulp off in exp and 29 in expm1, so the bound still tells it apart."""
+    bound = 4
     rng = np.random.default_rng(0)
     top = 709.782712893384  # log(DBL_MAX) to the nearest double (below it: exp is finite)
     edges = [0.0, -708.0, top, 709.7827128933841, 710.0, -708.0000001, -745.0, 20.0, -20.0,
@@ -199,14 +202,14 @@ def test_inline_exponentials_are_within_two_ulp_of_libm():
                         np.logspace(-300, 0, 2000), -np.logspace(-300, 0, 2000), edges])
     exp, expm1, rho = fused.exponentials(x)
     inside = (x >= -708.0) & (x <= top)
-    assert _ulps(exp[inside], np.array([math.exp(v) for v in x[inside]])).max() <= 2
+    assert _ulps(exp[inside], np.array([math.exp(v) for v in x[inside]])).max() <= bound
     assert np.isnan(exp[~inside]).all() and (~inside).sum() > 1000
     assert exp[x == top][0] == math.exp(top) and exp[x == 0.0][0] == 1.0
     inside = np.abs(x) <= 20
-    assert _ulps(expm1[inside], np.array([math.expm1(v) for v in x[inside]])).max() <= 2
+    assert _ulps(expm1[inside], np.array([math.expm1(v) for v in x[inside]])).max() <= bound
     assert np.isnan(expm1[~inside]).all()
     # the token ratio from expm1's reduction, 2^k (1 + q): relative to itself also where it is tiny
-    assert _ulps(rho[inside], np.array([math.exp(v) for v in x[inside]])).max() <= 2
+    assert _ulps(rho[inside], np.array([math.exp(v) for v in x[inside]])).max() <= bound
     assert np.isnan(rho[~inside]).all() and rho[x == -20.0][0] == pytest.approx(math.exp(-20.0), rel=1e-15)
 
 

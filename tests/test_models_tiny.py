@@ -2,7 +2,6 @@
 
 import math
 import threading
-import time
 
 import pytest
 import torch
@@ -61,9 +60,8 @@ def test_warm_start_learns_the_answers(built):
 def test_second_call_is_a_cache_hit(built):
     cache, model_dir = built
     stamp = (model_dir / "model.safetensors").stat().st_mtime_ns
-    started = time.perf_counter()
     again = build_tiny_model(MODEL, TASK, seed=0, cache_dir=cache)
-    assert again == model_dir and time.perf_counter() - started < 0.5
+    assert again == model_dir  # the file's unchanged mtime (below) shows nothing was rebuilt
     assert (model_dir / "model.safetensors").stat().st_mtime_ns == stamp
     assert model_dir.name == f"tiny-{build_key(MODEL, TASK, 0)}"
 

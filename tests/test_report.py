@@ -214,6 +214,12 @@ def test_ratio_histogram_counts_every_token():
     dc = np.random.default_rng(3).normal(0.0, 1.0, 2000)
     chart = plots.ratio_histogram(dc)
     assert chart["counts"].sum() == 2000 and len(chart["counts"]) == 120
+    # each token's bin by hand: 120 equal bins over [min(dc, -ln 10), max(dc, ln 10)], the last closed
+    lo, hi = min(dc.min(), -math.log(10)), max(dc.max(), math.log(10))
+    want = [0] * 120
+    for x in dc:
+        want[min(int((x - lo) / (hi - lo) * 120), 119)] += 1
+    assert chart["counts"].tolist() == want
     assert {t["label"] for t in chart["xticks"]} >= {"0.2", "0.5", "1", "2", "5"}
 
 
@@ -356,7 +362,9 @@ def test_extreme_mismatch_stays_finite(tmp_path):
     s, _, _ = _outputs(out)
     assert s["nonfinite_tokens"] == 2
     assert list(s["by_lag"]) == ["0"] and s["by_lag"]["0"] == {k: s[k] for k in SECTION1}  # no lag: all 0
-    assert all(np.isfinite(s[k]) for k in SECTION1 if s[k] is not None)
+    assert s["n_tokens"] == 16 * 32 - 2 and s["n_sequences"] == 16
+    assert all(s[k] is not None and np.isfinite(s[k]) for k in SECTION1)  # every diagnostic defined, finite
+    assert s["abs_diff_max"] >= 1e4 - 10  # the -1e4 token is kept (only the two infinities are excluded)
 
 
 def test_report_ais_bias_noise_alpha_raw_of_seq_mis_from_the_advantages(tmp_path):
@@ -467,4 +475,7 @@ def test_the_fallback_report_takes_the_newest_complete_dump_of_this_attempt(tmp_
     assert newest_dump(dumps) == dumps / "step_000006.npz"
     assert newest_dump(dumps, up_to_step=5) == dumps / "step_000004.npz"  # resumed at step 5
     assert newest_dump(dumps, up_to_step=1) is None and newest_dump(tmp_path / "none") is None
-    assert sorted(p.name for p in dumps.iterdir() if p.name.startswith("step_") and "partial" in p.name) == []
+    # save_dump left no partial file of its own beside the three dumps (its temporary name is hidden)
+    assert sorted(p.name for p in dumps.iterdir()) == [
+        ".step_000008.npz.partial.npz", "step_000002.npz", "step_000004.npz", "step_000006.npz",
+        "step_000009.npz.tmp.npz"]

@@ -141,7 +141,12 @@ def _small_dump() -> dict[str, np.ndarray]:
 def test_text_under_a_numeric_optional_key_is_an_error_naming_it(key, text):
     arrays = _small_dump()
     arrays[key] = np.full((2,) if key in ROW_KEYS else (2, 3), text)
-    check_report(arrays)
+    with tempfile.TemporaryDirectory(prefix="aisrl-report-fuzz-") as tmp:
+        path = Path(tmp) / "dump.npz"
+        np.savez(path, **arrays)
+        result = runner.invoke(app, ["report", str(path), "--out", str(Path(tmp) / "out")])
+    text_out = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"'{key}'" in text_out, text_out  # refused, naming this key
 
 
 @pytest.mark.parametrize("key", BYTES_DECODED)

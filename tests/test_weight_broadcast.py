@@ -242,7 +242,7 @@ def test_a_receiver_does_not_wait_for_a_version_while_its_generation_forms():
     time.sleep(0.2)
     started = time.monotonic()
     assert receiver.take(1, wait_s=5.0) is None
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 4.0  # at once (a busy machine's margin), not after wait_s = 5
     sender.close()
 
 

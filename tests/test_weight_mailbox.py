@@ -85,9 +85,7 @@ def test_a_pending_offer_does_not_hold_back_a_call_its_held_version_satisfies():
     steps = Steps()
     box, engine = WeightMailbox(held_version=1, ready=steps.ready), Engine()
     assert box.offer(2, steps.source("v2"))  # offered while its step runs
-    started = time.monotonic()
     assert box.adopt(engine.load, min_version=1) == 1 and engine.loaded == [] and box.waited_s == 0.0
-    assert time.monotonic() - started < 0.1
     steps.make("v2")
     assert box.adopt(engine.load, min_version=1) == 2 and engine.loaded == [(2, "v2")]
 
