@@ -101,3 +101,17 @@ def test_a_template_without_exactly_the_question_placeholder_is_refused(template
     with pytest.raises(ValueError, match=re.escape(message)):
         JsonlTaskConfig(path="x.jsonl", prompt_template=template)
     assert JsonlTaskConfig(path="x.jsonl", prompt_template="{{json}}: {question}").prompt_template
+
+
+def test_a_chat_prompt_needs_a_tokenizer_with_a_template():
+    from system.rollout.chat import as_engine_prompts, chat_prompt_ids, check_chat_template
+
+    class Base:
+        chat_template = None
+
+    with pytest.raises(ValueError, match=r"data\.task\.chat_template=true, but the model's tokenizer has no chat"):
+        check_chat_template(Base())
+    with pytest.raises(ValueError, match="no chat template"):
+        chat_prompt_ids(Base(), "q")
+    assert as_engine_prompts(["a", [1, 2]]) == ["a", {"prompt_token_ids": [1, 2]}]
+    assert JsonlTaskConfig(path="x.jsonl").chat_template is False

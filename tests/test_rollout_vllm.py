@@ -325,3 +325,21 @@ def test_kept_sets_match_vllms_own_top_k_top_p_function():
         kept = logprobs._kept(z, torch.arange(V)[None, :], cut_value, cut_index)
         assert torch.equal(kept, torch.isfinite(vllm_logp)), (top_p, top_k)
         torch.testing.assert_close((z - lse[:, None])[kept], vllm_logp[kept], atol=1e-5, rtol=0)
+
+
+def test_a_chat_prompt_goes_to_vllm_as_its_template_ids(bf16_engine, model_dir):
+    """``data.task.chat_template``: the prompt is one user turn rendered by the tokenizer's template
+    (the assistant turn opened) and sent as token ids: vLLM samples from exactly those ids and
+    reports them back (what the learner scores), with no BOS added a second time."""
+    from system.rollout.chat import chat_prompt_ids
+
+    assert bf16_engine.tokenizer().encode("1+2=")  # the engine's own tokenizer (a base model: no template)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)  # the same tokenizer, given a template
+    tokenizer.chat_template = ("{{ bos_token or '' }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+                               "{% if add_generation_prompt %}[assistant]{% endif %}")
+    ids = chat_prompt_ids(tokenizer, PROMPTS[0].text)
+    # by hand: the rendered text, tokenised without special tokens of its own, is the same ids
+    text = f"{tokenizer.bos_token or ''}[user]{PROMPTS[0].text}[assistant]"
+    assert ids == tokenizer.encode(text, add_special_tokens=False)
+    [out] = bf16_engine.generate([ids], n=2, temperature=1.0, top_p=1.0, max_new_tokens=3, seed=0)
+    assert out.prompt_token_ids.tolist() == ids and len(out.responses) == 2

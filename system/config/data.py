@@ -35,6 +35,9 @@ class JsonlTaskConfig(StrictModel):
     """Path of a ``.jsonl`` or ``.parquet`` file."""
     prompt_template: str = "Question: {question}\nAnswer:"
     """Template formatting each row's ``question`` into the prompt."""
+    chat_template: bool = False
+    """Send each prompt as one user turn in the model's chat template, the assistant's turn opened
+    (Instruct models; the tokenizer must have a template). The learner scores the same token ids."""
 
     @model_validator(mode="after")
     def _suffix(self) -> "JsonlTaskConfig":

@@ -46,6 +46,7 @@ from vllm.platforms import current_platform
 
 from system.config.rollout import VLLMEngineConfig
 from system.models.warm_start import single_thread
+from system.rollout.chat import as_engine_prompts
 from system.rollout.fp8_kernels import (
     Fp8KernelChoice,
     Fp8KernelDecision,
@@ -211,9 +212,13 @@ class VLLMEngine:
             **memory,
         )
 
+    def tokenizer(self):
+        """The engine's tokenizer (the model directory's)."""
+        return self.llm.get_tokenizer()
+
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[str | Sequence[int]],
         n: int,
         temperature: float,
         top_p: float,
@@ -221,7 +226,8 @@ class VLLMEngine:
         seed: int | Sequence[int] | None = None,
         top_k: int = 0,
     ) -> list[PromptSamples]:
-        """``n`` samples for each prompt, in prompt order; ``seed`` makes the call reproducible.
+        """``n`` samples for each prompt (a string, or token ids used as they are), in prompt order;
+        ``seed`` makes the call reproducible.
 
         ``top_k`` 0 is off (vLLM's ``SamplingParams`` convention; it also takes -1).
 
@@ -241,7 +247,7 @@ class VLLMEngine:
                            max_tokens=max_new_tokens, logprobs=0, seed=s)
             for s in seeds
         ]
-        outputs = self.llm.generate(list(prompts), params, use_tqdm=False)
+        outputs = self.llm.generate(as_engine_prompts(prompts), params, use_tqdm=False)
         return [
             PromptSamples(
                 prompt_token_ids=frozen_array(out.prompt_token_ids, np.int32),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from system.config import RunConfig
 from system.rewards.registry import build_reward
+from system.rollout.chat import chat_prompt_ids, check_chat_template
 from system.rollout.perturbation import model_dir_payload, perturb_payload, perturbation_sigma
 from system.rollout.samples import PromptSamples
 from system.rollout.vllm_engine import VLLMEngine
@@ -46,6 +47,10 @@ class RolloutWorkerCore:
             fp8_kernel=run_cfg.rollout.fp8_kernel,
         )
         self.reward = build_reward(run_cfg.data.reward)
+        self._chat_tokenizer = None  # data.task.chat_template: prompts as one user turn (``system.rollout.chat``)
+        if getattr(run_cfg.data.task, "chat_template", False):
+            self._chat_tokenizer = self.engine.tokenizer()
+            check_chat_template(self._chat_tokenizer)
         self._policy_version = 0
         self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
                        "reward_seconds": 0.0, "num_weight_updates": 0, "weight_update_seconds": 0.0}
@@ -85,8 +90,10 @@ class RolloutWorkerCore:
                              f"asked to generate with {policy_version}")
         r = self.cfg.rollout
         started = time.perf_counter()
+        inputs = ([p.text for p in prompts] if self._chat_tokenizer is None
+                  else [chat_prompt_ids(self._chat_tokenizer, p.text) for p in prompts])
         samples = self.engine.generate(
-            [p.text for p in prompts], n=r.group_size, temperature=r.temperature, top_p=r.top_p,
+            inputs, n=r.group_size, temperature=r.temperature, top_p=r.top_p,
             max_new_tokens=r.max_new_tokens, top_k=r.top_k,
             seed=[prompt_seed(self.cfg.seed, p.prompt_id, self._policy_version) for p in prompts],
         )
