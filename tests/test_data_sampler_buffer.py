@@ -117,3 +117,18 @@ def test_a_cursor_behind_its_ledger_refuses_to_issue_an_id_twice():
     s3.state = dict(stale["state"])
     with pytest.raises(RuntimeError, match=f"prompt {trained[0].prompt_id} would be issued a second time"):
         s3.next_prompts(1)
+
+
+def test_a_resume_refuses_a_prompt_source_that_changed_under_the_same_size():
+    """Found by a review: only the prompt count was checked, so a data file edited or replaced with as
+    many rows resumed on other prompts (their ids, ``e<epoch>-<index>``, are positions)."""
+    a = PromptSampler(ListSource(7), seed=1)
+    a.next_prompts(3)
+    state = a.state_dict()
+    edited = ListSource(7)
+    edited.items[6] = Prompt("p6", "6+0=", "7")  # one reference changed (the last row is always sampled)
+    with pytest.raises(ValueError, match="other prompts than the configured task's"):
+        PromptSampler(edited, seed=1).load_state_dict(state)
+    PromptSampler(ListSource(7), seed=1).load_state_dict(state)  # the same source resumes
+    old = {k: v for k, v in state.items() if k != "fingerprint"}  # a checkpoint from before the fingerprint
+    PromptSampler(edited, seed=1).load_state_dict(old)

@@ -6,6 +6,7 @@ handed back with :meth:`requeue` and served again before new ones, under the sam
 late duplicate result is recognised and discarded instead of trained twice.
 """
 
+import hashlib
 from collections import Counter, deque
 from dataclasses import replace
 
@@ -20,6 +21,24 @@ ISSUED, GENERATED, TRAINED, DROPPED = "issued", "generated", "trained", "dropped
 def epoch_order(seed: int, epoch: int, num_prompts: int) -> np.ndarray:
     """The order in which epoch ``epoch`` serves the source's indices (a seeded permutation)."""
     return np.random.default_rng([seed, epoch]).permutation(num_prompts)
+
+
+FINGERPRINT_PROMPTS = 1024
+"""Prompts (evenly spaced, the first and last included) whose text and reference the fingerprint hashes."""
+
+
+def source_fingerprint(source: PromptSource) -> str:
+    """A hash of the prompt source's size and of the text and reference of up to
+    ``FINGERPRINT_PROMPTS`` evenly spaced prompts: a resumed run refuses a source that changed under
+    the same size (a data file edited or replaced), which would otherwise resume on other prompts.
+    (A few milliseconds for any size; an edit that touches none of the sampled rows goes unseen.)"""
+    n = len(source)
+    m = min(n, FINGERPRINT_PROMPTS)
+    digest = hashlib.sha256(str(n).encode())
+    for i in sorted({round(k * (n - 1) / max(m - 1, 1)) for k in range(m)}):
+        prompt = source[i]
+        digest.update(b"\0%d\0" % i + prompt.text.encode() + b"\0" + prompt.reference.encode())
+    return digest.hexdigest()[:16]
 
 
 def check_cursor(sd: dict) -> None:
@@ -127,7 +146,8 @@ class PromptSampler:
 
     def state_dict(self) -> dict:
         return {
-            "seed": self.seed, "num_prompts": len(self.source), "epoch": self.epoch, "cursor": self.cursor,
+            "seed": self.seed, "num_prompts": len(self.source), "fingerprint": source_fingerprint(self.source),
+            "epoch": self.epoch, "cursor": self.cursor,
             "requeued": list(self.requeued), "state": dict(self.state),
             "drop_reasons": dict(self.drop_reasons), "duplicates": self.duplicates,
         }
@@ -138,6 +158,11 @@ class PromptSampler:
         if sd.get("num_prompts", len(self.source)) != len(self.source):
             raise ValueError(f"sampler checkpoint was taken over {sd['num_prompts']} prompts, the configured task has "
                              f"{len(self.source)}: resume with the run's data.* settings")
+        saved = sd.get("fingerprint")  # (absent in checkpoints written before it was kept)
+        if saved is not None and saved != source_fingerprint(self.source):
+            raise ValueError("sampler checkpoint was taken over other prompts than the configured task's (same "
+                             f"count, {len(self.source)}, other content: a data file edited or replaced?); resume "
+                             "with the run's data, or start a new run")
         check_cursor({**sd, "num_prompts": len(self.source)})
         self.epoch, self.cursor = sd["epoch"], sd["cursor"]
         self._order = self._permutation(self.epoch)
