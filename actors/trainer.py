@@ -72,7 +72,21 @@ class Trainer:
         self.cfg = cfg
         self.actor_classes = (rollout_cls, learner_cls)
         self.run_dir = Path(cfg.output_dir)
-        self.ckpt, saved = None, {}
+        self.ckpt = None
+        self._lock = run_state.lock_run_dir(self.run_dir)  # one process per run directory
+        try:
+            self._start(resume, overwrite)
+        except BaseException:
+            self._release_lock()  # a refused or failed start leaves the directory free
+            raise
+
+    def _release_lock(self) -> None:
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.close()
+
+    def _start(self, resume: bool, overwrite: bool) -> None:
+        cfg, saved = self.cfg, {}
         if not resume:
             run_state.check_new_run_dir(self.run_dir, overwrite)
         else:
@@ -96,9 +110,12 @@ class Trainer:
         # written once the run is accepted: a refused --resume leaves the directory as it was
         if self.ckpt is not None:
             dropped = run_state.trim_metrics(self.run_dir, saved["step"])
-            if dropped:
-                log.warning("resuming at step %d: dropped %d metrics records written after that checkpoint",
-                            saved["step"], dropped)
+            moved, dumps = run_state.set_aside_after(self.run_dir, saved["step"])
+            if dropped or moved or dumps:
+                log.warning("resuming at step %d: dropped %d metrics records and %d dumps written after that "
+                            "checkpoint%s", saved["step"], dropped, dumps,
+                            f"; moved the later checkpoints {moved} to checkpoints/{run_state.ABANDONED_DIR}/"
+                            if moved else "")
         self._saved_step = saved.get("step")  # the checkpoint on disk for this step (None: none)
         (self.run_dir / "config.json").write_text(dump_config(cfg))
 
@@ -107,18 +124,20 @@ class Trainer:
         plan = plan_placement(cfg, None)
         cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
+        self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
+        self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
+        self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
+        self.transport = build_transport(cfg, self.learners)
+        if self.ckpt is not None:  # every check of the checkpoint before the service opens the W&B run
+            self._restore(saved)
         # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): the
         # service writes the run directory (metrics, dumps, report, W&B files)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.service = CorrectionService.options(num_cpus=0, scheduling_strategy=here).remote(
             cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
-        self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
-        self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
-        self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
-        self.transport = build_transport(cfg, self.learners)
         published = (0, None)
         if self.ckpt is not None:
-            self._restore(saved)
+            ray.get(self.service.load_state_dict.remote(saved["correction"]))
             published = (self.step, self.transport.publish(self.learners, self.step))
         self.state = SharedState(self.step, published)
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0])
@@ -157,7 +176,6 @@ class Trainer:
         self.sampler.load_state_dict(saved["sampler"])
         self.sampler.requeue([pid for pid, s in self.sampler.state.items() if s == "issued"])
         self.buffer.restore(saved["buffer"])
-        ray.get(self.service.load_state_dict.remote(saved["correction"]))
         random.setstate(saved["rng"]["python"])
         np.random.set_state(saved["rng"]["numpy"])
         torch.set_rng_state(saved["rng"]["torch"])
@@ -182,7 +200,10 @@ class Trainer:
         record: dict = {}
         try:
             while self._queued is not None or (self.step < self.cfg.max_steps and not self.stop_requested.is_set()):
-                record = self.train_one_step()
+                done = self.train_one_step()
+                if done is None:  # stopped (SIGTERM) while waiting for a batch: no step was started
+                    break
+                record = done
                 if console:
                     console.log(self.step, record)
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
@@ -193,15 +214,20 @@ class Trainer:
         self.finish()
         return record
 
-    def train_one_step(self) -> dict:
+    def train_one_step(self) -> dict | None:
         """Complete one step: submit it (unless it was queued ahead), queue the next one behind it when
         its batch is ready before this one ends, wait for this one, publish its weights; the record
-        goes to the correction service without waiting. Returns the step's flat metrics."""
-        current = self._queued or self._submit(self.step)
+        goes to the correction service without waiting. Returns the step's flat metrics, or None when
+        a stop was requested while waiting for its batch (e.g. no rollout worker left: ``aisrl scale
+        --workers 0``, a replacement that does not come up), so SIGTERM never waits for a batch."""
+        current = self._queued or self._submit(self.step, give_up=self.stop_requested.is_set, poll_s=1.0)
         self._queued = None
+        if current is None:
+            return None
         if self._may_queue_after(current.step):
             ended = current.pending.on_done(self.state.wake)  # the wait below sleeps until a batch or this
-            self._queued = self._submit(current.step, give_up=lambda: ended.is_set() or self.stop_requested.is_set())
+            self._queued = self._submit(current.step, give_up=lambda: ended.is_set() or self.stop_requested.is_set(),
+                                        ahead=True)
         return self._complete(current)
 
     def _may_queue_after(self, step: int) -> bool:
@@ -212,10 +238,11 @@ class Trainer:
         return (self.cfg.async_.queue_ahead and self.cfg.async_.max_lag > 0 and step < self.cfg.max_steps
                 and not ckpt and not self.stop_requested.is_set())
 
-    def _submit(self, version: int, give_up=None) -> "SubmittedStep | None":
+    def _submit(self, version: int, give_up=None, ahead: bool = False, poll_s: float | None = None) -> "SubmittedStep | None":
         """Take the batch trained at ``version``, put it, start the step on every rank (not awaited).
-        With ``give_up`` (queueing ahead): None once ``give_up()`` holds before the batch is ready."""
-        groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout, give_up)
+        None once ``give_up()`` holds before the batch is ready; ``ahead``: queued behind the running step."""
+        groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout, give_up,
+                                    poll_s)
         if not groups:
             return None
         batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])
@@ -224,7 +251,7 @@ class Trainer:
         # round trip through this driver after the step (``_check_finite`` stops a diverging run)
         self.state.publish(version + 1, pending.weights)
         # queued ahead, the learner never waited for this batch: it was ready before the previous step ended
-        return SubmittedStep(version + 1, groups, batch, 0.0 if give_up else waited, give_up is not None, pending)
+        return SubmittedStep(version + 1, groups, batch, 0.0 if ahead else waited, ahead, pending)
 
     def _complete(self, sub: "SubmittedStep") -> dict:
         outcome = sub.pending.result()
@@ -299,6 +326,8 @@ class Trainer:
         ckpt = run_state.checkpoint_dir(self.run_dir, self.step)
         if self._saved_step == self.step:
             return ckpt
+        # a controller half left from an abandoned attempt must not pair with the learner half written now
+        (ckpt / run_state.CONTROLLER_FILE).unlink(missing_ok=True)
         self.learners.save_checkpoint(run_state.learner_dir(ckpt))
         # the service's state before the lock: the rollout loop waits on that lock, and these calls
         # queue behind the step records the service is still writing
@@ -339,6 +368,12 @@ class Trainer:
             ray.get(self.service.close.remote(), timeout=timeout_s)
 
     def shutdown(self) -> None:
+        try:
+            self._stop_parts()
+        finally:
+            self._release_lock()
+
+    def _stop_parts(self) -> None:
         rollout = getattr(self, "rollout", None)
         if rollout is not None and rollout.thread.is_alive():
             rollout.stop.set()

@@ -171,6 +171,65 @@ def trim_metrics(run_dir: str | Path, step: int) -> int:
     return dropped
 
 
+ABANDONED_DIR = "abandoned"
+"""``checkpoints/abandoned/<unix time>/``: where a resume moves the checkpoints past the one it starts from."""
+
+
+def set_aside_after(run_dir: str | Path, step: int, now: float | None = None) -> tuple[list[str], int]:
+    """What an abandoned attempt wrote past ``step`` (the checkpoint a resume starts from): its
+    checkpoints ``step_N`` (N > step, complete or not: one the resume skipped as damaged, or one
+    this attempt will publish again beside the old ``controller.pkl``) are moved to
+    ``checkpoints/abandoned/<time>/`` (kept for inspection, never resumed from), its dumps
+    ``dumps/step_N.npz`` are deleted (as its metrics records are, :func:`trim_metrics`). Returns the
+    names moved and the number of dumps deleted."""
+    import time
+
+    root = Path(run_dir)
+    moved = []
+    later = [p for p in (root / "checkpoints").glob("step_*")
+             if (m := re.match(r"^step_(\d+)", p.name)) and int(m.group(1)) > step] if (root / "checkpoints").is_dir() else []
+    if later:
+        target = root / "checkpoints" / ABANDONED_DIR / str(int(now if now is not None else time.time()))
+        target.mkdir(parents=True, exist_ok=True)
+        for path in sorted(later):
+            path.rename(target / path.name)
+            moved.append(path.name)
+    dumps = [p for p in (root / "dumps").glob("step_*.npz")
+             if p.stem[5:].isdigit() and int(p.stem[5:]) > step] if (root / "dumps").is_dir() else []
+    for path in dumps:
+        path.unlink()
+    return moved, len(dumps)
+
+
+LOCK_FILE = ".aisrl.lock"
+
+
+def lock_run_dir(run_dir: str | Path):
+    """Hold ``<run_dir>/.aisrl.lock`` (an exclusive ``flock``) for this process's lifetime, or raise
+    ``ValueError`` when another process holds it: two processes in one run directory (a resume
+    started twice, ``--overwrite`` while the old job is still stopping) would interleave metrics,
+    publish the same checkpoints and delete each other's files. Returns the open file (the lock
+    lasts while it is open; the OS releases it when the process ends, however it ends)."""
+    import fcntl
+
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    handle = open(root / LOCK_FILE, "a+")  # noqa: SIM115 - held open on purpose
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ValueError(f"output_dir {run_dir} is in use by {holder}: wait for it to end (or stop it) before "
+                         "starting, resuming or overwriting this run") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"aisrl process {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "ledger.json", "rollout_workers.json", "control.json",
                  "checkpoints", "dumps", "report", "wandb")
 """What a run writes into its directory (the layout above)."""

@@ -164,7 +164,7 @@ def test_a_stale_part_changes_the_resumed_run(part, uninterrupted, tmp_path):
     assert [compared(r) for r in resumed[4:]] != [compared(r) for r in full[4:]]
 
 
-def test_missing_or_inconsistent_parts_are_refused(uninterrupted, tmp_path):
+def test_missing_or_inconsistent_parts_are_refused(uninterrupted, tmp_path, monkeypatch):
     source, _ = uninterrupted
     ckpt, donor = resume_copy(source, tmp_path / "run", keep_step=4)
     controller = pickle.loads((ckpt / run_state.CONTROLLER_FILE).read_bytes())
@@ -185,5 +185,12 @@ def test_missing_or_inconsistent_parts_are_refused(uninterrupted, tmp_path):
         run_state.check_controller_state({**controller, "sampler": ledger}, ckpt)
     # the policy version: the learner half at step 4, the controller claiming step 2
     edit_controller(ckpt, lambda s: s.update(step=2))
+    import actors.trainer as trainer_module
+
+    services = []  # the refusal comes before the correction service (which opens the W&B run) is made
+    real_service = trainer_module.CorrectionService
+    monkeypatch.setattr(trainer_module, "CorrectionService", type("Spy", (), {
+        "options": staticmethod(lambda **kw: services.append(kw) or real_service.options(**kw))}))
     with pytest.raises(ValueError, match="learner at version 4 but controller at step 2"):
         train(tmp_path / "run", 6, resume=True)
+    assert services == []

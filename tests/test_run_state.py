@@ -137,3 +137,47 @@ def test_a_refused_resume_touches_nothing(tmp_path, monkeypatch):
     assert "no usable checkpoint" in " ".join(result.output.split())
     assert "controller.pkl is truncated" in " ".join(result.output.split())
     assert (run / "config.json").read_text() == saved
+
+
+def test_a_resume_sets_aside_what_the_abandoned_attempt_wrote_past_its_checkpoint(tmp_path):
+    """Found by a review: a resume from step 2 (step 4's shard damaged) left step 4 in place; the
+    resumed run, republishing step 4's learner half beside the abandoned attempt's controller.pkl
+    and then killed, left a 'complete' step 4 pairing new weights with the old ledger and buffer.
+    Now the later checkpoints are moved aside (kept, never resumed from) and the later dumps go."""
+    from system.report.dump import save_dump
+
+    make_checkpoint(tmp_path, 2)
+    c4 = make_checkpoint(tmp_path, 4)
+    (c4 / "learner" / "__0_0.distcp").write_bytes(b"x" * 40)  # damaged: the resume takes step 2
+    ckpt, state, _ = run_state.usable_run_checkpoint(tmp_path)
+    assert state["step"] == 2
+    for step in (2, 3, 4):
+        save_dump(tmp_path / "dumps" / f"step_{step:06d}.npz", rollout_logp=np.zeros((1, 1), np.float32),
+                  train_logp=np.zeros((1, 1), np.float32), response_mask=np.ones((1, 1), bool))
+    moved, dumps = run_state.set_aside_after(tmp_path, 2, now=1234)
+    assert moved == ["step_00000004"] and dumps == 2
+    assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["step_000002.npz"]
+    assert (tmp_path / "checkpoints" / "abandoned" / "1234" / "step_00000004" / "controller.pkl").is_file()
+    # the set-aside checkpoint is never a candidate again; the resumed one still is
+    assert [p.name for p in run_state.complete_run_checkpoints(tmp_path)] == ["step_00000002"]
+    assert run_state.set_aside_after(tmp_path, 2) == ([], 0)  # nothing more past step 2
+
+
+def test_one_process_per_run_directory(tmp_path):
+    """Found by a review: nothing stopped two processes from using one run directory (a resume started
+    twice; --overwrite while the old job still stops): their metrics interleave, they publish the same
+    checkpoints, and --overwrite deletes the live run's files."""
+    import subprocess
+    import sys
+
+    held = run_state.lock_run_dir(tmp_path / "run")
+    probe = ("import sys; from system import run_state\n"
+             "try:\n    run_state.lock_run_dir(sys.argv[1])\nexcept ValueError as e:\n    print(e); sys.exit(3)\n")
+    other = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "run")], capture_output=True, text=True)
+    assert other.returncode == 3 and f"is in use by aisrl process {__import__('os').getpid()}" in other.stdout
+    with pytest.raises(ValueError, match="is in use by"):  # a second handle in this process too
+        run_state.lock_run_dir(tmp_path / "run")
+    held.close()  # released (the OS also releases it when a process ends, however it ends)
+    again = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "run")], capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert run_state.existing_run(tmp_path / "run") == []  # the lock file is not a run artefact
