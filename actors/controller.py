@@ -297,10 +297,13 @@ class RolloutLoop:
     def drain(self, timeout: float) -> None:
         """Stop dispatching; collect (and account for) what is still in flight."""
         self.stop.set()
-        if self.thread.ident is not None:  # started (a run that failed while building may not have)
-            self.thread.join()
         deadline = time.monotonic() + timeout
-        while self.pool.busy() and time.monotonic() < deadline:
+        if self.thread.ident is not None:  # started (a run that failed while building may not have)
+            self.thread.join(timeout=timeout)  # a tick stuck in a Ray call must not hold the end of the run
+            if self.thread.is_alive():
+                log.warning("the rollout loop did not stop within %.0f s; its calls in flight are handed back",
+                            timeout)
+        while self.pool.busy() and time.monotonic() < deadline and not self.thread.is_alive():
             self._collect(timeout=0.5)
         with self.state.cond:
             for slot in self.pool.busy():

@@ -73,6 +73,9 @@ class CorrectionService:
         return str(self.run_dir / "report" / "report.html")
 
     def state_dict(self) -> dict:
+        """The state a checkpoint keeps; the metrics written so far (every record up to the checkpoint's
+        step: the driver's calls arrive in order) are made durable first."""
+        self.logger.jsonl.sync()
         return self.core.state_dict()
 
     def load_state_dict(self, sd: dict) -> None:

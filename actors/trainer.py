@@ -102,6 +102,7 @@ class Trainer:
         self.step = saved.get("step", 0)
         self.nonfinite_streak = 0  # consecutive steps with a non-finite loss, gradient or log-prob
         self._queued: SubmittedStep | None = None  # a step submitted behind the running one
+        self._checkpoint_owed = False  # a due checkpoint was skipped (a non-finite step): take the next one
         try:
             self._build(saved)
         except BaseException:
@@ -206,8 +207,9 @@ class Trainer:
                 record = done
                 if console:
                     console.log(self.step, record)
-                if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
+                due = self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0
+                if due or self._checkpoint_owed:  # one skipped for a non-finite step: at the next finite one
+                    self._checkpoint_owed = self.save_checkpoint() is None
         finally:
             if console:
                 console.close()
@@ -234,7 +236,7 @@ class Trainer:
         """With ``async.queue_ahead``, a next step may wait in the learners' queue behind ``step`` unless
         the run ends or checkpoints after ``step`` (the learners must then be idle at that version), or
         the pipeline is synchronous (its batch needs the weights ``step`` produces)."""
-        ckpt = self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0
+        ckpt = self._checkpoint_owed or (self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0)
         return (self.cfg.async_.queue_ahead and self.cfg.async_.max_lag > 0 and step < self.cfg.max_steps
                 and not ckpt and not self.stop_requested.is_set())
 

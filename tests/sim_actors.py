@@ -226,6 +226,9 @@ class SimulatedLearnerSettings:
     """Std of the Gaussian noise added to the behaviour log-probs to make ``old``."""
     timeline: str | None = None
     """A JSONL file to stamp ``step_call`` and ``step_end`` (with step and rank) into."""
+    nonfinite_versions: tuple[int, ...] = ()
+    """Policy versions whose step reports a skipped update (a non-finite gradient), as a diverging
+    learner would."""
 
 
 def synthetic_weight_shapes(num_params: int, width: int = 1536, max_rows: int = 8960) -> dict[str, tuple[int, int]]:
@@ -329,7 +332,8 @@ class SimulatedLearnerRank:
             "keep_token_frac": float((mask & (weights > 0)).sum() / n_tok),
             "num_valid_tokens": float(mask.sum()), "num_sequences": float((mask.sum(axis=1) >= 1).sum()),
             "clip_frac": 0.0, "grad_norm": float(abs(self._rng.normal(1.0, 0.1))), "lr": self.cfg.learner.lr,
-            "skipped_step": 0.0, "nonfinite_proximal_tokens": 0.0, "policy_version": float(self._policy_version),
+            "skipped_step": float(self._policy_version in self.settings.nonfinite_versions),
+            "nonfinite_proximal_tokens": 0.0, "policy_version": float(self._policy_version),
         }
 
     def export_weights(self) -> WeightPayload | None:

@@ -293,3 +293,20 @@ def test_a_stop_request_ends_the_wait_for_a_batch_that_never_comes(loopback_ray,
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
     assert ledger["trained"] == step * PROMPTS and ledger["duplicates"] == 0
     assert ledger["issued"] == ledger["trained"] + ledger["dropped"] + ledger["in_flight"] + ledger["buffered"]
+
+
+def test_a_checkpoint_skipped_for_a_non_finite_step_is_taken_at_the_next_finite_one(loopback_ray, tmp_path):
+    """Found by a review: a due checkpoint skipped because its step was non-finite was not retried,
+    leaving up to 2 x checkpoint_every steps unprotected. checkpoint_every=2, step 2 non-finite (a
+    skipped update): checkpoints at 3 (the owed one), 4 and 6, none at 2; with queue-ahead on, no
+    step is queued behind step 3 (the learners must be idle at the version saved)."""
+    cfg = sim_config(tmp_path / "run", "max_steps=6", "checkpoint_every=2", "async.queue_ahead=true")
+    run_to_end(Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
+                       learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000,
+                                                                    nonfinite_versions=(2,))))
+    saved = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step_*")
+                   if (p / "controller.pkl").is_file())
+    assert saved == [3, 4, 6]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["learner/skipped_step"] for r in records] == [0, 1, 0, 0, 0, 0]
+    assert records[3]["pipeline/queued_ahead"] == 0  # step 4 was submitted after step 3's checkpoint

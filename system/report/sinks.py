@@ -5,6 +5,7 @@ Core code returns metrics as flat ``{name: number}`` dicts; only sinks write the
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -49,6 +50,13 @@ class JsonlSink(NullSink):
         if self._fh is None:
             self._fh = self.path.open("a", buffering=1)
         self._fh.write(json.dumps(record) + "\n")
+
+    def sync(self) -> None:
+        """Make every record written so far durable (``fsync``): called when a checkpoint is taken, so a
+        machine crash cannot keep checkpoint k while losing the records up to step k."""
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         if self._fh is not None:
