@@ -74,9 +74,14 @@ class Trainer:
         self.run_dir = Path(cfg.output_dir)
         self.ckpt = None
         self._lock = run_state.lock_run_dir(self.run_dir)  # one process per run directory
+        self._accepted_new = False  # a new run accepted into an empty directory (or one overwritten)
         try:
             self._start(resume, overwrite)
         except BaseException:
+            if self._accepted_new:  # a new run that failed to start: what it wrote is not a run
+                removed = run_state.remove_run_artefacts(self.run_dir)
+                if removed:
+                    log.warning("the run failed to start; removed what it had written (%s)", ", ".join(removed))
             self._release_lock()  # a refused or failed start leaves the directory free
             raise
 
@@ -89,6 +94,7 @@ class Trainer:
         cfg, saved = self.cfg, {}
         if not resume:
             run_state.check_new_run_dir(self.run_dir, overwrite)
+            self._accepted_new = True
         else:
             self.ckpt, saved, skipped = run_state.usable_run_checkpoint(self.run_dir)
             for reason in skipped:
@@ -106,7 +112,7 @@ class Trainer:
         try:
             self._build(saved)
         except BaseException:
-            self.shutdown()  # whatever started before the failure (learner ranks, service, workers)
+            self._stop_parts()  # whatever started before the failure (learner ranks, service, workers)
             raise
         # written once the run is accepted: a refused --resume leaves the directory as it was
         if self.ckpt is not None:

@@ -241,6 +241,19 @@ def existing_run(run_dir: str | Path) -> list[str]:
     return [name for name in RUN_ARTEFACTS if (root / name).exists()] if root.is_dir() else []
 
 
+def remove_run_artefacts(run_dir: str | Path) -> list[str]:
+    """Delete every run artefact in ``run_dir`` (symlinks as links, not their targets); the names."""
+    root = Path(run_dir)
+    found = existing_run(root)
+    for name in found:
+        path = root / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return found
+
+
 def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> None:
     """Refuse to start a new run where one already is (two runs' metrics, checkpoints and dumps
     would mix), unless ``overwrite``: then the old run's artefacts are deleted first."""
@@ -251,10 +264,4 @@ def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> None:
         raise ValueError(
             f"output_dir {run_dir} already holds a run ({', '.join(found)}): continue it with "
             f"'aisrl train --resume {run_dir}', pass --overwrite to replace it, or choose another output_dir")
-    root = Path(run_dir)
-    for name in found:
-        path = root / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    remove_run_artefacts(run_dir)

@@ -90,6 +90,8 @@ class SimulatedRolloutSettings:
     byte of every page, or ``copy`` every array into worker-owned buffers (what an engine's load does)."""
     timeline: str | None = None
     """A JSONL file to stamp ``offer``, ``gen_call``, ``gen_start`` (weights adopted), ``gen_end`` into."""
+    fail_to_start: bool = False
+    """Raise in the constructor, as an engine that cannot be built on this node."""
 
 
 class SimulatedRolloutWorker:
@@ -104,6 +106,8 @@ class SimulatedRolloutWorker:
         return ray.remote(concurrency_groups={"weights": 1})(baked)
 
     def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
+        if self.settings.fail_to_start:
+            raise RuntimeError(f"simulated worker {worker_id}: the engine cannot be built here")
         self.cfg, self.worker_id = cfg, worker_id
         self.vocab_size = _vocab_size(model_dir)
         self.reward = build_reward(cfg.data.reward)

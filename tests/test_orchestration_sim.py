@@ -310,3 +310,20 @@ def test_a_checkpoint_skipped_for_a_non_finite_step_is_taken_at_the_next_finite_
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["learner/skipped_step"] for r in records] == [0, 1, 0, 0, 0, 0]
     assert records[3]["pipeline/queued_ahead"] == 0  # step 4 was submitted after step 3's checkpoint
+
+
+def test_a_new_run_that_fails_to_start_leaves_no_run_behind(loopback_ray, tmp_path):
+    """Found by a review: a new run whose workers could not start left W&B files (and more) behind, so
+    the next `aisrl train` was refused as "holds a run" while `--resume` had no checkpoint. Now a new
+    run that fails to start removes what it wrote; the directory takes the next run."""
+    cfg = sim_config(tmp_path / "run", "max_steps=2", "report.wandb.mode=offline")
+    with pytest.raises(Exception, match="cannot be built here"):
+        Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(fail_to_start=True),
+                learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.01, payload_params=1_000))
+    from system import run_state
+
+    assert run_state.existing_run(tmp_path / "run") == []
+    records = run_to_end(Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.01),
+                                 learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.01,
+                                                                              payload_params=1_000)))
+    assert [r["step"] for r in records] == [1, 2]
