@@ -24,6 +24,7 @@ back to the newest checkpoint that is whole (:func:`usable_run_checkpoint`).
 """
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -33,6 +34,7 @@ from pathlib import Path
 from system.data.sampler import check_cursor
 from system.learner.checkpoint import checkpoint_problems, is_complete
 
+log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step_(\d+)$")
 CONTROLLER_FILE = "controller.pkl"
 CONTROLLER_KEYS = ("step", "sampler", "buffer", "correction", "rng", "wandb_run_id")
@@ -217,12 +219,15 @@ def lock_run_dir(run_dir: str | Path):
     handle = open(root / LOCK_FILE, "a+")  # noqa: SIM115 - held open on purpose
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:  # held by another process (EWOULDBLOCK)
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
         raise ValueError(f"output_dir {run_dir} is in use by {holder}: wait for it to end (or stop it) before "
                          "starting, resuming or overwriting this run") from None
+    except OSError as exc:  # a file system without locks (some NFS mounts: ENOLCK): go on unguarded, say so
+        log.warning("output_dir %s: cannot lock %s (%s); nothing stops a second process from using this run "
+                    "directory", run_dir, LOCK_FILE, exc.strerror or exc)
     handle.seek(0)
     handle.truncate()
     handle.write(f"aisrl process {os.getpid()}\n")

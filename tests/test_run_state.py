@@ -181,3 +181,17 @@ def test_one_process_per_run_directory(tmp_path):
     again = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "run")], capture_output=True, text=True)
     assert again.returncode == 0, again.stdout + again.stderr
     assert run_state.existing_run(tmp_path / "run") == []  # the lock file is not a run artefact
+
+
+def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path, monkeypatch, caplog):
+    """Some NFS mounts have no lock daemon (flock: ENOLCK): that is not "another process holds it"."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    handle = run_state.lock_run_dir(tmp_path / "run")
+    assert handle is not None and "cannot lock .aisrl.lock (No locks available)" in caplog.text
+    handle.close()
