@@ -67,7 +67,7 @@ def train(
             plan = describe_plan(plan_placement(cfg, None))
         else:  # a cluster joined at run time: its resources decide; say what each role asks for there
             offered = {cfg.ray.rollout_resource: 1.0, cfg.ray.learner_resource: 1.0}
-            plan = [{**role, "resources_if_the_cluster_offers_them": role.pop("resources"), "resources": None}
+            plan = [{**role, "resources": None, "resources_if_the_cluster_offers_them": role["resources"]}
                     for role in describe_plan(plan_placement(cfg, offered))]
         print(json.dumps({"config": cfg.model_dump(mode="json", by_alias=True), "placement": plan}, indent=2))
         return

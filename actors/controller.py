@@ -345,11 +345,11 @@ class SharedState:
 
 def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler, state: SharedState,
                learner_version: int, rollout: RolloutLoop, give_up=None,
-               poll_s: float | None = None) -> tuple[list[RolloutGroup], float]:
+               poll_s: float = 1.0) -> tuple[list[RolloutGroup], float]:
     """Block until B admissible groups are buffered; drop stale ones with a reason. (groups, seconds waited).
 
-    With ``give_up`` (a callable, checked whenever the condition is notified, and every ``poll_s``,
-    50 ms unless given): ``([], seconds)`` as soon as it returns True before the batch is ready
+    With ``give_up`` (a callable, checked whenever the condition is notified, and every ``poll_s``):
+    ``([], seconds)`` as soon as it returns True before the batch is ready
     (queueing a step ahead stops once the running step has ended; its end notifies the condition,
     ``SharedState.wake``; a stop request ends the wait for a batch that may never come)."""
     started = time.perf_counter()
@@ -366,4 +366,4 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
                 return groups, time.perf_counter() - started
             if give_up is not None and give_up():
                 return [], time.perf_counter() - started
-            state.cond.wait(timeout=poll_s if poll_s is not None else 1.0 if give_up is None else 0.05)
+            state.cond.wait(timeout=poll_s)

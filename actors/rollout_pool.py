@@ -106,6 +106,13 @@ class RolloutPool:
         if self.on_ready is not None:
             self.on_ready()
 
+    def workers_record(self) -> dict:
+        """What ``rollout_workers.json`` holds: the requested quantization, and the scheme and FP8 kernel
+        decision of every worker that became ready so far (a mixed cluster's nodes may choose differently)."""
+        started = dict(self.started)
+        return {"requested": self.cfg.rollout.quantization, "running": {w: q for w, (q, _) in started.items()},
+                "fp8_kernel": {w: k for w, (_, k) in started.items() if k is not None}}
+
     def slots_now(self) -> list[WorkerSlot]:
         """A snapshot of the slots: the train thread reads them while the rollout loop changes them."""
         return list(self.slots.copy().values())

@@ -36,6 +36,7 @@ from system.data.buffer import TrajectoryBuffer
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
 from system.learner.batch import LearnerBatch, collate_groups
+from system.learner.divergence import DivergenceGuard
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
 from system.report.console_sink import ConsoleSink
@@ -57,10 +58,6 @@ class SubmittedStep:
     queued_ahead: bool
     """Submitted while the previous step ran (so the learners went on without a pause)."""
     pending: PendingStep
-
-
-class TrainingDivergedError(RuntimeError):
-    """Too many consecutive steps with a non-finite loss, gradient or log-prob."""
 
 
 class Trainer:
@@ -106,7 +103,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = str(resolve_model_dir(cfg))
         self.step = saved.get("step", 0)
-        self.nonfinite_streak = 0  # consecutive steps with a non-finite loss, gradient or log-prob
+        self.divergence = DivergenceGuard(cfg.learner.max_nonfinite_steps)
         self._queued: SubmittedStep | None = None  # a step submitted behind the running one
         self._checkpoint_owed = False  # a due checkpoint was skipped (a non-finite step): take the next one
         try:
@@ -148,13 +145,12 @@ class Trainer:
             published = (self.step, self.transport.publish(self.learners, self.step))
         self.state = SharedState(self.step, published)
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0])
-        started = self.pool.start(cfg.rollout.num_workers)
-        schemes = {s.worker_id: s.quantization for s in started}
-        kernels = {s.worker_id: s.fp8_kernel for s in started if s.fp8_kernel is not None}
-        log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, schemes,
+        self.pool.start(cfg.rollout.num_workers)
+        workers = self.pool.workers_record()
+        log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, workers["running"],
                     "".join(f" ({w}: FP8 kernel {k['kernel']}"
                             + (f", {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)" if k.get("fp8_vs_bf16") else ")")
-                            for w, k in kernels.items()))
+                            for w, k in workers["fp8_kernel"].items()))
         self._write_rollout_workers()
         self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
@@ -162,12 +158,8 @@ class Trainer:
         self.rollout.control = self.control
 
     def _write_rollout_workers(self) -> None:
-        """``rollout_workers.json``: the scheme and FP8 kernel of every worker that became ready so far
-        (a mixed cluster's nodes may choose differently)."""
-        started = dict(self.pool.started)
-        (self.run_dir / "rollout_workers.json").write_text(json.dumps(
-            {"requested": self.cfg.rollout.quantization, "running": {w: q for w, (q, _) in started.items()},
-             "fp8_kernel": {w: k for w, (_, k) in started.items() if k is not None}}, indent=1))
+        """``rollout_workers.json``: every worker that became ready so far (``RolloutPool.workers_record``)."""
+        (self.run_dir / "rollout_workers.json").write_text(json.dumps(self.pool.workers_record(), indent=1))
 
     def _restore(self, saved: dict) -> None:
         try:
@@ -228,7 +220,7 @@ class Trainer:
         goes to the correction service without waiting. Returns the step's flat metrics, or None when
         a stop was requested while waiting for its batch (e.g. no rollout worker left: ``aisrl scale
         --workers 0``, a replacement that does not come up), so SIGTERM never waits for a batch."""
-        current = self._queued or self._submit(self.step, give_up=self.stop_requested.is_set, poll_s=1.0)
+        current = self._queued or self._submit(self.step, give_up=self.stop_requested.is_set)
         self._queued = None
         if current is None:
             return None
@@ -246,17 +238,18 @@ class Trainer:
         return (self.cfg.async_.queue_ahead and self.cfg.async_.max_lag > 0 and step < self.cfg.max_steps
                 and not ckpt and not self.stop_requested.is_set())
 
-    def _submit(self, version: int, give_up=None, ahead: bool = False, poll_s: float | None = None) -> "SubmittedStep | None":
+    def _submit(self, version: int, give_up, ahead: bool = False) -> "SubmittedStep | None":
         """Take the batch trained at ``version``, put it, start the step on every rank (not awaited).
-        None once ``give_up()`` holds before the batch is ready; ``ahead``: queued behind the running step."""
+        None once ``give_up()`` holds before the batch is ready (checked every 50 ms when queueing
+        ``ahead`` behind the running step, else every second: a stop request)."""
         groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout, give_up,
-                                    poll_s)
+                                    poll_s=0.05 if ahead else 1.0)
         if not groups:
             return None
         batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])
         pending = self.learners.submit(ray.put(batch), version + 1, self.service)
         # offered now, while the step runs: a worker adopts it the moment the object exists, without a
-        # round trip through this driver after the step (``_check_finite`` stops a diverging run)
+        # round trip through this driver after the step (``DivergenceGuard`` stops a diverging run)
         self.state.publish(version + 1, pending.weights)
         # queued ahead, the learner never waited for this batch: it was ready before the previous step ended
         return SubmittedStep(version + 1, groups, batch, 0.0 if ahead else waited, ahead, pending)
@@ -288,27 +281,10 @@ class Trainer:
         self.service.finish_step.remote(record)  # not awaited: the sinks write while the next step runs
         self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,
                                     "workers_ready": record.workers_ready, "reward/mean": record.reward_mean})
-        self._check_finite(outcome.learner)  # after its record: the step that stops a run is in metrics.jsonl
+        # after its record (the step that stops a run is in metrics.jsonl); its weights were offered when
+        # it was submitted, so a worker may have sampled with them before the run stops
+        self.divergence.observe(self.step, outcome.learner)
         return record.metrics()
-
-    def _check_finite(self, learner_metrics: dict) -> None:
-        """Count the step as non-finite when the learner skipped an update (non-finite gradient), its loss
-        is not finite, or it recomputed non-finite log-probs where the rollout's are finite (a diverged
-        model); stop the run after ``learner.max_nonfinite_steps`` such steps in a row (no checkpoint is
-        written after it; its weights were offered to the workers when it was submitted, so a worker
-        may have sampled with them before the run stops)."""
-        bad_proximal = int(learner_metrics.get("nonfinite_proximal_tokens", 0))
-        loss = learner_metrics.get("loss", 0.0)
-        nonfinite = learner_metrics.get("skipped_step", 0.0) > 0 or bad_proximal > 0 or not np.isfinite(loss)
-        self.nonfinite_streak = self.nonfinite_streak + 1 if nonfinite else 0
-        limit = self.cfg.learner.max_nonfinite_steps
-        if self.nonfinite_streak > limit:
-            raise TrainingDivergedError(
-                f"training diverged: {self.nonfinite_streak} consecutive steps with a non-finite loss, gradient "
-                f"or log-prob (step {self.step}: loss {loss}, grad_norm {learner_metrics.get('grad_norm')}, "
-                f"{bad_proximal} non-finite proximal log-probs; learner.max_nonfinite_steps={limit}). "
-                f"Lower learner.lr (or tighten learner.grad_clip); no checkpoint was written after the "
-                "divergence")
 
     def _rollout_idle(self) -> float:
         """Seconds a ready rollout worker sat idle since the previous step (mean over ready workers):
@@ -328,7 +304,7 @@ class Trainer:
         """Checkpoint both halves; a step that was non-finite is not checkpointed (None). The checkpoint
         a run resumed from (or saved last) is not written again: a preemption in the middle of
         rewriting it would tear the newest complete checkpoint."""
-        if self.nonfinite_streak:
+        if self.divergence.streak:
             log.warning("step %d had a non-finite loss, gradient or log-prob: not checkpointed", self.step)
             return None
         ckpt = run_state.checkpoint_dir(self.run_dir, self.step)

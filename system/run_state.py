@@ -33,6 +33,7 @@ from pathlib import Path
 
 from system.data.sampler import check_cursor
 from system.learner.checkpoint import checkpoint_problems, is_complete
+from system.report.dump import numbered_dumps
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step_(\d+)$")
@@ -189,15 +190,14 @@ def set_aside_after(run_dir: str | Path, step: int, now: float | None = None) ->
     root = Path(run_dir)
     moved = []
     later = [p for p in (root / "checkpoints").glob("step_*")
-             if (m := re.match(r"^step_(\d+)", p.name)) and int(m.group(1)) > step] if (root / "checkpoints").is_dir() else []
+             if (m := _STEP.match(p.name)) and int(m.group(1)) > step] if (root / "checkpoints").is_dir() else []
     if later:
         target = root / "checkpoints" / ABANDONED_DIR / str(int(now if now is not None else time.time()))
         target.mkdir(parents=True, exist_ok=True)
         for path in sorted(later):
             path.rename(target / path.name)
             moved.append(path.name)
-    dumps = [p for p in (root / "dumps").glob("step_*.npz")
-             if p.stem[5:].isdigit() and int(p.stem[5:]) > step] if (root / "dumps").is_dir() else []
+    dumps = [p for n, p in numbered_dumps(root / "dumps") if n > step]
     for path in dumps:
         path.unlink()
     return moved, len(dumps)

@@ -127,12 +127,9 @@ def _check_lag(lag: np.ndarray, path: str) -> None:
 
 def _dumps_hint(directory: Path) -> str:
     """Where the dumps of a run directory (or a dumps directory) are, for the error message."""
-    try:
-        found = sorted(directory.glob("*.npz")) or sorted(directory.glob("dumps/*.npz"))
-    except OSError:
-        found = []
-    if found:
-        return f"give one of its {len(found)} dump file(s), e.g. the last: {found[-1]}"
+    last = newest_dump(directory) or newest_dump(directory / "dumps")
+    if last is not None:
+        return f"give one of its dump files, e.g. the last: {last}"
     return "give a .npz dump file (a run writes them as <output_dir>/dumps/step_XXXXXX.npz)"
 
 
@@ -195,13 +192,20 @@ def _storable(path, key: str, value) -> np.ndarray:
     return arr
 
 
+def numbered_dumps(directory: str | Path) -> list[tuple[int, Path]]:
+    """The dumps ``step_XXXXXX.npz`` in ``directory`` as ``(step, path)``, by step; partial files of an
+    interrupted save (hidden names) and other files are not dumps. Empty when there is no directory."""
+    try:
+        return sorted((int(p.stem[5:]), p) for p in Path(directory).glob("step_*.npz") if p.stem[5:].isdigit())
+    except OSError:
+        return []
+
+
 def newest_dump(directory: str | Path, up_to_step: int | None = None) -> Path | None:
-    """The run's newest dump ``step_XXXXXX.npz`` in ``directory`` at or before ``up_to_step`` (a later
-    one belongs to an attempt abandoned after the checkpoint a run resumed from); None if none.
-    Partial files of an interrupted save are never taken."""
-    numbered = [(int(p.stem[5:]), p) for p in Path(directory).glob("step_*.npz") if p.stem[5:].isdigit()]
-    kept = sorted((n, p) for n, p in numbered if up_to_step is None or n <= up_to_step)
-    return kept[-1][1] if kept else None
+    """The run's newest dump in ``directory`` at or before ``up_to_step`` (a later one belongs to an
+    attempt abandoned after the checkpoint a run resumed from); None if none."""
+    kept = [p for n, p in numbered_dumps(directory) if up_to_step is None or n <= up_to_step]
+    return kept[-1] if kept else None
 
 
 def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:

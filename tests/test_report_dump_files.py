@@ -1,0 +1,185 @@
+"""``aisrl report``'s files: dumps refused by key or file (never a traceback, never unpickled),
+strings decoded, a directory named, report files written all or none, and which dump a run's
+fallback report takes. (The report's values are in ``test_report.py``.)"""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_report import _outputs, _report, runner, said, strict_load
+
+from actors.cli import app
+from system.report.demo_dump import make_demo_dump
+from system.report.dump import DumpError, load_dump, save_dump
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda a: a.pop("train_logp"), "train_logp"),
+        (lambda a: a.__setitem__("response_mask", a["response_mask"][:, :-1]), "response_mask"),
+        (lambda a: a.__setitem__("lag", a["lag"][:-1]), "lag"),
+        (lambda a: [a.__setitem__(k, a[k][:0]) for k in list(a)], "empty batch"),
+        (lambda a: a.__setitem__("rollout_logp", a["rollout_logp"][0]), "rollout_logp"),
+        # A log-probability is <= 0: 0.5 at a masked-in token is refused, naming the key.
+        (lambda a: a["rollout_logp"].__setitem__((0, 0), 0.5), "rollout_logp"),
+        (lambda a: a["train_logp"].__setitem__((3, 0), 2e-3), "train_logp"),
+        (lambda a: a["lag"].__setitem__(2, -1), "lag"),
+        (lambda a: a.__setitem__("lag", a["lag"].astype(np.float32) + 0.5), "lag"),
+        (lambda a: a.__setitem__("lag", a["lag"].astype(np.int64) + 2**31), "lag"),  # would wrap in int32
+        # text or complex numbers under a numeric key: refused by key, not a traceback from astype
+        (lambda a: a.__setitem__("reward", np.full(8, "1x")), "reward"),
+        (lambda a: a.__setitem__("advantage", np.zeros(8, np.complex64)), "advantage"),
+        (lambda a: a.__setitem__("response_ids", a["response_ids"].astype(np.float32)), "response_ids"),
+        (lambda a: a.__setitem__("uid", np.zeros(8, np.complex64)), "uid"),
+    ],
+)
+def test_bad_dumps_fail_naming_the_key_without_traceback(tmp_path, mutate, needle):
+    arrays = make_demo_dump(8, 6, seed=1)
+    mutate(arrays)
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    result = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert needle in said(result) and "Traceback" not in result.output
+    with pytest.raises(DumpError, match="bad.npz"):
+        load_dump(path)
+
+
+def test_logp_rounding_padding_and_infinities_are_not_refused(tmp_path):
+    arrays = make_demo_dump(8, 6, seed=1)
+    m = arrays["response_mask"]
+    arrays["rollout_logp"][0, 0] = 5e-4  # within the 1e-3 tolerance
+    pad = np.argwhere(~m)[0]  # make_demo_dump pads: some row is shorter than 6
+    arrays["train_logp"][tuple(pad)] = 7.0  # padding is never read
+    arrays["train_logp"][1, 0] = np.inf  # non-finite: excluded and counted, not refused
+    arrays["rollout_logp"][2, 0] = -np.inf
+    result, out = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output
+    s, _, _ = _outputs(out)
+    assert s["nonfinite_tokens"] == 2 and s["n_tokens"] == int(m.sum()) - 2
+
+
+class _Trap:
+    """Unpickling this would create a file: the loader must never unpickle."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_not_a_dump(tmp_path):
+    marker = tmp_path / "unpickled"
+    text = tmp_path / "x.npz"
+    text.write_text("not a zip")
+    pickled = tmp_path / "p.npz"
+    pickled.write_bytes(pickle.dumps({"rollout_logp": _Trap(marker)}))
+    single = tmp_path / "single.npz"
+    with single.open("wb") as fh:
+        np.save(fh, np.zeros((2, 2), np.float32))
+    for path in (text, pickled, single):
+        result = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "o")])
+        assert result.exit_code == 2 and path.name in said(result)
+        assert "not an .npz archive" in said(result) and "pickled" not in said(result)
+    result = runner.invoke(app, ["report", str(tmp_path / "missing.npz"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "no such file" in said(result)
+    # An .npz whose uid is an object (pickled) array: refused naming the key, never unpickled.
+    arrays = make_demo_dump(4, 3, seed=0)
+    arrays["uid"] = np.array([_Trap(marker)] * 4, dtype=object)
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, **arrays)
+    result = runner.invoke(app, ["report", str(objects), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "'uid'" in said(result) and "object array" in said(result)
+    assert not marker.exists()
+
+
+def test_byte_strings_are_decoded_with_invalid_bytes_replaced(tmp_path):
+    arrays = make_demo_dump(4, 3, seed=0)
+    arrays["uid"] = np.array([b"\xff", b"ok", "é".encode(), b"a"], dtype="S2")
+    arrays["token_text"] = np.where(arrays["response_mask"], b"\xfe", b"")
+    result, out = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output
+    samples = strict_load(out / "samples.json")
+    assert samples["sequences"]["uid"] == ["\ufffd", "ok", "é", "a"]  # U+FFFD replaces an invalid byte
+    assert set(samples["worst"][0]["tokens"]["token"]) == {"\ufffd"}
+
+
+def test_save_dump_stores_strings_as_unicode(tmp_path):
+    arrays = make_demo_dump(4, 3, seed=0)
+    arrays["uid"] = np.array(["a", "b", "c", "d"], dtype=object)
+    dump = load_dump(save_dump(tmp_path / "d.npz", **arrays))
+    assert dump.uid.dtype.kind == "U" and dump.uid.tolist() == ["a", "b", "c", "d"]
+    arrays["uid"] = np.array([1, "b", None, "d"], dtype=object)
+    with pytest.raises(DumpError, match="uid"):
+        save_dump(tmp_path / "e.npz", **arrays)
+
+
+def test_a_directory_given_as_the_dump_names_its_dumps(tmp_path):
+    run = tmp_path / "run"
+    for step in (2, 4):
+        save_dump(run / "dumps" / f"step_{step:06d}.npz", **make_demo_dump(3, 3, seed=step))
+    result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "a directory, not a dump file" in said(result)
+    squeezed = "".join(result.output.split())  # rich wraps long paths anywhere
+    assert "dumps/step_000004.npz" in squeezed and "thelast" in squeezed
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 2 and "dumps/step_XXXXXX.npz" in "".join(result.output.split())
+
+
+def test_a_failed_report_write_leaves_the_previous_report_whole(tmp_path, monkeypatch):
+    from system.report import mismatch_report
+
+    result, out = _report(tmp_path, make_demo_dump(5, 4, seed=1))
+    assert result.exit_code == 0, result.output
+    before = {name: (out / name).read_bytes() for name in ("summary.json", "samples.json", "report.html")}
+    # a directory now holds the page's name: refused before any file is replaced
+    (out / "report.html").unlink()
+    (out / "report.html").mkdir()
+    result = runner.invoke(app, ["report", str(save_dump(tmp_path / "b.npz", **make_demo_dump(7, 4, seed=2))),
+                                 "--out", str(out)])
+    assert result.exit_code == 2 and "cannot write the report" in said(result)
+    assert "report.html" in "".join(result.output.split())
+    assert {n: (out / n).read_bytes() for n in ("summary.json", "samples.json")} == \
+        {n: before[n] for n in ("summary.json", "samples.json")}
+    (out / "report.html").rmdir()
+    (out / "report.html").write_bytes(before["report.html"])
+    # the disk fills while the second file is written: nothing replaced, no partial file left
+    real_write = Path.write_text
+    calls = []
+
+    def failing_write(self, *args, **kwargs):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(self))
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", failing_write)
+    with pytest.raises(OSError, match="No space"):
+        mismatch_report.write_report(tmp_path / "b.npz", out)
+    monkeypatch.undo()
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "samples.json", "summary.json"]
+
+
+def test_the_fallback_report_takes_the_newest_complete_dump_of_this_attempt(tmp_path):
+    """Found by a review: the fallback (a process that dumped nothing: a resumed run already at its
+    last step) took the newest ``step_*.npz``, which could be an interrupted save's temporary file or
+    a dump of an attempt abandoned after the checkpoint the run resumed from."""
+    from system.report.dump import newest_dump
+
+    dumps = tmp_path / "dumps"
+    for step in (2, 4, 6):
+        save_dump(dumps / f"step_{step:06d}.npz", **make_demo_dump(2, 2, seed=step))
+    (dumps / ".step_000008.npz.partial.npz").write_bytes(b"killed mid-save")
+    (dumps / "step_000009.npz.tmp.npz").write_bytes(b"an older version's partial file")
+    assert newest_dump(dumps) == dumps / "step_000006.npz"
+    assert newest_dump(dumps, up_to_step=5) == dumps / "step_000004.npz"  # resumed at step 5
+    assert newest_dump(dumps, up_to_step=1) is None and newest_dump(tmp_path / "none") is None
+    # save_dump left no partial file of its own beside the three dumps (its temporary name is hidden)
+    assert sorted(p.name for p in dumps.iterdir()) == [
+        ".step_000008.npz.partial.npz", "step_000002.npz", "step_000004.npz", "step_000006.npz",
+        "step_000009.npz.tmp.npz"]
