@@ -6,7 +6,13 @@ Expected arrays are written out by hand from the example groups below.
 import numpy as np
 import pytest
 
-from system.learner.batch import collate_groups, micro_batch_slices, shard_batch
+from system.learner.batch import (
+    collate_groups,
+    micro_batch_slices,
+    rows_in_rank_order,
+    shard_batch,
+    shard_rows,
+)
 from system.learner.step import loss_normalisers
 from system.types import Completion, Prompt, RolloutGroup
 
@@ -103,6 +109,33 @@ def test_shard_keeps_global_advantages_and_widths():
         shard_batch(batch, 0, 3)
     with pytest.raises(ValueError, match="rank"):
         shard_batch(batch, 2, 2)
+
+
+def test_shard_rows_give_each_rank_its_part_of_every_global_mini_batch():
+    # B = 12, R = 2, M = 2: one process's mini-batches are rows 0-5 and 6-11; each is split in two runs
+    assert shard_rows(12, 0, 2, 2).tolist() == [0, 1, 2, 6, 7, 8]
+    assert shard_rows(12, 1, 2, 2).tolist() == [3, 4, 5, 9, 10, 11]
+    # one mini-batch: the contiguous blocks
+    assert shard_rows(12, 1, 2).tolist() == [6, 7, 8, 9, 10, 11]
+    # B = 14, R = 2, M = 3: a shard of 7 is sliced 3 / 2 / 2, so the global mini-batches are 6 / 4 / 4 rows:
+    # 0-5 (rank 0: 0-2, rank 1: 3-5), 6-9 (6-7 | 8-9), 10-13 (10-11 | 12-13)
+    assert shard_rows(14, 0, 2, 3).tolist() == [0, 1, 2, 6, 7, 10, 11]
+    assert shard_rows(14, 1, 2, 3).tolist() == [3, 4, 5, 8, 9, 12, 13]
+    order = rows_in_rank_order(14, 2, 3)
+    assert sorted(order.tolist()) == list(range(14))  # every row once: the all-gather is put back in place
+    gathered = np.concatenate([shard_rows(14, r, 2, 3) * 10 for r in range(2)])  # rank-order rows, tagged
+    restored = np.empty_like(gathered)
+    restored[order] = gathered
+    assert restored.tolist() == [10 * i for i in range(14)]
+
+
+def test_shard_batch_with_mini_batches_takes_rows_and_texts_in_shard_order():
+    batch = collate_groups(_hand_groups(), scale_advantages_by_std=True)  # 4 rows: a#0 a#1 b#0 b#1
+    first = shard_batch(batch, 0, 2, mini_batches=2)  # rows 0 and 2
+    assert first.uids == ("a#0", "b#0")
+    np.testing.assert_array_equal(first.input_ids_BS, batch.input_ids_BS[[0, 2]])
+    np.testing.assert_array_equal(first.advantages_B, batch.advantages_B[[0, 2]])
+    assert first.num_response_tokens == batch.num_response_tokens
 
 
 def test_micro_batch_slices_cover_rows_in_order():

@@ -46,9 +46,9 @@ from system.weight_payload import decode_weights
 LR, GRAD_CLIP, MICRO_BATCH = 1e-2, 0.5, 4
 
 
-def _learner_cfg(world_size: int, param_dtype: str) -> RunConfig:
+def _learner_cfg(world_size: int, param_dtype: str, **learner_fields) -> RunConfig:
     learner = LearnerConfig(num_ranks=world_size, lr=LR, grad_clip=GRAD_CLIP, micro_batch_size=MICRO_BATCH,
-                            param_dtype=param_dtype)
+                            param_dtype=param_dtype, **learner_fields)
     return RunConfig(learner=learner, rollout=RolloutConfig(temperature=TEMPERATURE, group_size=4),
                      prompts_per_step=3)
 
@@ -295,3 +295,39 @@ def test_one_call_step_equals_the_step_by_parts(runs, model_dir, tmp_path):
     v1 = dict(np.load(tmp_path / "v1.npz"))
     for name, value in exports["v1"].items():
         np.testing.assert_allclose(v1[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def _mini_batch_main(rank, world_size, port, model_dir, out_dir):
+    """``run_step`` with 2 mini-batches x 2 epochs: losses, norms and the new weights (rank 0)."""
+    from system.learner.core import LearnerCore
+    from system.learner.group_step import run_step
+
+    torch.set_num_threads(1)
+    batch, weights = make_batch(), make_weights(make_batch())
+    cfg = _learner_cfg(world_size, "float32", mini_batches=2, updates_per_batch=2)
+    core = LearnerCore(cfg, model_dir, rank, world_size, port)
+    outcome = run_step(core, batch, rank, world_size, (lambda old: lambda: (weights, {})) if rank == 0 else None)
+    if rank == 0:
+        np.savez(os.path.join(out_dir, "v1.npz"), **{k: v.float().numpy() for k, v in decode_weights(outcome.payload)})
+        with open(os.path.join(out_dir, "learner.json"), "w") as f:
+            json.dump(outcome.learner, f)
+    core.close()
+
+
+def test_mini_batches_on_two_ranks_train_what_one_process_trains(model_dir, tmp_path):
+    """With ``learner.mini_batches`` = 2 the optimiser steps of 2 ranks are those of one process: global
+    mini-batch k is the same 6 of the 12 rows (``shard_rows``: rank 0 holds rows 0-2 and 6-8, rank 1
+    rows 3-5 and 9-11), so the 4 updates (2 epochs x 2 mini-batches) agree to float32 summation order.
+    With contiguous shards (rows 0-5 | 6-11), 2 ranks trained rows {0-2, 6-8} in the first step and
+    one process rows 0-5: other gradients, other weights."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    _spawn(_mini_batch_main, 1, model_dir, str(one))
+    _spawn(_mini_batch_main, 2, model_dir, str(two))
+    learner = {name: json.loads((path / "learner.json").read_text()) for name, path in (("one", one), ("two", two))}
+    for key in ("loss", "grad_norm", "last/loss", "last/grad_norm", "num_valid_tokens"):
+        assert learner["two"][key] == pytest.approx(learner["one"][key], rel=1e-5), key
+    v1_one, v1_two = dict(np.load(one / "v1.npz")), dict(np.load(two / "v1.npz"))
+    for name, value in v1_one.items():
+        # bf16 exports of fp32 weights that agree to ~1e-7: equal, or one bf16 ulp apart
+        np.testing.assert_allclose(v1_two[name], value, rtol=2**-7, atol=1e-3 * LR, err_msg=name)

@@ -49,8 +49,11 @@ class LearnerConfig(StrictModel):
     """PPO epochs: passes over each batch, each of ``mini_batches`` optimiser steps; the policy version still
     advances by one per batch. The PPO / CTPO clip acts only from the second step on a batch (spec section 5)."""
     mini_batches: int = Field(default=1, ge=1)
-    """Optimiser steps per epoch: each is a contiguous slice of every rank's shard (at most one row apart in
-    size), its loss normalised by that mini-batch's valid tokens / sequences over all ranks."""
+    """Optimiser steps per epoch: step k trains the k-th run of consecutive rows of the global batch, whatever
+    the number of ranks (each rank holds its part of every mini-batch: ``system.learner.batch.shard_rows``;
+    sizes at most one row per rank apart), its loss normalised by that mini-batch's valid tokens /
+    sequences. Choose it to divide ``prompts_per_step x group_size / num_ranks`` for updates that are
+    exactly those of one process."""
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """FSDP2 ``MixedPrecisionPolicy`` parameter dtype (gradients are reduced in float32)."""
     advantage: Literal["grpo", "dr-grpo"] = "grpo"

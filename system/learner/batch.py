@@ -11,7 +11,7 @@ per-position array is indexed by the token it scores: ``behaviour_logp_BS[b, s]`
 ``x_BT[b, t] = x_BS[b, P_b + t]`` for ``t < T_b`` and 0 beyond.
 
 Advantages are computed by ``collate_groups`` over whole groups, before any sharding, so
-``shard_batch`` may cut anywhere (contiguous rows) without changing them.
+``shard_batch`` may cut anywhere without changing them (``shard_rows``: which rows each rank holds).
 """
 
 from collections.abc import Sequence
@@ -47,12 +47,18 @@ class LearnerBatch:
     def num_sequences(self) -> int:
         return int(self.input_ids_BS.shape[0])
 
-    def rows(self, index: slice) -> "LearnerBatch":
-        """The sub-batch of rows ``index`` (a slice); keeps S and T of the full batch."""
+    def rows(self, index: "slice | np.ndarray") -> "LearnerBatch":
+        """The sub-batch of rows ``index`` (a slice, or an integer array of rows in the order to keep);
+        keeps S and T of the full batch."""
         values = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            values[f.name] = value[index] if isinstance(value, np.ndarray | tuple) else value
+            if isinstance(value, np.ndarray):
+                values[f.name] = value[index]
+            elif isinstance(value, tuple):
+                values[f.name] = value[index] if isinstance(index, slice) else tuple(value[i] for i in index)
+            else:
+                values[f.name] = value
         return replace(self, **values)
 
     def response_view(self, x_BS: np.ndarray) -> np.ndarray:
@@ -154,17 +160,45 @@ def collate_groups(
     )
 
 
-def shard_batch(batch: LearnerBatch, rank: int, world_size: int) -> LearnerBatch:
-    """Rank ``rank``'s contiguous block of ``B / world_size`` sequences."""
+def shard_rows(num_sequences: int, rank: int, world_size: int, mini_batches: int = 1) -> np.ndarray:
+    """The global rows of rank ``rank``'s shard, in order, chosen so that an update does not depend on
+    the number of ranks: global mini-batch k is the ``world_size * n_k`` consecutive rows after the
+    earlier ones, where ``n_k`` is the size of slice k of a shard (``mini_batch_slices(B / R, M)``), and
+    rank r holds the r-th run of ``n_k`` rows of each. So a rank's mini-batch k (its slice k) together
+    with the other ranks' is exactly global mini-batch k, the rows one process would train in that
+    optimiser step (when M divides B / R, as verl requires of its mini-batch size; else the global
+    mini-batches' sizes differ from one process's by at most R - 1 rows). With one mini-batch the
+    shard is the contiguous block ``[r B/R, (r+1) B/R)``.
+
+    Example: B = 12, R = 2, M = 2: rank 0 holds rows 0-2 and 6-8, rank 1 rows 3-5 and 9-11; one
+    process's mini-batches are rows 0-5 and 6-11, and so are the two ranks' together."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    if batch.num_sequences % world_size:
+    if num_sequences % world_size:
         raise ValueError(
-            f"the batch of {batch.num_sequences} sequences does not split evenly over "
+            f"the batch of {num_sequences} sequences does not split evenly over "
             f"{world_size} learner ranks; choose prompts_per_step x group_size divisible by num_ranks"
         )
-    size = batch.num_sequences // world_size
-    return batch.rows(slice(rank * size, (rank + 1) * size))
+    size = num_sequences // world_size
+    if mini_batches == 1:
+        return np.arange(rank * size, (rank + 1) * size)
+    parts = [np.arange(world_size * local.start + rank * (local.stop - local.start),
+                       world_size * local.start + (rank + 1) * (local.stop - local.start))
+             for local in mini_batch_slices(size, mini_batches)]
+    return np.concatenate(parts)
+
+
+def shard_batch(batch: LearnerBatch, rank: int, world_size: int, mini_batches: int = 1) -> LearnerBatch:
+    """Rank ``rank``'s ``B / world_size`` sequences (``shard_rows``: a contiguous block with one
+    mini-batch; with several, the rank's part of each global mini-batch)."""
+    rows = shard_rows(batch.num_sequences, rank, world_size, mini_batches)
+    return batch.rows(slice(int(rows[0]), int(rows[-1]) + 1) if mini_batches == 1 else rows)
+
+
+def rows_in_rank_order(num_sequences: int, world_size: int, mini_batches: int = 1) -> np.ndarray:
+    """The global row of each row of the ranks' shards concatenated in rank order (what an all-gather
+    of per-shard rows returns): ``x_global[order] = gathered`` puts them back in batch order."""
+    return np.concatenate([shard_rows(num_sequences, r, world_size, mini_batches) for r in range(world_size)])
 
 
 def micro_batch_slices(num_sequences: int, micro_batch_size: int) -> list[slice]:

@@ -4,7 +4,7 @@ Per policy version the controller drives all R ranks in lock-step (every method 
 ``policy_version`` is collective: call it on every rank, with that rank's shard):
 
     batch  = collate_groups(groups, scale_advantages_by_std)      (driver, global batch)
-    shard  = shard_batch(batch, rank, R)
+    shard  = shard_batch(batch, rank, R, M)                         (batch.shard_rows)
     old_r  = core.compute_proximal_logprobs(shard)                  [B/R, T] per rank
     old    = concat(old_r over ranks);  w, ... = correction service(mu, old, mask, lag)
     norms  = loss_normalisers(mask, mu, old)                        (global, once)
@@ -19,7 +19,8 @@ on all ranks (``shard_batch`` guarantees it): FSDP2 runs one collective per micr
 Decisions: one rank still builds a 1-rank process group (one code path for FSDP2, DCP and
 the export). ``updates_per_batch`` x ``mini_batches`` optimiser steps per batch: epochs over
 the batch, each of ``mini_batches`` steps on consecutive row slices of every rank's shard
-(``step.train_updates``). Every update uses the same proximal log-probs (the PPO clip then
+(``step.train_updates``), which together are one global mini-batch, the same rows for any number
+of ranks (``batch.shard_rows``). Every update uses the same proximal log-probs (the PPO clip then
 bounds ``cur/old`` from the second update on), the same weights, and the normalisers of its
 mini-batch over all ranks (the global ones with one mini-batch); the policy version advances
 once per batch.

@@ -144,7 +144,7 @@ def _pin_gloo_to_loopback() -> None:
 def all_gather_rows(x_BT: np.ndarray, device: torch.device) -> np.ndarray:
     """Every rank's ``[B_r, T]`` block stacked in rank order, on every rank (collective).
 
-    The blocks must have one shape (``shard_batch`` cuts equal blocks). Without a process group
+    The blocks must have one shape (``shard_batch`` cuts equal shards). Without a process group
     (one rank) it is ``x_BT`` itself.
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:

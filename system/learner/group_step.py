@@ -3,9 +3,10 @@
 The driver makes ONE call per step, to every rank at once (``actors.learner_worker``); each
 rank then runs :func:`run_step`, and no token array goes back through the driver::
 
-    rank r (of R), shard = rows [r B/R, (r+1) B/R) of the global batch
+    rank r (of R), shard = its B/R rows of the global batch (``batch.shard_rows``: the block
+                   [r B/R, (r+1) B/R) with one mini-batch; with M, its part of each global mini-batch)
       1. proximal_r = log-probs of the shard's sampled tokens, current weights, no grad   [B/R, T]
-      2. proximal   = all-gather of every rank's proximal_r (process group)                 [B, T]
+      2. proximal   = all-gather of every rank's proximal_r (process group), in batch order [B, T]
       3. rank 0:  correct(proximal) STARTS the one call to the correction service (which
                   reads the batch itself from the object store)
       4. the update on the shard with the GLOBAL loss normalisers (valid tokens and sequences
@@ -31,7 +32,7 @@ import numpy as np
 
 from system.correction.ratios import valid_tokens
 from system.learner import distributed
-from system.learner.batch import LearnerBatch, shard_batch
+from system.learner.batch import LearnerBatch, rows_in_rank_order, shard_batch, shard_rows
 from system.learner.step import LossNormalisers, loss_normalisers
 from system.weight_payload import WeightPayload
 
@@ -80,13 +81,16 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
     if (rank == 0) != (correct is not None):
         raise ValueError("rank 0, and only rank 0, needs the correction call")
     t0 = time.perf_counter()
-    shard = shard_batch(batch, rank, world_size)
+    mini_batches = core.cfg.mini_batches
+    shard = shard_batch(batch, rank, world_size, mini_batches)
     proximal_shard_BT = core.compute_proximal_logprobs(shard)
     t1 = time.perf_counter()
-    proximal_BT = distributed.all_gather_rows(proximal_shard_BT, core.device)
+    gathered_BT = distributed.all_gather_rows(proximal_shard_BT, core.device)  # rows in rank order
+    proximal_BT = np.empty_like(gathered_BT)
+    proximal_BT[rows_in_rank_order(batch.num_sequences, world_size, mini_batches)] = gathered_BT
     started = correct(proximal_BT) if rank == 0 else None  # rank 0: the call is on its way
     t2 = time.perf_counter()
-    size = batch.num_sequences // world_size
+    mine = shard_rows(batch.num_sequences, rank, world_size, mini_batches)
     got: dict = {"correction": {}, "wait": 0.0}
 
     def weights_of_this_shard() -> np.ndarray:
@@ -97,7 +101,7 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
             weights_BT, got["correction"] = started()
         weights_BT = distributed.broadcast_array(weights_BT, proximal_BT.shape, np.float32, core.device)
         got["wait"] = time.perf_counter() - tw
-        return weights_BT[rank * size:(rank + 1) * size]
+        return weights_BT[mine]
 
     resp = batch.response_arrays()
     norms: LossNormalisers = loss_normalisers(resp["response_mask"], resp["behaviour_logp"], proximal_BT)

@@ -16,7 +16,9 @@ A non-finite global gradient norm skips the optimiser step (every rank sees the 
 Mini-batches (``train_updates``): with ``learner.mini_batches`` = M, each epoch takes M steps;
 step k trains on the k-th contiguous row slice of every rank's shard, so "the global batch"
 above becomes the union of those slices over the ranks, and ``N_tok`` / ``N_seq`` are counted
-on it alone (all-reduced once per batch; still before any weight masks a token).
+on it alone (all-reduced once per batch; still before any weight masks a token). The shards are
+cut so that this union is the k-th run of consecutive rows of the batch, as one process would
+train it (``batch.shard_rows``): the updates do not depend on the number of ranks.
 
 Weights in flight: ``weights_BT`` may be a zero-argument callable instead of a tensor (the
 correction call still running). It is called once, right after the first micro-batch's forward
