@@ -6,7 +6,7 @@ import time
 import pytest
 
 from system.rollout.weight_mailbox import WeightMailbox, with_weights_wait
-from system.types import Prompt, RolloutGroup
+from system.types import GroupList, Prompt, RolloutGroup
 
 
 class Engine:
@@ -169,7 +169,8 @@ def test_the_wait_rides_on_the_first_group_of_the_call():
         return RolloutGroup(Prompt(pid, "1+2=", "3"), (), policy_version=2)
 
     groups = [group("a"), group("b")]
-    assert with_weights_wait(groups, 0.0) is groups
+    unchanged = with_weights_wait(groups, 0.0)
+    assert isinstance(unchanged, GroupList) and all(a is b for a, b in zip(unchanged, groups, strict=True))
     waited = with_weights_wait(groups, 0.4)
     assert [g.weights_wait_s for g in waited] == [0.4, 0.0] and [g.prompt.prompt_id for g in waited] == ["a", "b"]
 

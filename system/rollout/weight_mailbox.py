@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Generic, TypeVar
 
-from system.types import RolloutGroup
+from system.types import GroupList, RolloutGroup
 
 Source = TypeVar("Source")
 
@@ -177,7 +177,8 @@ class WeightMailbox(Generic[Source]):
         return thread
 
 
-def with_weights_wait(groups: list[RolloutGroup], waited_s: float) -> list[RolloutGroup]:
-    """A call's groups, the first carrying the seconds the call waited for its weights
-    (``RolloutGroup.weights_wait_s``; the controller adds them to the rollout side's pause)."""
-    return [replace(groups[0], weights_wait_s=waited_s), *groups[1:]] if groups and waited_s else groups
+def with_weights_wait(groups: list[RolloutGroup], waited_s: float) -> GroupList:
+    """A call's result: its groups, the first carrying the seconds the call waited for its weights
+    (``RolloutGroup.weights_wait_s``; the controller adds them to the rollout side's pause), as a
+    ``GroupList`` (one set of columns through Ray)."""
+    return GroupList([replace(groups[0], weights_wait_s=waited_s), *groups[1:]] if groups and waited_s else groups)
