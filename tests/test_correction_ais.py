@@ -191,3 +191,44 @@ def test_sequence_deltas_ignore_padding_invalid_tokens_and_check_shapes():
         sequence_deltas(r, w, k, torch.tensor([1.0, 1.0, float("inf"), 1.0]))
     with pytest.raises(ValueError, match="shape"):
         sequence_deltas(r, w[:, :1], k, HAND_A)
+
+
+def test_bias_is_exact_for_float32_inputs_near_w_1():
+    """d_i from the float64 weights: float32 inputs with a mismatch of ~2e-5 (w - 1 ~ 2e-5, which a
+    float32 w holds to ~6e-8, a relative error ~3e-3 in w - 1) give the bias of a float64 reference
+    of the spec's formula, b = mean_i A_i / T_i sum_t k (w - 1), with w = min(exp(old - mu), 2) (token TIS)."""
+    from system.config.correction import CorrectionConfig, TokenTIS
+    from system.correction.service import CorrectionCore
+
+    rng = np.random.default_rng(3)
+    mu = (-rng.uniform(0.5, 3.0, (16, 50))).astype(np.float32)
+    old = (mu.astype(np.float64) + rng.normal(2e-5, 1e-5, mu.shape)).astype(np.float32)
+    mask = np.ones(mu.shape, dtype=bool)
+    adv = np.linspace(1.0, 2.0, 16).astype(np.float32)
+    w = np.minimum(np.exp(old.astype(np.float64) - mu.astype(np.float64)), 2.0)
+    bias = float(np.mean(adv.astype(np.float64) * (w - 1.0).mean(axis=1)))
+    m = CorrectionCore(CorrectionConfig(method=TokenTIS())).process(mu, old, mask, np.zeros(16, np.int32), adv).metrics
+    assert m["ais/bias"] == pytest.approx(bias, rel=1e-9)
+    r = compute_log_ratios(torch.from_numpy(mu), torch.from_numpy(old), torch.from_numpy(mask))
+    assert ais_estimate(r, TokenTIS(), torch.from_numpy(adv))["bias"] == pytest.approx(bias, rel=1e-9)
+
+
+def test_alpha_raw_is_the_same_for_d_scaled_by_1e160_or_1e_minus_160():
+    """alpha_raw depends on the d_i only up to a common scale (b**2 and s2 scale alike): equal non-zero
+    d_i give 1 at any scale, and a mixed set gives its value at 1e-160 and 1e160 too (b**2 of the raw
+    values would underflow to 0 or overflow to inf there)."""
+    from system.correction.ais import alpha_of_deltas
+
+    mu = torch.full((4, 3), -1.0, dtype=torch.float64)
+    r = compute_log_ratios(mu, mu, torch.ones(4, 3))  # rho = 1: R = 1, n_eff = 4
+    equal = torch.full((4,), 1e-300, dtype=torch.float64)
+    assert alpha_of_deltas(r, equal)["alpha_raw"] == 1.0
+    d = torch.tensor([1.0, 1.2, 0.7, 1.1], dtype=torch.float64)
+    # by hand: b = 1.0, s2 = (0 + .04 + .09 + .01) / 4 = .035, noise2 = .035 / 4, alpha_raw = (1 - noise2) / 1
+    base = alpha_of_deltas(r, d)
+    assert base["alpha_raw"] == pytest.approx(1.0 - 0.035 / 4, rel=1e-12)
+    for scale in (1e160, 1e-160):
+        scaled = alpha_of_deltas(r, d * scale)
+        assert scaled["alpha_raw"] == pytest.approx(base["alpha_raw"], rel=1e-12)
+        assert scaled["bias"] == pytest.approx(scale, rel=1e-12)
+        assert scaled["noise"] == pytest.approx(scale * math.sqrt(0.035 / 4), rel=1e-12)

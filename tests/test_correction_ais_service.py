@@ -114,10 +114,12 @@ def test_service_without_ais_logs_alpha_but_applies_w():
     assert m["ais/enabled"] == 0 and m["ais/alpha"] == pytest.approx(31 / 99, rel=1e-6)
     assert not any(k.startswith("method_before_ais/") for k in m)
     assert m["correction/weight_max"] == pytest.approx(2.0)
-    # no advantages: AIS values None and its state untouched (refused when AIS is on)
+    # no advantages: the batch's AIS values None and the state untouched (refused when AIS is on); the EMA
+    # is still logged (spec section 3: every step), unchanged at 31/99
     state = core.state_dict()
     m = core.process(mu, old, mask, lag).metrics
-    assert m["ais/alpha"] is None and m["ais/bias"] is None and m["ais/severity"] is not None
+    assert m["ais/bias"] is None and m["ais/alpha_raw"] is None and m["ais/severity"] is not None
+    assert m["ais/alpha"] == pytest.approx(31 / 99, rel=1e-6)
     assert core.state_dict() == state
     with pytest.raises(ValueError, match="advantage"):
         CorrectionCore(CorrectionConfig(ais=AISConfig(enabled=True))).process(mu, old, mask, lag)

@@ -305,3 +305,20 @@ def test_the_library_is_named_for_the_cpus_instruction_sets():
     assert fused_build.isa_key(base.replace("fma", "fma amx_bf16")) != same
     assert fused_build.isa_key("flags : avx2 fma sse4_2") == fused_build.isa_key("flags : sse4_2 fma avx2")
     assert fused_build.LIBRARY.name == f"_fused_pass.{fused_build.isa_key()}.so"
+
+
+@pytest.mark.parametrize("rows", [40, 1000])  # 40 x 1000: every position; 1000 x 1000: the sample
+def test_pearson_keeps_its_digits_when_the_first_token_is_far_from_the_rest(rows):
+    """A first valid token at mu = -25 among log-probs near -0.3: with that token as the shift, the
+    one-pass centred sums cancelled to ~1e-12 relative (found by a review, 2e-12 at 1000 x 1000). The
+    reference is numpy's two-pass Pearson in float64 on the same float32 values."""
+    rng = np.random.default_rng(11)
+    mu = (-0.3 * np.abs(rng.standard_t(3, (rows, 1000)))).astype(np.float32)
+    mu[0, 0] = -25.0
+    old = (mu + rng.normal(0.0, 1e-2, mu.shape)).astype(np.float32)
+    mask = np.ones(mu.shape, dtype=bool)
+    x, y = mu.astype(np.float64).ravel(), old.astype(np.float64).ravel()
+    x, y = x - x.mean(), y - y.mean()
+    reference = float((x * y).sum() / math.sqrt((x * x).sum() * (y * y).sum()))
+    got = fused.fused_sums(mu, old, mask).diagnostics["logp_pearson"]
+    assert got == pytest.approx(reference, rel=1e-14, abs=0)

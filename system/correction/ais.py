@@ -144,9 +144,16 @@ def alpha_of_deltas(
         return {"bias": None, "noise": None, "alpha_raw": 0.0}
     d_N = d_B[seq_B]
     b = d_N.mean()
-    s2 = as_float((d_N - b).square().mean())
-    noise2, alpha_raw = oracle_alpha(as_float(b), s2, n * reliability(ratios, c, seq_B))
-    return {"bias": as_float(b), "noise": math.sqrt(noise2), "alpha_raw": alpha_raw}
+    # alpha_raw does not change when every d_i is scaled, so it is computed from d / max |d_i|: b**2 and
+    # s2 of the raw d_i underflow (d ~ 1e-160) or overflow (d ~ 1e160) long before the d_i do
+    scale = d_N.abs().max()
+    if not (torch.isfinite(scale) and scale > 0):
+        scale = torch.ones((), dtype=d_N.dtype, device=d_N.device)
+    d_N = d_N / scale
+    b_n = d_N.mean()
+    noise2_n, alpha_raw = oracle_alpha(as_float(b_n), as_float((d_N - b_n).square().mean()),
+                                       n * reliability(ratios, c, seq_B))
+    return {"bias": as_float(b), "noise": as_float(scale) * math.sqrt(noise2_n), "alpha_raw": alpha_raw}
 
 
 def ais_estimate(
@@ -164,7 +171,7 @@ def ais_estimate(
         advantages_B[ratios.seq_valid_B]
     ).all():
         return unknown
-    w_BT, keep_BT = compute_weights_and_keep(ratios, method)
+    w_BT, keep_BT = compute_weights_and_keep(ratios, method, torch.float64)  # w - 1 exact near w = 1
     return estimate_alpha(ratios, w_BT, keep_BT, advantages_B, c)
 
 

@@ -9,7 +9,9 @@ rows split among :func:`pass_threads` threads, each range's sums added in range 
         T_i, nonfinite_i, L_i = sum dc, sum d, sum (e - dc), sum |d|, #(|d| > log 5), min d
     and over the batch: sum dc**2, sum e, sum e**2, sum rho, sum rho**2, sum |exp(old) - exp(mu)|,
         #(|d| > log 2), max |d|, and Pearson's sums of x = mu - mu_0, y = old - old_0 (mu_0, old_0:
-        the first valid token): sum x, sum y, sum x**2, sum y**2, sum x y (centred afterwards:
+        values nearest the means of the valid tokens among the bracket's sample positions, or of the whole
+        batch when it is small, ``_references``: so the one-pass centring below loses little to
+        cancellation): sum x, sum y, sum x**2, sum y**2, sum x y (centred afterwards:
         sum x**2 - (sum x)**2 / n, ...; exactly 0 for a constant input)
     the median of |d|: a sample of 16384 positions (fixed seed) brackets it, [lo, hi]; the pass
         counts the valid |d| below lo and keeps those inside, where the exact order statistics are
@@ -41,7 +43,7 @@ from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
-_ABI = 4
+_ABI = 5
 """``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
 _POSITIONS_PER_THREAD = 1 << 21
 """A thread per 2M positions at most: on the 2-core AMD EPYC a second thread did not pay at 1M
@@ -83,7 +85,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ptr = ctypes.c_void_p
     lib.aisrl_fused_pass.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64,
-                                     ctypes.c_int]
+                                     ctypes.c_int, ctypes.c_double, ctypes.c_double]
     lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
     lib.aisrl_exponentials.argtypes = [ptr, ctypes.c_int64, ptr, ptr, ptr]
     return lib
@@ -194,6 +196,26 @@ def _bracket(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, 
     return lo, hi, min(num, int(2 * expected) + 4096)
 
 
+def _references(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+    """Pearson's shift ``(mu_0, old_0)``: of the valid tokens among the bracket's sample positions (every
+    position of a batch of at most ``_BAND_MIN_TOKENS``), the mu and the old value nearest to their
+    means (a value of the batch, so a constant input still gives x = 0 exactly); NaN when none is valid
+    (the pass then takes the first valid token's). Any shift gives the same correlation in exact
+    arithmetic; one near the means keeps ``sum x**2 - (sum x)**2 / n`` from cancelling (a first token
+    at mu = -25 among values near -0.3 lost ~1e-12 relative with the first token as the shift)."""
+    if mu.size <= _BAND_MIN_TOKENS:
+        m, o, k = mu.reshape(-1), old.reshape(-1), mask.reshape(-1)
+    else:
+        positions = _sample_positions(mu.size)
+        m, o, k = mu.reshape(-1)[positions], old.reshape(-1)[positions], mask.reshape(-1)[positions]
+    m, o = m.astype(np.float64), o.astype(np.float64)
+    valid = (k != 0) & np.isfinite(o - m)
+    if not valid.any():
+        return math.nan, math.nan
+    m, o = m[valid], o[valid]
+    return float(m[np.argmin(np.abs(m - m.mean()))]), float(o[np.argmin(np.abs(o - o.mean()))])
+
+
 def pass_threads(num_positions: int, threads: int | None = None) -> int:
     """Threads for a pass over ``num_positions`` [B, T] positions: ``threads`` when given, else
     torch's intra-op thread count (what the process was given: a Ray actor's ``num_cpus``,
@@ -219,13 +241,15 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads: int | None
     B, T = mu.shape
     width = 4 if mu.dtype == np.float32 else 8
     lo, hi, capacity = _bracket(mu, old, mask)
+    ref_mu, ref_old = _references(mu, old, mask)
     num_threads = pass_threads(B * T, threads)
     while True:
         row = np.zeros((B, len(_ROW)), dtype=np.float64)
         glob = np.zeros(len(_GLOB), dtype=np.float64)
         band = np.empty(max(capacity, 1), dtype=np.float64)
         if lib.aisrl_fused_pass(width, mu.ctypes.data, old.ctypes.data, mask.ctypes.data, B, T, lo, hi,
-                                row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity, num_threads) != 0:
+                                row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity, num_threads,
+                                ref_mu, ref_old) != 0:
             raise RuntimeError("the fused correction pass failed")
         g = dict(zip(_GLOB, glob.tolist(), strict=True))
         n, below, num_band = int(g["n"]), int(g["below"]), int(g["band"])

@@ -1,7 +1,8 @@
 // The correction core's fused pass (system/correction/fused.py has the formulas and the caller).
 //
 // One read of (mu, old, mask), [B, T] row-major, gives every per-response and batch sum of spec
-// sections 0-1 (Pearson's as sums of x = mu - mu_0, y = old - old_0, their squares and product),
+// sections 0-1 (Pearson's as sums of x = mu - mu_0, y = old - old_0, their squares and product; the
+// caller passes mu_0, old_0 near the means, so the centred sums lose little to cancellation),
 // the count of valid |d| below a bracket [lo, hi] the caller chose around the median, and the |d|
 // inside it, where the median's exact order statistics are then selected. A bracket that misses
 // (told by the counts) is widened to everything and the pass repeated. All arithmetic in double;
@@ -319,9 +320,12 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
 // added in range order (so a result depends on the thread count only through summation order).
 template <typename F>
 void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T, double log2, double log5,
-           double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads) {
-  double ref_mu = 0.0, ref_old = 0.0;
-  first_valid(mu, old, mask, B * T, &ref_mu, &ref_old);
+           double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads,
+           double ref_mu, double ref_old) {
+  if (!std::isfinite(ref_mu) || !std::isfinite(ref_old)) {  // none given: the first valid token's
+    ref_mu = ref_old = 0.0;
+    first_valid(mu, old, mask, B * T, &ref_mu, &ref_old);
+  }
   const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, B)));
   std::vector<std::vector<double>> globs(n, std::vector<double>(kGlobCols, 0.0));
   std::vector<std::vector<double>> bands(n);
@@ -356,23 +360,25 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
 extern "C" {
 
 // Bumped whenever an exported function's arguments change (fused.py refuses another version).
-int aisrl_fused_abi() { return 4; }
+int aisrl_fused_abi() { return 5; }
 int aisrl_fused_row_cols() { return kRowCols; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
 
 // dtype: 4 (float32 mu/old) or 8 (float64). row: [B, kRowCols] and glob: [kGlobCols], zeroed by the
 // caller; band: room for `capacity` values (glob[G_BAND] says how many fell inside [lo, hi]);
-// threads: how many threads share the rows (1: the calling thread only).
+// threads: how many threads share the rows (1: the calling thread only). ref_mu, ref_old: Pearson's
+// shift (any values; near the means keeps the centred sums exact), NaN for the first valid token's.
 int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* mask, int64_t B, int64_t T,
-                     double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads) {
+                     double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads,
+                     double ref_mu, double ref_old) {
   const double log2 = std::log(2.0), log5 = std::log(5.0);
   if (threads < 1 || !(lo >= 0.0)) return -1;  // the band's -1 marks excluded tokens: lo must be >= 0
   if (dtype == 4) {
     pass1(static_cast<const float*>(mu), static_cast<const float*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
-          band, capacity, threads);
+          band, capacity, threads, ref_mu, ref_old);
   } else if (dtype == 8) {
     pass1(static_cast<const double*>(mu), static_cast<const double*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
-          band, capacity, threads);
+          band, capacity, threads, ref_mu, ref_old);
   } else {
     return -1;
   }

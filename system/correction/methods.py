@@ -116,14 +116,16 @@ def _sequence_weights_BT(ratios: LogRatios, method: MethodConfig, entry: Correct
     return torch.where(ratios.valid_BT, sequence_weights_B(ratios, method)[:, None], 0.0)
 
 
-def compute_weights(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
-    """The detached correction weight of every token (w_BT), 0 where not valid."""
+def compute_weights(ratios: LogRatios, method: MethodConfig, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The detached correction weight of every token (w_BT), 0 where not valid; in ``dtype`` (default
+    ``ratios.weight_dtype``; the weights are computed in float64, so ``torch.float64`` loses nothing:
+    AIS's ``w - 1`` needs that near w = 1, where float32 keeps ~7 digits of w but few of w - 1)."""
     entry = METHOD_REGISTRY[method.type]
     if entry.level == "token":
         w_BT = _token_weights_BT(ratios, method, entry)
     else:
         w_BT = _sequence_weights_BT(ratios, method, entry)
-    return w_BT.to(ratios.weight_dtype)
+    return w_BT.to(dtype or ratios.weight_dtype)
 
 
 def keep_mask(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
@@ -138,9 +140,9 @@ def keep_mask(ratios: LogRatios, method: MethodConfig) -> torch.Tensor:
     return keep_BT
 
 
-def compute_weights_and_keep(ratios: LogRatios, method: MethodConfig) -> MethodWeights:
-    """``compute_weights`` and ``keep_mask`` together."""
-    return MethodWeights(compute_weights(ratios, method), keep_mask(ratios, method))
+def compute_weights_and_keep(ratios: LogRatios, method: MethodConfig, dtype: torch.dtype | None = None) -> MethodWeights:
+    """``compute_weights`` (in ``dtype``) and ``keep_mask`` together."""
+    return MethodWeights(compute_weights(ratios, method, dtype), keep_mask(ratios, method))
 
 
 def default_method_configs() -> dict[str, MethodConfig]:

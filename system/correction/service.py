@@ -73,17 +73,19 @@ class CorrectionCore:
         """
         ratios = compute_log_ratios(torch.tensor(behaviour_BT), torch.tensor(proximal_BT),
                                     torch.tensor(mask_BT))
-        w_BT, keep_BT = compute_weights_and_keep(ratios, self.cfg.method)
+        # float64 for AIS's d_i (its w - 1), the weight dtype for everything else (as before)
+        w64_BT, keep_BT = compute_weights_and_keep(ratios, self.cfg.method, torch.float64)
+        w_BT = w64_BT.to(ratios.weight_dtype)
         diagnostics, by_lag = self._diagnostics(ratios, behaviour_BT, proximal_BT, mask_BT, lag_B)
         metrics = flatten("mismatch", diagnostics)
         applied_BT = w_BT
         if advantage_B is None:
             if self.cfg.ais.enabled:
                 raise ValueError("correction.ais.enabled needs the advantages of the batch ('advantage')")
-            none = dict.fromkeys(("bias", "noise", "alpha_raw", "alpha"))
-            metrics.update(flatten("ais", {**ais_diagnostics(ratios, self.cfg.ais.c), **none}))
+            none = dict.fromkeys(("bias", "noise", "alpha_raw"))  # alpha: the EMA, logged every step (section 3)
+            metrics.update(flatten("ais", {**ais_diagnostics(ratios, self.cfg.ais.c), **none, "alpha": self.ais.alpha}))
         else:
-            ais = self.ais.update(ratios, w_BT, keep_BT, torch.tensor(advantage_B), torch.tensor(lag_B))
+            ais = self.ais.update(ratios, w64_BT, keep_BT, torch.tensor(advantage_B), torch.tensor(lag_B))
             metrics.update(flatten("ais", ais.metrics))
             if self.cfg.ais.enabled:
                 applied_BT = mix_weights(w_BT, keep_BT, ais.alpha_B)
