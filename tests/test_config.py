@@ -58,9 +58,9 @@ def test_switching_union_type_drops_the_old_variant_fields(tmp_path):
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("correction.method.hii=2", "correction.method.seq-mis.hii"),
-        ("correction.method.hi=abc", "correction.method.seq-mis.hi"),
-        ("correction.method.hi=-1", "correction.method.seq-mis.hi"),
+        ("correction.method.hii=2", "correction.method.hii: Extra inputs"),  # as typed: no union tag
+        ("correction.method.hi=abc", "correction.method.hi: "),
+        ("correction.method.hi=-1", "correction.method.hi: "),
         ("rollout.quantization=int4", "rollout.quantization"),
         ("learner.num_ranks=0", "learner.num_ranks"),
         ("learner.num_ranks=3", "learner.num_ranks (3) must divide"),
@@ -150,7 +150,8 @@ def test_every_permutation_of_overrides_gives_one_config(tmp_path):
 def test_a_key_the_final_union_member_lacks_is_an_error_in_either_order():
     for overrides in (["correction.method.hi=2", "correction.method.type=token-tis"],
                       ["correction.method.type=token-tis", "correction.method.hi=2"]):
-        with pytest.raises(ConfigError, match=r"correction\.method\.token-tis\.hi: Extra inputs"):
+        with pytest.raises(ConfigError, match=r"correction\.method\.hi: Extra inputs are not permitted "
+                                              r"\(correction\.method is token-tis\)"):
             resolve_config([], overrides)
 
 
@@ -192,3 +193,55 @@ def test_cross_field_bounds_are_refused_naming_both_fields():
     with pytest.raises(ConfigError, match=r"rollout\.max_new_tokens \(128\).*model\.max_position_embeddings \(128\)"):
         resolve_config([], ["rollout.max_new_tokens=128"])
     assert resolve_config([], ["rollout.max_new_tokens=127"]).rollout.max_new_tokens == 127
+
+
+def test_a_hash_in_an_override_is_part_of_the_value():
+    # YAML would end a plain scalar at " #" (a comment): the GSM8K instruction lost its "####"
+    cfg = resolve_config(["configs/gpu_qwen25_1p5b_gsm8k.yaml"], [
+        "data.task.prompt_template=Solve {question} then end with #### and the number",
+        "output_dir=runs/exp #2", "report.wandb.run_name=#1"])
+    assert cfg.data.task.prompt_template == "Solve {question} then end with #### and the number"
+    assert (cfg.output_dir, cfg.report.wandb.run_name) == ("runs/exp #2", "#1")
+    # quoted, YAML keeps the "#" itself; a "#" inside a word never was a comment
+    assert resolve_config([], ["report.wandb.run_name='exp #1'"]).report.wandb.run_name == "exp #1"
+    assert resolve_config([], ["report.wandb.run_name=a#b"]).report.wandb.run_name == "a#b"
+
+
+def test_errors_name_the_key_as_typed_the_layer_that_set_it_and_a_string_read_as_a_number(tmp_path):
+    preset = tmp_path / "bad.yaml"
+    preset.write_text("learner:\n  lr: -2\n")
+    with pytest.raises(ConfigError, match=r"learner\.lr: Input should be greater than 0 \[set by preset '.*bad\.yaml'\]"):
+        resolve_config([preset])
+    with pytest.raises(ConfigError, match=r"learner\.lr: .* \[set by the overrides\]"):
+        resolve_config([preset], ["learner.lr=-1"])
+    with pytest.raises(ConfigError, match=r"output_dir: Input should be a valid string \(YAML read the value as "
+                                          r"int 123: quote the text, \"output_dir='\.\.\.'\"\)"):
+        resolve_config([], ["output_dir=123"])
+    with pytest.raises(ConfigError, match=r"run_name: .*as date datetime\.date\(2024, 6, 1\)"):
+        resolve_config([], ["report.wandb.run_name=2024-06-01"])
+    with pytest.raises(ConfigError, match=r"data\.task\.path: Field required"):  # not data.task.gsm8k.path
+        resolve_config([], ["data.task.type=gsm8k", "data.reward.type=math-answer"])
+
+
+def test_settings_that_cannot_learn_are_refused():
+    with pytest.raises(ConfigError, match=r"rollout\.group_size: Input should be greater than or equal to 2"):
+        resolve_config([], ["rollout.group_size=1"])  # a lone sample: advantage 0, no gradient
+    with pytest.raises(ConfigError, match="addition-scratchpad needs data.reward.type scratchpad, got digit-match"):
+        resolve_config([], ["data.task.type=addition-scratchpad", "rollout.max_new_tokens=96"])
+    with pytest.raises(ConfigError, match="arithmetic needs data.reward.type digit-match or math-answer"):
+        resolve_config([], ["data.reward.type=scratchpad"])
+    # 9-digit operands: sums of up to 10 digits, cut at 6 tokens by the default
+    with pytest.raises(ConfigError, match=r"max_new_tokens \(6\) is below the 10 tokens of a full answer"):
+        resolve_config([], ["data.task.num_digits=9"])
+    assert resolve_config([], ["data.task.num_digits=5"]).data.task.num_digits == 5  # 6 digits fit
+    # the scratchpad tape of 4 digits is 3 * 16 + 24 + 1 = 73 characters
+    with pytest.raises(ConfigError, match=r"below the 73 tokens"):
+        resolve_config(["configs/long_cpu.yaml"], ["rollout.max_new_tokens=72"])
+    assert resolve_config(["configs/long_cpu.yaml"], ["rollout.max_new_tokens=73"]).rollout.max_new_tokens == 73
+
+
+def test_a_home_directory_in_paths_is_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = resolve_config([], ["output_dir=~/runs/a", "data.task.type=gsm8k", "data.task.path=~/d/x.jsonl",
+                              "data.reward.type=math-answer"])
+    assert cfg.output_dir == f"{tmp_path}/runs/a" and cfg.data.task.path == f"{tmp_path}/d/x.jsonl"

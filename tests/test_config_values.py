@@ -27,7 +27,7 @@ def _number_fields(model_cls, prefix="", loc_prefix="", setup=()):
             for member in members:
                 if field.discriminator:  # a tagged union, maybe of one member
                     tag = member.model_fields["type"].default
-                    yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.{tag}.",
+                    yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.",
                                               (*setup, f"{prefix}{key}.type={tag}"))
                 else:
                     yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.", setup)
@@ -50,7 +50,7 @@ def test_the_walk_finds_the_number_fields():
 
 @pytest.mark.parametrize(("key", "setup", "loc", "kind"), NUMBER_FIELDS, ids=[f"{k}-{s}" for k, s, *_ in NUMBER_FIELDS])
 def test_no_number_field_takes_a_boolean_or_a_non_finite_value(key, setup, loc, kind):
-    # The error names the dotted path (with the union tag, as pydantic locates it).
+    # The error names the dotted key as typed (without the union tag pydantic adds to its location).
     values = ["true", "false", ".inf", "-.inf", ".nan", "1e400", "nan", "inf"]
     for value in values:
         with pytest.raises(ConfigError) as err:
@@ -84,7 +84,11 @@ def test_strings_and_ints_still_convert_to_numbers(tmp_path):
 
 
 def test_int_fields_hold_64_bit_values_and_seeds_are_not_negative():
-    assert resolve_config([], [f"seed={2**63 - 1}"]).seed == 2**63 - 1
+    assert resolve_config([], [f"max_steps={2**63 - 1}"]).max_steps == 2**63 - 1
+    # the seed reaches numpy's legacy seeding in vLLM's engine: 0 .. 2**32 - 1
+    assert resolve_config([], [f"seed={2**32 - 1}"]).seed == 2**32 - 1
+    with pytest.raises(ConfigError, match="seed: Input should be less than or equal to 4294967295"):
+        resolve_config([], [f"seed={2**32}"])
     for value in (2**63, -(2**63) - 1, 10**400):
         with pytest.raises(ConfigError, match="seed"):
             resolve_config([], [f"seed={value}"])

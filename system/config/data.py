@@ -1,9 +1,10 @@
 """Config of the prompt source (a union on ``type``) and its verifiable reward (a union on ``type``)."""
 
+import os
 import string
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from system.config.base import StrictModel
 
@@ -38,6 +39,11 @@ class JsonlTaskConfig(StrictModel):
     chat_template: bool = False
     """Send each prompt as one user turn in the model's chat template, the assistant's turn opened
     (Instruct models; the tokenizer must have a template). The learner scores the same token ids."""
+
+    @field_validator("path")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        return os.path.expanduser(value)  # "~/data/x.jsonl": the home directory, not "./~"
 
     @model_validator(mode="after")
     def _suffix(self) -> "JsonlTaskConfig":

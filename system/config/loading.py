@@ -11,6 +11,7 @@ a key below another override's non-mapping value is an error.
 """
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,15 @@ def read_preset(path: str | Path) -> dict[str, Any]:
     return data
 
 
+_COMMENT = re.compile(r"(^|\s)#")
+"""Where YAML would start a comment: a ``#`` first or after white space."""
+
+
 def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
-    """``a.b.c=value`` -> ``(("a", "b", "c"), value)``, the value parsed as YAML."""
+    """``a.b.c=value`` -> ``(("a", "b", "c"), value)``, the value parsed as YAML, except that a ``#`` is
+    part of the value: a plain YAML scalar would end at `` #`` (a comment), which on a command line
+    silently cut ``prompt_template=... end with #### and the number`` after "with". A quoted value
+    keeps its ``#`` as YAML reads it."""
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected dotted.key=value")
@@ -95,6 +103,8 @@ def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
         value = _load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
+    if _COMMENT.search(raw) and not (isinstance(value, str) and "#" in value):
+        value = raw.strip()  # YAML dropped a "comment": the text as typed
     return tuple(key.split(".")), value
 
 
@@ -123,24 +133,61 @@ def combine_overrides(overrides: list[str]) -> dict[str, Any]:
     return combined
 
 
-def _describe(exc: ValidationError) -> str:
+def _user_path(loc: tuple, data: Any) -> tuple[tuple[str, ...], list[str]]:
+    """A validation error's location as the user writes the key, without the tag pydantic adds for a
+    member of a union on ``type`` (``data.task.gsm8k.path`` is the key ``data.task.path``), and the
+    tags left out, as ``data.task is gsm8k``."""
+    path, tags, node = [], [], data
+    for part in loc:
+        if isinstance(node, dict) and part not in node and node.get("type") == part:
+            tags.append(f"{'.'.join(path)} is {part}")  # the union member's tag, not a key
+            continue
+        path.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+    return tuple(path), tags
+
+
+def _lookup(data: Any, path: tuple[str, ...]) -> bool:
+    node = data
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _describe(exc: ValidationError, merged: dict, layers: list[tuple[str, dict]]) -> str:
+    """One line per error: the dotted key as the user writes it, pydantic's message, a hint where YAML
+    read a string field's value as another type, and the layer (preset or override) that set the key."""
     lines = []
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {path}: {err['msg']}")
+        path, tags = _user_path(err["loc"], merged)
+        line = f"  {'.'.join(path) or '(top level)'}: {err['msg']}"
+        if tags and err["type"] == "extra_forbidden":  # a key of another member of the union
+            line += f" ({', '.join(tags)})"
+        value = err.get("input")
+        if err["type"] == "string_type" and (isinstance(value, bool | int | float)
+                                             or type(value).__name__ in ("date", "datetime")):
+            line += (f" (YAML read the value as {type(value).__name__} {value!r}: quote the text, "
+                     f"\"{'.'.join(path)}='...'\")")
+        source = next((name for name, layer in reversed(layers) if path and _lookup(layer, path)), None)
+        if source is not None:
+            line += f" [set by {source}]"
+        lines.append(line)
     return "invalid config:\n" + "\n".join(lines)
 
 
 def resolve_config(presets: list[str | Path] = (), overrides: list[str] = ()) -> RunConfig:
     """Compose presets and overrides into a validated RunConfig (raises ConfigError)."""
     merged: dict[str, Any] = RunConfig().model_dump(mode="json", by_alias=True)
-    for path in presets:
-        merged = _merge(merged, read_preset(path))
-    merged = _merge(merged, combine_overrides(list(overrides)))
+    layers = [(f"preset {str(path)!r}", read_preset(path)) for path in presets]
+    layers.append(("the overrides", combine_overrides(list(overrides))))
+    for _, layer in layers:
+        merged = _merge(merged, layer)
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(_describe(exc, merged, layers)) from None
 
 
 def dump_config(config: RunConfig) -> str:

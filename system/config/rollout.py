@@ -38,8 +38,9 @@ class RolloutConfig(StrictModel):
     """FP8 linear kernel on CPU: ``auto`` times this CPU's FP8 and BF16 matmuls at engine start and
     takes aisrl's row-wise kernel where vLLM's channel-wise one is pathological (Intel AMX CPUs);
     ``vllm`` / ``rowwise`` force one. What ran is in ``rollout_workers.json``."""
-    group_size: int = Field(default=8, ge=1)
-    """G: samples per prompt (the GRPO group)."""
+    group_size: int = Field(default=8, ge=2)
+    """G: samples per prompt (the GRPO group); at least 2: a lone sample is its group's mean, so its
+    advantage, and every gradient, would be 0."""
     temperature: float = Field(default=1.0, ge=1e-5)
     """Sampling temperature; the learner divides its logits by the same value. At least 1e-5: vLLM
     samples greedily below that (its log-probs are then not those of logits / temperature)."""

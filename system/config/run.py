@@ -1,6 +1,8 @@
 """The whole run's config: one section per component plus the run-level keys."""
 
-from pydantic import Field, model_validator
+import os
+
+from pydantic import Field, field_validator, model_validator
 
 from system.config.base import StrictModel
 from system.config.cluster import AsyncConfig, RayConfig
@@ -14,8 +16,8 @@ from system.config.weight_sync import ObjectStoreSyncConfig, WeightSyncConfig
 
 
 class RunConfig(StrictModel):
-    seed: int = Field(default=0, ge=0)
-    """Seed of every random generator of the run (numpy refuses negative seeds)."""
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Seed of every random generator of the run (numpy, and so vLLM's engine, takes 0 .. 2**32 - 1)."""
     max_steps: int = Field(default=150, ge=1)
     """Learner steps (policy versions) to train."""
     output_dir: str = Field(default="runs/default", min_length=1)
@@ -43,6 +45,11 @@ class RunConfig(StrictModel):
     weight_sync: WeightSyncConfig = Field(default_factory=ObjectStoreSyncConfig)
     """How new weights reach the rollout workers: ``object_store`` or ``collective``."""
 
+    @field_validator("output_dir")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        return os.path.expanduser(value)  # "~/runs/x" in a preset: the home directory, not "./~"
+
     @property
     def sequences_per_step(self) -> int:
         return self.prompts_per_step * self.rollout.group_size
@@ -60,6 +67,7 @@ class RunConfig(StrictModel):
                 f"learner.mini_batches ({self.learner.mini_batches}) is more than the {n // r} sequences of a "
                 f"learner rank's shard (prompts_per_step x rollout.group_size / learner.num_ranks)"
             )
+        self._task_and_reward_agree()
         tiny = self.model if isinstance(self.model, TinyModelConfig) else None
         if tiny is not None and self.rollout.max_new_tokens >= tiny.max_position_embeddings:
             raise ValueError(
@@ -67,4 +75,29 @@ class RunConfig(StrictModel):
                 f"model.max_position_embeddings ({tiny.max_position_embeddings}): prompt + response must fit "
                 "(vLLM would stop every response at the model's length without a word)"
             )
+        if tiny is not None and self.rollout.max_new_tokens < (need := answer_tokens(self.data.task)):
+            raise ValueError(
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) is below the {need} tokens of a full "
+                f"answer to data.task {self.data.task.type} with num_digits {self.data.task.num_digits} (the tiny "
+                "model writes a character a token): every answer would be cut and the reward capped"
+            )
         return self
+
+    def _task_and_reward_agree(self) -> None:
+        task, reward = self.data.task.type, self.data.reward.type
+        if (task == "addition-scratchpad") != (reward == "scratchpad"):
+            raise ValueError(
+                f"data.task.type {task} needs data.reward.type "
+                f"{'scratchpad' if task == 'addition-scratchpad' else 'digit-match or math-answer'}, got {reward}: "
+                "the scratchpad task's reference is a tape that only the scratchpad reward scores "
+                "(configs/long_cpu.yaml sets both)")
+
+
+def answer_tokens(task) -> int:
+    """Characters of the longest reference answer of a synthetic task (0 for a dataset): n + 1 digits of a
+    sum of two n-digit numbers; the scratchpad's tape, 3 n**2 + 6 n + 1 (``ScratchpadAdditionTaskConfig``)."""
+    if task.type == "arithmetic":
+        return task.num_digits + 1
+    if task.type == "addition-scratchpad":
+        return 3 * task.num_digits**2 + 6 * task.num_digits + 1
+    return 0
