@@ -42,6 +42,11 @@ def load_run_config(args: list[str], resume: Path | None) -> RunConfig:
         if not saved.is_file():
             raise ConfigError(f"--resume {resume}: no config.json there")
         presets = [str(saved), *presets]
+        for text in overrides:
+            key, _, value = text.partition("=")
+            if key == "output_dir" and Path(value).expanduser().resolve() != resume.expanduser().resolve():
+                raise ConfigError(f"--resume {resume} continues the run in that directory; the override {text!r} "
+                                  "names another (to start a new run from a config, leave out --resume)")
         overrides = [*overrides, f"output_dir={resume}"]
     return resolve_config(presets, overrides)
 
@@ -56,11 +61,20 @@ def train(
 ) -> None:
     """Train: rollout workers, FSDP2 learner and correction service on Ray (a private local cluster unless ray.address is set)."""
     try:
+        if resume is not None and overwrite:
+            raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
         cfg = load_run_config(args or [], resume)
         check_output_dir(cfg.output_dir, "output_dir")
     except ConfigError as exc:
         _fail(str(exc))
     if dry_run:
+        from system.run_state import check_new_run_dir
+
+        if resume is None and not overwrite:
+            try:  # what the run would refuse (only checks: nothing is deleted without --overwrite)
+                check_new_run_dir(cfg.output_dir, overwrite=False)
+            except ValueError as exc:
+                _fail(str(exc))
         from actors.placement import describe_plan, plan_placement
 
         if cfg.ray.address is None:  # a private local cluster: the plan is the one that runs
@@ -80,15 +94,16 @@ def train(
 
     trainer = None
     try:
-        if resume is not None and overwrite:
-            raise ValueError("--resume continues a run and --overwrite replaces it: pass one of them")
         trainer = Trainer(cfg, resume=resume is not None, overwrite=overwrite)
         last = trainer.run()
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
     except (RuntimeError, ray.exceptions.RayError) as exc:
         console.print(f"[bold red]training failed:[/] {exc}")
-        console.print(f"resume from the last complete checkpoint: aisrl train --resume {cfg.output_dir}")
+        from system.run_state import latest_run_checkpoint
+
+        if latest_run_checkpoint(cfg.output_dir) is not None:  # else --resume would only be refused
+            console.print(f"resume from the last complete checkpoint: aisrl train --resume {cfg.output_dir}")
         raise typer.Exit(code=1) from None
     finally:
         if trainer is not None:
@@ -203,23 +218,31 @@ def submit(
             cfg, overrides = jobs.resolve_resume(resume, overrides)
             if cfg is None:
                 console.print(f"note: {resume} is not readable here; the cluster validates its config.json")
+            _submit_notes(cfg)
             with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
                 sub = jobs.submit_resume(address, resume, overrides, Path(staging), stop_wait_s=stop_wait_s)
         else:
             cfg = jobs.resolve_for_cluster(presets, overrides)
+            _submit_notes(cfg)
             with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
                 sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s,
                                   overwrite=overwrite)
     except (ConfigError, jobs.JobError) as exc:
         _fail(str(exc))
-    for warning in jobs.placement_warnings(cfg) if cfg is not None else []:
-        console.print(f"[yellow]warning:[/] {warning}")
-    if cfg is not None and cfg.report.wandb.mode == "online":
-        console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
     console.print(f"submitted [bold]{sub.job_id}[/]: {sub.entrypoint}")
     print(sub.job_id)
     if follow:
         _follow(address, sub.job_id)
+
+
+def _submit_notes(cfg: RunConfig | None) -> None:
+    """What the user should know about a job, said before it is submitted (relative paths, W&B key)."""
+    from actors import jobs
+
+    for warning in jobs.placement_warnings(cfg) if cfg is not None else []:
+        console.print(f"[yellow]warning:[/] {warning}")
+    if cfg is not None and cfg.report.wandb.mode == "online":
+        console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
 
 
 def _follow(address: str, job_id: str) -> None:
@@ -282,3 +305,7 @@ def job_logs(
     except jobs.JobError as exc:
         _fail(str(exc))
     print(text, end="")
+
+
+if __name__ == "__main__":  # python -m actors.cli, as the aisrl script
+    app()

@@ -72,6 +72,7 @@ class Trainer:
         self.ckpt = None
         self._lock = run_state.lock_run_dir(self.run_dir)  # one process per run directory
         self._accepted_new = False  # a new run accepted into an empty directory (or one overwritten)
+        self.stop_requested = threading.Event()  # SIGTERM / Ctrl-C during run(): stop after the step
         try:
             self._start(resume, overwrite)
         except BaseException:
@@ -100,6 +101,10 @@ class Trainer:
                 raise run_state.CheckpointError(
                     f"--resume: no usable checkpoint under {self.run_dir / 'checkpoints'}"
                     + (f" ({'; '.join(skipped)})" if skipped else ""))
+            if saved["step"] >= cfg.max_steps:  # before anything starts: there is nothing to train
+                raise ValueError(
+                    f"--resume {self.run_dir}: its checkpoint is at step {saved['step']} and max_steps is "
+                    f"{cfg.max_steps}: nothing to train; pass a larger max_steps (e.g. max_steps={saved['step'] + 50})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = str(resolve_model_dir(cfg))
         self.step = saved.get("step", 0)
@@ -179,19 +184,9 @@ class Trainer:
         np.random.set_state(saved["rng"]["numpy"])
         torch.set_rng_state(saved["rng"]["torch"])
 
-    def _stop_on_sigterm(self) -> None:
-        """SIGTERM (``ray job stop``, a scheduler's preemption) ends the run after the current step,
-        with a final checkpoint, the report and a finished W&B run."""
-        self.stop_requested = threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            def handler(signum, frame):
-                log.warning("SIGTERM: stopping after the current step (checkpoint, report, W&B finish)")
-                self.stop_requested.set()
-            signal.signal(signal.SIGTERM, handler)
-
     def run(self) -> dict:
         console = ConsoleSink(self.cfg.max_steps, self.step) if self.cfg.report.console else None
-        self._stop_on_sigterm()
+        restore_signals = stop_on_signals(self.stop_requested)
         self.rollout.thread.start()
         self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
         self._idle_mark = 0.0
@@ -209,6 +204,7 @@ class Trainer:
                 if due or self._checkpoint_owed:  # one skipped for a non-finite step: at the next finite one
                     self._checkpoint_owed = self.save_checkpoint() is None
         finally:
+            restore_signals()
             if console:
                 console.close()
         self.finish()
@@ -376,3 +372,30 @@ class Trainer:
                 log.warning("the correction service did not close (%s); its last records may be lost",
                             type(exc).__name__)
             ray.kill(self.service, no_restart=True)
+
+
+def stop_on_signals(stop: threading.Event):
+    """Make SIGTERM (``ray job stop``, a scheduler's preemption) and a first Ctrl-C (SIGINT) set ``stop``:
+    the run ends after the current step, with a final checkpoint, the report and a finished W&B run;
+    a second Ctrl-C interrupts at once (Python's ``KeyboardInterrupt``, restored by the first).
+    Only in the main thread (elsewhere a no-op). Returns a function that restores the handlers before."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum, frame):
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            log.warning("Ctrl-C: stopping after the current step (checkpoint, report, W&B finish); "
+                        "Ctrl-C again to stop at once, without them")
+        else:
+            log.warning("SIGTERM: stopping after the current step (checkpoint, report, W&B finish)")
+        stop.set()
+
+    for sig in before:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+    return restore

@@ -327,3 +327,4 @@ def test_a_new_run_that_fails_to_start_leaves_no_run_behind(loopback_ray, tmp_pa
                                  learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.01,
                                                                               payload_params=1_000)))
     assert [r["step"] for r in records] == [1, 2]
+

@@ -139,6 +139,35 @@ def test_a_refused_resume_touches_nothing(tmp_path, monkeypatch):
     assert (run / "config.json").read_text() == saved
 
 
+def test_a_resume_with_nothing_left_to_train_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    """Found by a review: ``--resume`` of a run whose checkpoint is at step 2 with ``max_steps`` <= 2
+    started the cluster, learners and workers, trained nothing and said "done" (exit 0). Now exit 2 up
+    front, naming both steps; the directory is left as it was (nothing here starts Ray: it would fail
+    later on the hand-made checkpoint)."""
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+    from system.config import RunConfig, dump_config
+
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 2}))
+    (run / "config.json").write_text(saved)
+    make_checkpoint(run, 2)
+    def files():  # the lock file of a run directory stays (it is only ever locked, never removed)
+        return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.name != ".aisrl.lock")
+
+    before = files()
+    for steps in ("", "max_steps=1"):
+        result = CliRunner().invoke(app, ["train", "--resume", str(run), *([steps] if steps else [])])
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert f"checkpoint is at step 2 and max_steps is {steps[-1:] or 2}: nothing to train" in text, text
+    assert files() == before
+    assert (run / "config.json").read_text() == saved
+
+
 def test_a_resume_sets_aside_what_the_abandoned_attempt_wrote_past_its_checkpoint(tmp_path):
     """Found by a review: a resume from step 2 (step 4's shard damaged) left step 4 in place; the
     resumed run, republishing step 4's learner half beside the abandoned attempt's controller.pkl
@@ -195,3 +224,41 @@ def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path, monkey
     handle = run_state.lock_run_dir(tmp_path / "run")
     assert handle is not None and "cannot lock .aisrl.lock (No locks available)" in caplog.text
     handle.close()
+
+
+def test_train_refuses_conflicting_flags_and_a_dry_run_says_what_the_run_would_refuse(tmp_path, monkeypatch):
+    """Found by a review: ``--resume R output_dir=X`` silently trained in R; ``--resume --overwrite
+    --dry-run`` and a dry run into a directory holding a run exited 0, though the run refuses both."""
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+    from system.config import RunConfig, dump_config
+
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(dump_config(RunConfig.model_validate({"output_dir": str(run)})))
+    make_checkpoint(run, 2)
+    runner = CliRunner()
+
+    def refused(*args: str) -> str:
+        result = runner.invoke(app, ["train", *args])
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    assert "names another" in refused("--resume", str(run), f"output_dir={tmp_path / 'elsewhere'}")
+    assert "pass one of them" in refused("--resume", str(run), "--overwrite", "--dry-run")
+    assert "already holds a run" in refused("--dry-run", f"output_dir={run}")
+    # the same directory named both ways is fine; a dry run with --overwrite deletes nothing
+    ok = runner.invoke(app, ["train", "--dry-run", "--resume", str(run), f"output_dir={run}/"])
+    assert ok.exit_code == 0, ok.output
+    ok = runner.invoke(app, ["train", "--dry-run", "--overwrite", f"output_dir={run}"])
+    assert ok.exit_code == 0 and (run / "config.json").is_file(), ok.output
+
+
+def test_python_dash_m_actors_cli_runs_the_cli():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "actors.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "train" in done.stdout and "report" in done.stdout, done.stdout + done.stderr
