@@ -33,6 +33,9 @@ from system.report.dump import DumpError, load_dump, save_dump
         (lambda a: a.__setitem__("advantage", np.zeros(8, np.complex64)), "advantage"),
         (lambda a: a.__setitem__("response_ids", a["response_ids"].astype(np.float32)), "response_ids"),
         (lambda a: a.__setitem__("uid", np.zeros(8, np.complex64)), "uid"),
+        # token ids beyond int32 wrapped silently (2**40 showed as token 0); negative ones are not ids
+        (lambda a: a.__setitem__("response_ids", a["response_ids"].astype(np.int64) + 2**40), "response_ids"),
+        (lambda a: a["response_ids"].__setitem__((0, 0), -3), "response_ids"),
     ],
 )
 def test_bad_dumps_fail_naming_the_key_without_traceback(tmp_path, mutate, needle):
@@ -183,3 +186,33 @@ def test_the_fallback_report_takes_the_newest_complete_dump_of_this_attempt(tmp_
     assert sorted(p.name for p in dumps.iterdir()) == [
         ".step_000008.npz.partial.npz", "step_000002.npz", "step_000004.npz", "step_000006.npz",
         "step_000009.npz.tmp.npz"]
+
+
+def test_a_zip_member_that_is_not_an_npy_array_is_refused_by_key(tmp_path):
+    """Found by a review: a member without the .npy format (numpy hands back its raw bytes) crashed the
+    report with an AttributeError (exit 1) instead of a message naming the key (exit 2)."""
+    import zipfile
+
+    path = tmp_path / "odd.npz"
+    np.savez(path, **make_demo_dump(4, 5, seed=2))
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr("notes", b"raw bytes, not an array")
+    result = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "key 'notes' is not a .npy array" in said(result)
+
+
+def test_misspelt_optional_keys_are_named_and_all_rows_counted(tmp_path):
+    """Found by a review: ``lags=`` / ``rewards=`` were ignored without a word (by_lag all 0, no reward);
+    and a dump whose rows had no valid token said "0 sequences" without saying how many rows it held."""
+    arrays = make_demo_dump(6, 5, seed=3)
+    arrays["lags"], arrays["rewards"] = arrays.pop("lag"), arrays.pop("reward")
+    arrays["response_mask"][:2] = False  # two rows without a valid token
+    result, out = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output
+    summary, _, html = _outputs(out)
+    assert summary["ignored_keys"] == ["lags", "rewards"] and "reward_mean" not in summary
+    assert (summary["n_rows"], summary["n_sequences"]) == (6, 4)
+    assert "ignored keys that are not dump keys: lags, rewards" in said(result)
+    assert "4 of 6 sequences with a valid token" in said(result)
+    assert "Keys ignored." in html and "lags, rewards" in html and "(of 6 in the dump)" in html

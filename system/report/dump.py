@@ -33,6 +33,8 @@ class BatchDump:
     response_text: np.ndarray | None = None
     response_ids: np.ndarray | None = None  # int32 [N, T]
     token_text: np.ndarray | None = None  # str [N, T]
+    ignored_keys: tuple[str, ...] = ()
+    """Keys of the archive that are not dump keys (a misspelt optional key: said, not read)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -59,7 +61,12 @@ def _read_npz(p: str) -> dict[str, np.ndarray]:
             for key in npz.files:
                 try:
                     arrays[key] = npz[key]
+                    if not isinstance(arrays[key], np.ndarray):  # a member not stored as .npy: its bytes
+                        raise DumpError(f"{p}: key {key!r} is not a .npy array (a zip member numpy returns "
+                                        "as raw bytes); write dumps with numpy.savez")
                 except ValueError as exc:
+                    if isinstance(exc, DumpError):
+                        raise
                     if "allow_pickle" not in str(exc):
                         raise
                     raise DumpError(f"{p}: key {key!r} is an object array, which only unpickling could "
@@ -164,6 +171,10 @@ def load_dump(path: str | Path) -> BatchDump:
     for key in ("rollout_logp", "train_logp"):
         _check_logp(key, arrays[key], mask, p)
     _check_kinds(arrays, p)
+    ids = arrays.get("response_ids")
+    if ids is not None and ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+        raise DumpError(f"{p}: key 'response_ids' holds {ids.min() if ids.min() < 0 else ids.max()}; token ids "
+                        f"are in 0 .. {np.iinfo(np.int32).max}")
     lag = arrays.get("lag")
     if lag is not None:
         _check_lag(lag, p)
@@ -179,6 +190,7 @@ def load_dump(path: str | Path) -> BatchDump:
         response_text=arrays.get("response_text"),
         response_ids=arrays["response_ids"].astype(np.int32) if "response_ids" in arrays else None,
         token_text=arrays.get("token_text"),
+        ignored_keys=tuple(sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL_ROW) - set(OPTIONAL_GRID))),
     )
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from system.report import plots, strict_json
-from system.report.dump import load_dump
+from system.report.dump import OPTIONAL_GRID, OPTIONAL_ROW, load_dump
 from system.report.html_page import render_page
 from system.report.samples import DEFAULT_WORST_K, build_samples
 from system.report.summary import build_summary, dump_ratios
@@ -108,16 +108,21 @@ def write_all_or_none(out: Path, texts: dict[str, str]) -> None:
 
 
 def summary_line(summary: dict) -> str:
-    """One line for the console; says so when there is no valid token (every diagnostic null)."""
+    """One line for the console; says so when there is no valid token (every diagnostic null), and
+    names the archive's keys that are not dump keys (a misspelt optional key is otherwise unseen)."""
+    ignored = summary.get("ignored_keys")
+    note = (f"; ignored keys that are not dump keys: {', '.join(ignored)} (the optional keys: "
+            f"{', '.join(OPTIONAL_ROW + OPTIONAL_GRID)})" if ignored else "")
     if summary["n_tokens"] == 0:
         return (f"no valid tokens ({summary['nonfinite_tokens']} masked-in tokens non-finite): "
-                "every diagnostic is null")
+                "every diagnostic is null" + note)
     kept = summary["methods"]["seq-mis"]["keep_seq_frac"]
     kl = summary["kl_k1"]
     bad = [f"{summary[key]} non-finite {what}" for key, what in
            (("reward_nonfinite", "reward(s), left out of reward_mean"),
             ("advantage_nonfinite", "advantage(s): the ais estimate is null")) if summary.get(key)]
-    return (f"{summary['n_sequences']} sequences, {summary['n_tokens']} tokens, "
+    return (f"{summary['n_sequences']} of {summary.get('n_rows', summary['n_sequences'])} sequences with a valid "
+            f"token, {summary['n_tokens']} tokens, "
             f"kl_k1 {'n/a' if kl is None else format(kl, '.3g')}, "
             f"seq-mis keeps {'n/a' if kept is None else format(kept, '.1%')} of sequences"
-            + "".join(f"; {b}" for b in bad))
+            + "".join(f"; {b}" for b in bad) + note)

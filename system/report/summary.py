@@ -53,4 +53,7 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
         summary["reward_nonfinite"] = int((~finite).sum())
     if dump.advantage is not None:
         summary["advantage_nonfinite"] = int((~np.isfinite(dump.advantage)).sum())
+    summary["n_rows"] = int(dump.shape[0])  # every response of the dump (n_sequences: those with a valid token)
+    if dump.ignored_keys:
+        summary["ignored_keys"] = list(dump.ignored_keys)
     return summary
