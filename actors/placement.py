@@ -62,3 +62,18 @@ def follow_target(floor: int, capacity: int, max_workers: int | None) -> int:
     if max_workers is not None:
         target = max(floor, min(target, max_workers))
     return target
+
+
+def private_cluster_shortfall(cfg: RunConfig, cluster_resources: dict[str, float]) -> list[str]:
+    """On a private local cluster (no ``ray.address``), what the learner ranks and rollout workers
+    reserve beyond what the cluster has: nothing would ever place them, so the run would wait for ever
+    (a joined cluster may still grow: not checked there). Empty when everything fits."""
+    if cfg.ray.address is not None:
+        return []
+    r = cfg.rollout
+    need = {"CPU": cfg.learner.num_ranks + r.num_workers,
+            "GPU": cfg.learner.num_ranks * cfg.ray.learner_gpus + r.num_workers * cfg.ray.rollout_gpus}
+    keys = {"CPU": "ray.num_cpus", "GPU": "ray.learner_gpus / ray.rollout_gpus"}
+    return [f"the {cfg.learner.num_ranks} learner rank(s) and {r.num_workers} rollout worker(s) reserve {need[k]:g} "
+            f"{k} but this machine's private cluster has {cluster_resources.get(k, 0.0):g} (set by {keys[k]})"
+            for k in need if need[k] > cluster_resources.get(k, 0.0) + 1e-9]

@@ -26,7 +26,7 @@ from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank, PendingStep
-from actors.placement import plan_placement, required_cpus
+from actors.placement import plan_placement, private_cluster_shortfall, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.weight_sync import build_transport
@@ -90,6 +90,11 @@ class Trainer:
 
     def _start(self, resume: bool, overwrite: bool) -> None:
         cfg, saved = self.cfg, {}
+        method = cfg.correction.method
+        if method.type == "geo-rs" and (method.lo, method.hi) == (0.999, 1.001) and cfg.rollout.quantization == "fp8":
+            log.warning("correction.method geo-rs at its BF16 band [0.999, 1.001] with FP8 rollouts rejects nearly "
+                        "every sequence (0.2 %% kept on the default run): set correction.method.lo / hi for FP8 "
+                        "(configs/correction/geo-rs.yaml)")
         if not resume:
             run_state.check_new_run_dir(self.run_dir, overwrite)
             self._accepted_new = True
@@ -130,11 +135,19 @@ class Trainer:
 
     def _build(self, saved: dict) -> None:
         cfg = self.cfg
+        # the prompts first: a data file that cannot be read is said before the cluster and the model load
+        self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
         plan = plan_placement(cfg, None)
         cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
+        short = private_cluster_shortfall(cfg, ray.cluster_resources())
+        if short:
+            raise ValueError("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))
+        if cfg.rollout.num_workers == 0:
+            log.warning("rollout.num_workers=0: nothing generates until workers are added "
+                        "(aisrl scale %s --workers N%s)", cfg.output_dir,
+                        "" if cfg.rollout.follow_cluster else "; or rollout.follow_cluster on a cluster")
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
-        self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
         self.transport = build_transport(cfg, self.learners)
         if self.ckpt is not None:  # every check of the checkpoint before the service opens the W&B run

@@ -59,3 +59,23 @@ def test_custom_resource_names_and_the_one_machine_default(cluster):
     assert all(r.resources == {} for r in local)
     # 1 rollout worker + 2 learner ranks, one CPU each, plus one for the driver.
     assert required_cpus(local) == 4
+
+
+def test_a_private_cluster_too_small_for_the_roles_is_refused():
+    """Found by a review: ``ray.num_cpus=1`` passed ``--dry-run`` and the run then waited for ever for its
+    second learner rank; ``ray.learner_gpus=1`` on a machine without a GPU likewise."""
+    from actors.placement import private_cluster_shortfall
+    from system.config import ConfigError
+
+    # default: 2 learner ranks + 1 rollout worker reserve 3 CPUs
+    with pytest.raises(ConfigError, match=r"ray\.num_cpus \(2\) is below the 3 CPUs"):
+        resolve_config([], ["ray.num_cpus=2"])
+    cfg = resolve_config([], ["ray.num_cpus=3", "ray.learner_gpus=1"])
+    assert private_cluster_shortfall(cfg, {"CPU": 3.0}) == [
+        "the 2 learner rank(s) and 1 rollout worker(s) reserve 2 GPU but this machine's private cluster has 0 "
+        "(set by ray.learner_gpus / ray.rollout_gpus)"]
+    assert private_cluster_shortfall(cfg, {"CPU": 4.0, "GPU": 2.0}) == []
+    assert private_cluster_shortfall(resolve_config([], []), {"CPU": 2.0})[0].startswith(
+        "the 2 learner rank(s) and 1 rollout worker(s) reserve 3 CPU but")
+    # a joined cluster may grow (autoscaling): not checked
+    assert private_cluster_shortfall(resolve_config([], ["ray.address=auto", "ray.learner_gpus=1"]), {"CPU": 1.0}) == []

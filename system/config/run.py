@@ -68,6 +68,13 @@ class RunConfig(StrictModel):
                 f"learner rank's shard (prompts_per_step x rollout.group_size / learner.num_ranks)"
             )
         self._task_and_reward_agree()
+        cpus, need = self.ray.num_cpus, self.learner.num_ranks + self.rollout.num_workers
+        if self.ray.address is None and cpus is not None and cpus < need:
+            raise ValueError(
+                f"ray.num_cpus ({cpus}) is below the {need} CPUs that the {self.learner.num_ranks} learner rank(s) "
+                f"and {self.rollout.num_workers} rollout worker(s) reserve (one each) on the private cluster: "
+                "the last ones could never be placed and the run would wait for ever; unset it to size the "
+                "cluster from the plan")
         tiny = self.model if isinstance(self.model, TinyModelConfig) else None
         if tiny is not None and self.rollout.max_new_tokens >= tiny.max_position_embeddings:
             raise ValueError(
