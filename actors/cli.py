@@ -48,7 +48,19 @@ def load_run_config(args: list[str], resume: Path | None) -> RunConfig:
                 raise ConfigError(f"--resume {resume} continues the run in that directory; the override {text!r} "
                                   "names another (to start a new run from a config, leave out --resume)")
         overrides = [*overrides, f"output_dir={resume}"]
+        cfg = resolve_config(presets, overrides)
+        changed = _fixed_on_resume(resolve_config([str(saved)], [f"output_dir={resume}"]), cfg)
+        if changed:
+            raise ConfigError(f"--resume {resume}: {', '.join(changed)} cannot change on a resume (the checkpoint's "
+                              "prompt stream and weights belong to the saved values); start a new run instead")
+        return cfg
     return resolve_config(presets, overrides)
+
+
+def _fixed_on_resume(saved: RunConfig, new: RunConfig) -> list[str]:
+    """The sections a resume must keep (checked before anything starts; the checkpoint's sampler and
+    weights were made with them): ``seed``, ``data``, ``model``, those that differ."""
+    return [name for name in ("seed", "data", "model") if getattr(saved, name) != getattr(new, name)]
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})

@@ -245,3 +245,10 @@ def test_a_home_directory_in_paths_is_expanded(monkeypatch, tmp_path):
     cfg = resolve_config([], ["output_dir=~/runs/a", "data.task.type=gsm8k", "data.task.path=~/d/x.jsonl",
                               "data.reward.type=math-answer"])
     assert cfg.output_dir == f"{tmp_path}/runs/a" and cfg.data.task.path == f"{tmp_path}/d/x.jsonl"
+
+
+def test_the_tiny_model_cannot_use_a_chat_template():
+    # its character tokenizer has none: every worker failed at start, five times over
+    with pytest.raises(ConfigError, match="chat_template needs a model whose tokenizer has a chat template"):
+        resolve_config([], ["data.task.type=gsm8k", "data.task.path=x.jsonl", "data.reward.type=math-answer",
+                            "data.task.chat_template=true"])

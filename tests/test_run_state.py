@@ -262,3 +262,24 @@ def test_python_dash_m_actors_cli_runs_the_cli():
 
     done = subprocess.run([sys.executable, "-m", "actors.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "train" in done.stdout and "report" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_resume_that_changes_the_seed_data_or_model_is_refused_up_front(tmp_path, monkeypatch):
+    """Found by a review: a changed seed, data or model was found only after the cluster, the model build
+    and the learners' load (the sampler's fingerprint). Now exit 2 before anything starts."""
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+    from system.config import RunConfig, dump_config
+
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 3})))
+    make_checkpoint(run, 2)
+    for override, named in (("seed=5", "seed"), ("data.task.num_digits=3", "data"), ("model.hidden_size=128", "model")):
+        result = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9", override])
+        assert result.exit_code == 2, result.output
+        assert f"{named} cannot change on a resume" in " ".join(result.output.split())
+    ok = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9", "learner.lr=1e-4"])
+    assert ok.exit_code == 0, ok.output

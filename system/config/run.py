@@ -76,6 +76,9 @@ class RunConfig(StrictModel):
                 "the last ones could never be placed and the run would wait for ever; unset it to size the "
                 "cluster from the plan")
         tiny = self.model if isinstance(self.model, TinyModelConfig) else None
+        if tiny is not None and getattr(self.data.task, "chat_template", False):
+            raise ValueError("data.task.chat_template needs a model whose tokenizer has a chat template (an "
+                             "Instruct model); the tiny model's character tokenizer has none")
         if tiny is not None and self.rollout.max_new_tokens >= tiny.max_position_embeddings:
             raise ValueError(
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for the prompt in "
