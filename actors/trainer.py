@@ -199,28 +199,33 @@ class Trainer:
 
     def run(self) -> dict:
         console = ConsoleSink(self.cfg.max_steps, self.step) if self.cfg.report.console else None
+        # held through finish() too: a SIGTERM there (a scheduler's second one) must not cut the final
+        # checkpoint or the report short (Ray's driver handler would exit at once)
         restore_signals = stop_on_signals(self.stop_requested)
-        self.rollout.thread.start()
-        self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
-        self._idle_mark = 0.0
-        self._completed_at = time.perf_counter()
         record: dict = {}
         try:
-            while self._queued is not None or (self.step < self.cfg.max_steps and not self.stop_requested.is_set()):
-                done = self.train_one_step()
-                if done is None:  # stopped (SIGTERM) while waiting for a batch: no step was started
-                    break
-                record = done
+            self.rollout.thread.start()
+            self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
+            self._idle_mark = 0.0
+            self._completed_at = time.perf_counter()
+            try:
+                while self._queued is not None or (self.step < self.cfg.max_steps
+                                                   and not self.stop_requested.is_set()):
+                    done = self.train_one_step()
+                    if done is None:  # stopped (SIGTERM) while waiting for a batch: no step was started
+                        break
+                    record = done
+                    if console:
+                        console.log(self.step, record)
+                    due = self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0
+                    if due or self._checkpoint_owed:  # skipped for a non-finite step: at the next finite one
+                        self._checkpoint_owed = self.save_checkpoint() is None
+            finally:
                 if console:
-                    console.log(self.step, record)
-                due = self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0
-                if due or self._checkpoint_owed:  # one skipped for a non-finite step: at the next finite one
-                    self._checkpoint_owed = self.save_checkpoint() is None
+                    console.close()
+            self.finish()
         finally:
             restore_signals()
-            if console:
-                console.close()
-        self.finish()
         return record
 
     def train_one_step(self) -> dict | None:

@@ -189,6 +189,19 @@ def _unpack_group(*packed) -> RolloutGroup:
     return _unpack_groups(*packed)[0]
 
 
+def _group_from_columns(prompt: Prompt, policy_version: int, worker_id: str, columns: dict,
+                        scalars: dict, weights_wait_s: float = 0.0) -> RolloutGroup:
+    """A group pickled by the earlier layout (one group's columns, prompt ids per completion, the
+    completions' ``prompt_id`` among the scalars), as checkpoints written before ``GroupList`` hold it
+    in their buffer (``controller.pkl``): loaded through ``_unpack_groups``."""
+    scalars = dict(scalars)
+    ids = scalars.pop("prompt_id", [prompt.prompt_id] * len(columns["response_token_ids"][1]))
+    if any(i != prompt.prompt_id for i in ids):
+        raise ValueError(f"group of {prompt.prompt_id} holds a completion of another prompt")
+    count = len(columns["response_token_ids"][1])
+    return _unpack_groups([(prompt, policy_version, worker_id, weights_wait_s, count)], columns, False, scalars)[0]
+
+
 @dataclass(frozen=True)
 class CorrectionInput:
     """One global batch as the correction service sees it (spec section 0), built from the learner's

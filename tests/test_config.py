@@ -205,6 +205,12 @@ def test_a_hash_in_an_override_is_part_of_the_value():
     # quoted, YAML keeps the "#" itself; a "#" inside a word never was a comment
     assert resolve_config([], ["report.wandb.run_name='exp #1'"]).report.wandb.run_name == "exp #1"
     assert resolve_config([], ["report.wandb.run_name=a#b"]).report.wandb.run_name == "a#b"
+    # a "#" inside a word before the comment-like " #" (YAML kept "x#y" and cut the rest)
+    assert resolve_config([], ["report.wandb.run_name=x#y #z"]).report.wandb.run_name == "x#y #z"
+    # a flow mapping with a quoted " #" is YAML's to read
+    cfg = resolve_config([], ['data.task={type: gsm8k, path: /tmp/x.jsonl, prompt_template: "{question} #### n"}',
+                              "data.reward.type=math-answer"])
+    assert cfg.data.task.prompt_template == "{question} #### n"
 
 
 def test_errors_name_the_key_as_typed_the_layer_that_set_it_and_a_string_read_as_a_number(tmp_path):

@@ -216,3 +216,13 @@ def test_misspelt_optional_keys_are_named_and_all_rows_counted(tmp_path):
     assert "ignored keys that are not dump keys: lags, rewards" in said(result)
     assert "4 of 6 sequences with a valid token" in said(result)
     assert "Keys ignored." in html and "lags, rewards" in html and "(of 6 in the dump)" in html
+
+
+def test_padding_may_hold_any_token_id(tmp_path):
+    # -100 (a common ignore index) at masked-out positions is never read: not refused
+    arrays = make_demo_dump(4, 6, seed=4)
+    arrays["response_ids"] = arrays["response_ids"].astype(np.int64)
+    arrays["response_mask"][:, -1] = False
+    arrays["response_ids"][:, -1] = -100
+    result, _ = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output

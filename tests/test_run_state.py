@@ -277,9 +277,36 @@ def test_a_resume_that_changes_the_seed_data_or_model_is_refused_up_front(tmp_pa
     run.mkdir()
     (run / "config.json").write_text(dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 3})))
     make_checkpoint(run, 2)
-    for override, named in (("seed=5", "seed"), ("data.task.num_digits=3", "data"), ("model.hidden_size=128", "model")):
+    for override, named in (("seed=5", "seed"), ("data.task.num_digits=3", "data.task.num_digits"),
+                            ("model.hidden_size=128", "model.hidden_size")):
         result = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9", override])
         assert result.exit_code == 2, result.output
         assert f"{named} cannot change on a resume" in " ".join(result.output.split())
-    ok = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9", "learner.lr=1e-4"])
-    assert ok.exit_code == 0, ok.output
+    # what the checkpoint does not depend on may change: the learner, the reward, the warm start
+    for override in ("learner.lr=1e-4", "data.reward.type=math-answer", "model.warm_start_steps=10"):
+        ok = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9", override])
+        assert ok.exit_code == 0, (override, ok.output)
+
+
+def test_a_resume_may_fix_a_saved_value_that_a_newer_check_refuses(tmp_path, monkeypatch):
+    """Found by a review: the saved config was validated on its own first, so a value refused by a newer
+    check (here the tiny model's answer length) could not be fixed by the resume's own override."""
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+    from system.config import RunConfig, dump_config
+
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = json.loads(dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 3})))
+    saved["rollout"]["max_new_tokens"] = 2  # below the 3 characters of a 2-digit sum (refused today)
+    (run / "config.json").write_text(json.dumps(saved))
+    make_checkpoint(run, 2)
+    result = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9",
+                                      "rollout.max_new_tokens=6"])
+    assert result.exit_code == 0, result.output
+    # output_dir as YAML reads it: the same directory quoted is not "another"
+    same = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9",
+                                    "rollout.max_new_tokens=6", f"output_dir='{run}'"])
+    assert same.exit_code == 0, same.output

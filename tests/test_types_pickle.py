@@ -106,3 +106,28 @@ def test_columns_whose_lengths_disagree_are_refused():
     columns["behaviour_logprobs"] = (dtype, [lengths[0], lengths[1] - 1, lengths[2] + 1, lengths[3]], data)
     with pytest.raises(ValueError, match=r"p7: response lengths \[3, 0, 2\] but behaviour log-prob lengths \[2, 1, 2\]"):
         _unpack_groups(heads, columns, prompt_per_group, scalars)
+
+
+def test_a_group_pickled_by_the_earlier_layout_still_loads():
+    """Found by a review: checkpoints written before ``GroupList`` hold their buffered groups as calls of
+    ``_group_from_columns`` (one group's columns, prompt ids per completion, prompt_id among the
+    scalars); without it every such controller.pkl read as "corrupt" and --resume found no checkpoint."""
+    import system.types as types
+
+    g = group()
+    cs = g.completions
+    columns = {name: ("<i4" if name != "behaviour_logprobs" else "<f4", [len(getattr(c, name)) for c in cs],
+                      b"".join(getattr(c, name).tobytes() for c in cs))
+               for name in ("prompt_token_ids", "response_token_ids", "behaviour_logprobs")}
+    scalars = {name: [getattr(c, name) for c in cs] for name in ("prompt_id", "sample_index", "response_text",
+                                                                  "reward", "policy_version", "finish_reason",
+                                                                  "worker_id")}
+
+    class Old:  # pickles exactly as RolloutGroup.__reduce__ of commit 90b4f03 did
+        def __reduce__(self):
+            return types._group_from_columns, (g.prompt, g.policy_version, g.worker_id, columns, scalars,
+                                               g.weights_wait_s)
+
+    blob = pickle.dumps(Old())
+    assert b"_group_from_columns" in blob
+    assert_same(g, pickle.loads(blob))

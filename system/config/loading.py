@@ -94,8 +94,8 @@ _COMMENT = re.compile(r"(^|\s)#")
 def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
     """``a.b.c=value`` -> ``(("a", "b", "c"), value)``, the value parsed as YAML, except that a ``#`` is
     part of the value: a plain YAML scalar would end at `` #`` (a comment), which on a command line
-    silently cut ``prompt_template=... end with #### and the number`` after "with". A quoted value
-    keeps its ``#`` as YAML reads it."""
+    silently cut ``prompt_template=... end with #### and the number`` after "with". A quoted value,
+    a flow list or a flow mapping (``{...}``) is read by YAML, which keeps a ``#`` inside quotes."""
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected dotted.key=value")
@@ -103,8 +103,8 @@ def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
         value = _load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
-    if _COMMENT.search(raw) and not (isinstance(value, str) and "#" in value):
-        value = raw.strip()  # YAML dropped a "comment": the text as typed
+    if _COMMENT.search(raw) and not raw.lstrip().startswith(("'", '"', "[", "{")):
+        value = raw.strip()  # a plain scalar YAML would cut at the "comment": the text as typed
     return tuple(key.split(".")), value
 
 

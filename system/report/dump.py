@@ -172,9 +172,10 @@ def load_dump(path: str | Path) -> BatchDump:
         _check_logp(key, arrays[key], mask, p)
     _check_kinds(arrays, p)
     ids = arrays.get("response_ids")
+    ids = ids[mask != 0] if ids is not None else None  # padding may hold anything (e.g. -100): never read
     if ids is not None and ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
-        raise DumpError(f"{p}: key 'response_ids' holds {ids.min() if ids.min() < 0 else ids.max()}; token ids "
-                        f"are in 0 .. {np.iinfo(np.int32).max}")
+        raise DumpError(f"{p}: key 'response_ids' holds {ids.min() if ids.min() < 0 else ids.max()} at a response "
+                        f"token; token ids are in 0 .. {np.iinfo(np.int32).max}")
     lag = arrays.get("lag")
     if lag is not None:
         _check_lag(lag, p)
