@@ -72,6 +72,7 @@ class Trainer:
         self.ckpt = None
         self._lock = run_state.lock_run_dir(self.run_dir)  # one process per run directory
         self._accepted_new = False  # a new run accepted into an empty directory (or one overwritten)
+        self._replaced: Path | None = None  # --overwrite: the old run, set aside until this one has started
         self.stop_requested = threading.Event()  # SIGTERM / Ctrl-C during run(): stop after the step
         try:
             self._start(resume, overwrite)
@@ -80,6 +81,9 @@ class Trainer:
                 removed = run_state.remove_run_artefacts(self.run_dir)
                 if removed:
                     log.warning("the run failed to start; removed what it had written (%s)", ", ".join(removed))
+                if self._replaced is not None:
+                    back = run_state.restore_replaced(self.run_dir, self._replaced)
+                    log.warning("--overwrite: the run this one was to replace is back in place (%s)", ", ".join(back))
             self._release_lock()  # a refused or failed start leaves the directory free
             raise
 
@@ -96,7 +100,7 @@ class Trainer:
                         "every sequence (0.2 %% kept on the default run): set correction.method.lo / hi for FP8 "
                         "(configs/correction/geo-rs.yaml)")
         if not resume:
-            run_state.check_new_run_dir(self.run_dir, overwrite)
+            self._replaced = run_state.check_new_run_dir(self.run_dir, overwrite)
             self._accepted_new = True
         else:
             self.ckpt, saved, skipped = run_state.usable_run_checkpoint(self.run_dir)
@@ -131,6 +135,8 @@ class Trainer:
                             f"; moved the later checkpoints {moved} to checkpoints/{run_state.ABANDONED_DIR}/"
                             if moved else "")
         self._saved_step = saved.get("step")  # the checkpoint on disk for this step (None: none)
+        run_state.drop_replaced(self._replaced)  # started: the replaced run goes
+        self._replaced = None
         (self.run_dir / "config.json").write_text(dump_config(cfg))
 
     def _build(self, saved: dict) -> None:

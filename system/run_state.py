@@ -259,14 +259,43 @@ def remove_run_artefacts(run_dir: str | Path) -> list[str]:
     return found
 
 
-def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> None:
+REPLACED_DIR = ".replaced"
+"""Where ``--overwrite`` keeps the old run's artefacts until the new run has started."""
+
+
+def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
     """Refuse to start a new run where one already is (two runs' metrics, checkpoints and dumps
-    would mix), unless ``overwrite``: then the old run's artefacts are deleted first."""
+    would mix), unless ``overwrite``: then the old run's artefacts are moved aside into
+    ``run_dir/.replaced/`` (returned; None when there was nothing), to be deleted once the new run
+    has started (``drop_replaced``) or put back if it fails to (``restore_replaced``): a new run
+    that fails at its model build or cluster start no longer costs the old run."""
     found = existing_run(run_dir)
     if not found:
-        return
+        return None
     if not overwrite:
         raise ValueError(
             f"output_dir {run_dir} already holds a run ({', '.join(found)}): continue it with "
             f"'aisrl train --resume {run_dir}', pass --overwrite to replace it, or choose another output_dir")
-    remove_run_artefacts(run_dir)
+    root = Path(run_dir)
+    aside = root / REPLACED_DIR
+    if aside.exists():  # left by an overwrite that was killed: a run the user already asked to replace
+        shutil.rmtree(aside)
+    aside.mkdir()
+    for name in found:
+        os.replace(root / name, aside / name)
+    return aside
+
+
+def restore_replaced(run_dir: str | Path, aside: Path) -> list[str]:
+    """Put the artefacts ``check_new_run_dir`` moved aside back (the new run failed to start); their names."""
+    names = sorted(p.name for p in aside.iterdir())
+    for name in names:
+        os.replace(aside / name, Path(run_dir) / name)
+    aside.rmdir()
+    return names
+
+
+def drop_replaced(aside: Path | None) -> None:
+    """Delete the replaced run's artefacts (the new run has started)."""
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)

@@ -328,3 +328,22 @@ def test_a_new_run_that_fails_to_start_leaves_no_run_behind(loopback_ray, tmp_pa
                                                                               payload_params=1_000)))
     assert [r["step"] for r in records] == [1, 2]
 
+
+
+def test_an_overwrite_that_fails_to_start_gives_the_old_run_back(loopback_ray, tmp_path):
+    """Found by a review: --overwrite deleted the old run before the new one had started, so a new run
+    failing at its model build or cluster start cost the old run for nothing. Now the old run waits in
+    .replaced/ and comes back; a start that succeeds deletes it."""
+    cfg = sim_config(tmp_path / "run", "max_steps=2")
+    learner = SimulatedLearnerRank.actor_class(train_seconds=0.01, payload_params=1_000)
+    run_to_end(Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.01), learner_cls=learner))
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(Exception, match="cannot be built here"):
+        Trainer(cfg, overwrite=True, rollout_cls=SimulatedRolloutWorker.actor_class(fail_to_start=True),
+                learner_cls=learner)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+    assert not (tmp_path / "run" / ".replaced").exists()
+    records = run_to_end(Trainer(cfg, overwrite=True, learner_cls=learner,
+                                 rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.01)))
+    assert [r["step"] for r in records] == [1, 2]  # the new run's records only
+    assert not (tmp_path / "run" / ".replaced").exists()

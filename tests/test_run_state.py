@@ -47,8 +47,16 @@ def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):
     assert (tmp_path / "config.json").read_text() == '{"max_steps": 3}'  # touched nothing
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
     make_checkpoint(tmp_path, 2)
-    run_state.check_new_run_dir(tmp_path, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # only the run's own files went
+    aside = run_state.check_new_run_dir(tmp_path, overwrite=True)
+    # only the run's own files went, set aside until the new run has started
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".replaced", "notes.txt"]
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl"]
+    # the new run failed to start: everything back as it was
+    assert run_state.restore_replaced(tmp_path, aside) == ["checkpoints", "config.json", "metrics.jsonl"]
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n' and not aside.exists()
+    # it started: the old run is deleted
+    run_state.drop_replaced(run_state.check_new_run_dir(tmp_path, overwrite=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_resume_trims_records_past_the_checkpoint(tmp_path):
