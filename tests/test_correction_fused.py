@@ -158,7 +158,7 @@ def test_the_median_is_exact_when_the_sampled_bracket_misses(rows, threads):
     flat[sampled] = 0.0
     mu, old, mask = torch.zeros(rows, n // rows, dtype=torch.float64), flat.reshape(rows, -1), torch.ones(
         rows, n // rows, dtype=torch.bool)
-    lo, hi, _ = fused._bracket(mu.numpy(), old.numpy(), mask.numpy().view(np.uint8))
+    lo, hi, _ = fused._bracket(n, *fused._sampled_valid(mu.numpy(), old.numpy(), mask.numpy().view(np.uint8)))
     assert lo == hi == 0.0  # the sample saw only zeros
     sums = fused.fused_sums(mu, old, mask, threads=threads)
     rest = np.sort(np.setdiff1d(np.arange(n), sampled))

@@ -173,16 +173,27 @@ def _sample_positions(num: int) -> np.ndarray:
     return positions
 
 
-def _bracket(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, float, int]:
-    """``(lo, hi, capacity)``: a range of |d| that holds the median with near certainty, from a fixed
-    sample of positions (the rank margin is >= 5 binomial standard deviations), and room for the
-    values inside it; everything for small batches."""
-    num = mu.size
+def _sampled_valid(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (mu, old) of the valid tokens among the fixed sample positions (``_sample_positions``;
+    every position of a batch of at most ``_BAND_MIN_TOKENS``): what ``_bracket`` and ``_references``
+    look at, gathered once."""
+    if mu.size <= _BAND_MIN_TOKENS:
+        m, o, k = mu.reshape(-1), old.reshape(-1), mask.reshape(-1)
+    else:
+        positions = _sample_positions(mu.size)
+        m, o, k = mu.reshape(-1)[positions], old.reshape(-1)[positions], mask.reshape(-1)[positions]
+    m, o = m.astype(np.float64), o.astype(np.float64)
+    valid = (k != 0) & np.isfinite(o - m)
+    return m[valid], o[valid]
+
+
+def _bracket(num: int, m: np.ndarray, o: np.ndarray) -> tuple[float, float, int]:
+    """``(lo, hi, capacity)`` for a batch of ``num`` positions: a range of |d| that holds the median with
+    near certainty, from the sampled valid tokens ``m``, ``o`` (the rank margin is >= 5 binomial
+    standard deviations), and room for the values inside it; everything for small batches."""
     if num <= _BAND_MIN_TOKENS:
         return 0.0, math.inf, num
-    positions = _sample_positions(num)
-    d = old.reshape(-1)[positions].astype(np.float64) - mu.reshape(-1)[positions].astype(np.float64)
-    values = np.abs(d[(mask.reshape(-1)[positions] != 0) & np.isfinite(d)])
+    values = np.abs(o - m)
     size = values.size
     if size < 256:
         return 0.0, math.inf, num
@@ -196,23 +207,15 @@ def _bracket(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, 
     return lo, hi, min(num, int(2 * expected) + 4096)
 
 
-def _references(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
-    """Pearson's shift ``(mu_0, old_0)``: of the valid tokens among the bracket's sample positions (every
-    position of a batch of at most ``_BAND_MIN_TOKENS``), the mu and the old value nearest to their
-    means (a value of the batch, so a constant input still gives x = 0 exactly); NaN when none is valid
-    (the pass then takes the first valid token's). Any shift gives the same correlation in exact
-    arithmetic; one near the means keeps ``sum x**2 - (sum x)**2 / n`` from cancelling (a first token
-    at mu = -25 among values near -0.3 lost ~1e-12 relative with the first token as the shift)."""
-    if mu.size <= _BAND_MIN_TOKENS:
-        m, o, k = mu.reshape(-1), old.reshape(-1), mask.reshape(-1)
-    else:
-        positions = _sample_positions(mu.size)
-        m, o, k = mu.reshape(-1)[positions], old.reshape(-1)[positions], mask.reshape(-1)[positions]
-    m, o = m.astype(np.float64), o.astype(np.float64)
-    valid = (k != 0) & np.isfinite(o - m)
-    if not valid.any():
+def _references(m: np.ndarray, o: np.ndarray) -> tuple[float, float]:
+    """Pearson's shift ``(mu_0, old_0)``: of the sampled valid tokens ``m``, ``o`` (``_sampled_valid``),
+    the mu and the old value nearest to their means (a value of the batch, so a constant input still
+    gives x = 0 exactly); NaN when none is valid (the pass then takes the first valid token's). Any
+    shift gives the same correlation in exact arithmetic; one near the means keeps
+    ``sum x**2 - (sum x)**2 / n`` from cancelling (a first token at mu = -25 among values near -0.3
+    lost ~1e-12 relative with the first token as the shift)."""
+    if not m.size:
         return math.nan, math.nan
-    m, o = m[valid], o[valid]
     return float(m[np.argmin(np.abs(m - m.mean()))]), float(o[np.argmin(np.abs(o - o.mean()))])
 
 
@@ -240,8 +243,9 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads: int | None
     mu, old, mask, weight_dtype = _as_inputs(behaviour_logp_BT, proximal_logp_BT, mask_BT)
     B, T = mu.shape
     width = 4 if mu.dtype == np.float32 else 8
-    lo, hi, capacity = _bracket(mu, old, mask)
-    ref_mu, ref_old = _references(mu, old, mask)
+    sampled = _sampled_valid(mu, old, mask)
+    lo, hi, capacity = _bracket(mu.size, *sampled)
+    ref_mu, ref_old = _references(*sampled)
     num_threads = pass_threads(B * T, threads)
     while True:
         row = np.zeros((B, len(_ROW)), dtype=np.float64)
