@@ -33,7 +33,7 @@ demo: $(STAMP)
 	$(BIN)/aisrl train
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests -m "not gpu"
+	$(BIN)/python -m pytest -q tests -m "not gpu" --durations=25
 
 report-demo: $(STAMP)
 	$(BIN)/aisrl demo-dump runs/demo/step_000000.npz
