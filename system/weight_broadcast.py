@@ -92,6 +92,10 @@ def unpack(header: dict, data: np.ndarray) -> WeightPayload:
     return WeightPayload(policy_version=int(header["policy_version"]), arrays=arrays, dtypes=dtypes)
 
 
+NEXT_VERSION_WAIT = timedelta(days=7)
+"""How long a receiver waits for member 0's next version (its header) before giving up."""
+
+
 class WeightBroadcast:
     """One member of one generation. Member 0 calls :meth:`send`, the others :meth:`receive`,
     once per policy version, in the same order (both are collective over the generation)."""
@@ -123,9 +127,14 @@ class WeightBroadcast:
         self.shared = bool(address.shared_memory) and self._agree_on_shared_memory(prefixed)
         """Whether the data goes through a shared segment (every member sees member 0's)."""
 
-    def _broadcast(self, t: torch.Tensor) -> None:
+    def _broadcast(self, t: torch.Tensor, timeout: timedelta | None = None) -> None:
+        """Member 0's ``t`` into every member's (collective); ``timeout``: this operation's, else the
+        group's ``timeout_s``."""
+        opts = dist.BroadcastOptions()
+        if timeout is not None:
+            opts.timeout = timeout
         try:
-            self._pg.broadcast([t], dist.BroadcastOptions()).wait()
+            self._pg.broadcast([t], opts).wait()
         except RuntimeError as exc:  # gloo: a peer closed its connection, or the timeout passed
             raise BroadcastFailed(f"weight broadcast to {self.world_size - 1} workers failed: {exc}") from exc
 
@@ -234,7 +243,10 @@ class WeightBroadcast:
         if self.rank == 0:
             raise ValueError("member 0 sends, it does not receive")
         size = torch.zeros(1, dtype=torch.int64)
-        self._broadcast(size)
+        # the wait for the next version lasts as long as the learner's step (a long step, a checkpoint, the
+        # first batch): not bounded by timeout_s, which bounds the transfer; a sender that goes away
+        # closes its sockets, which ends the wait at once
+        self._broadcast(size, timeout=NEXT_VERSION_WAIT)
         encoded = torch.empty(int(size.item()), dtype=torch.uint8)
         self._broadcast(encoded)
         header = json.loads(bytes(encoded.numpy()).decode())

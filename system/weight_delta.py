@@ -80,7 +80,9 @@ class DeltaEncoder:
             e = w32 - self.reference[name]
             if e.dim() == 2 and self.rank * sum(e.shape) < e.numel():
                 q_prev = self._q.get(name)
-                if q_prev is None:
+                # none yet, or a column of zeros (a version without change left Q = E^T P = 0, whose
+                # next E Q would be 0: QR then returns coordinate axes, and the delta fits E's first rows)
+                if q_prev is None or not bool((q_prev.norm(dim=0) > 0).all()):
                     gen = torch.Generator().manual_seed(self.seed)
                     q_prev = torch.randn(e.shape[1], self.rank, generator=gen)
                 p, q = lowrank_step(e, q_prev)

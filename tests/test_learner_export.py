@@ -65,6 +65,10 @@ def _sharded_export_main(rank, world_size, port, out_path):
     module.register_buffer("scale", torch.tensor([0.1, 3.0]))
     module.register_buffer("steps", torch.arange(4))
     fully_shard(module, mesh=init_device_mesh("cpu", (world_size,)))
+    from system.learner.export import first_names
+
+    assert first_names(module.state_dict())["tied"] == "a"  # gathered once (state_dict() detached it twice)
+    assert {n for n, f in first_names(module.state_dict()).items() if n != f} == {"tied"}
     packed = gather_state_bf16(module.state_dict())
     bucketed = gather_state_bf16(module.state_dict(), bucket_bytes=40)  # four gathers: [a], [b, c], [d], [z] (see below)
     reference = full_state_dict(module)

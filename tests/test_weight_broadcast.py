@@ -79,7 +79,8 @@ def _sabotage(kind: str) -> None:
 
 
 def _member(rank: int, address: GroupAddress, versions: list[int], results, die_after_header: bool = False,
-            blind: bool = False, hold: bool = False, sabotage: str | None = None) -> None:
+            blind: bool = False, hold: bool = False, sabotage: str | None = None, timeout_s: float = 15.0,
+            gap_s: float = 0.0) -> None:
     """``hold``: keep one array of every payload received and check them all at the end (a buffer still
     referenced is never reused for a later version); every member reports its ``shared`` flag when
     the group has formed and, at the end, how it ended (``shared`` again, buffers made)."""
@@ -89,10 +90,12 @@ def _member(rank: int, address: GroupAddress, versions: list[int], results, die_
         _sabotage(sabotage)
     held = []
     try:
-        group = WeightBroadcast(address, rank, timeout_s=15.0, chunk_bytes=CHUNK)
+        group = WeightBroadcast(address, rank, timeout_s=timeout_s, chunk_bytes=CHUNK)
         results.put((rank, 0, f"shared={group.shared}"))
-        for v in versions:
+        for i, v in enumerate(versions):
             if rank == 0:
+                if i:
+                    time.sleep(gap_s)  # a long learner step between two versions
                 group.send(payload_of(v))
                 results.put((rank, v, "sent"))
             elif die_after_header:
@@ -265,3 +268,13 @@ def test_only_a_failure_of_the_newest_generation_re_forms_the_group():
     transport.reform = False
     transport.step_done({"broadcast_failed": 1})
     assert transport.reform
+
+
+def test_a_pause_between_versions_longer_than_the_timeout_breaks_nothing():
+    """Found by a review: the receivers' wait for the next version was bounded by timeout_s (the
+    transfer's bound), so a learner step longer than it (a checkpoint, a long step on a real model)
+    failed every generation (broadcast_failed on a healthy run, then a re-formed group and, under
+    delta, a full sync). timeout_s = 2, 3 s between versions: both arrive."""
+    out, codes, _ = run_generation({0: {"timeout_s": 2.0, "gap_s": 3.0}, 1: {"timeout_s": 2.0}}, [1, 2], "gap")
+    assert codes == {0: 0, 1: 0}
+    assert delivered(out) == expected([1, 2], members=2)

@@ -84,3 +84,19 @@ def test_a_delta_without_the_full_weights_is_refused():
     enc.encode(encode_weights(versions[0], 1))
     with pytest.raises(ValueError, match="policy version 2 reached a receiver without the full weights"):
         DeltaDecoder().decode(enc.encode(encode_weights(versions[1], 2)))
+
+
+def test_a_version_without_change_does_not_spoil_the_next_low_rank_delta():
+    """Found by a review: a version with the same weights (a skipped non-finite step still advances the
+    version) left the warm start Q = E^T P = 0; the next delta's E Q was then 0 and its basis the
+    coordinate axes, so it carried only E's first rows (relative residual 0.98). A rank-4 change after
+    such a version is carried to float16 rounding, as from the random start."""
+    gen = torch.Generator().manual_seed(1)
+    w0 = torch.randn(48, 40, generator=gen)
+    change = torch.randn(48, 4, generator=gen) @ torch.randn(4, 40, generator=gen) * 0.01
+    enc = DeltaEncoder(rank=4, full_every=100)
+    for w in (w0, w0):  # the full version, then one without change
+        enc.encode(encode_weights({"w": w}, policy_version=1))
+    enc.encode(encode_weights({"w": w0 + change}, policy_version=2))
+    residual = (w0 + change - enc.reference["w"]).norm() / change.norm()
+    assert residual < 0.01, float(residual)

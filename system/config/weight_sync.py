@@ -24,7 +24,8 @@ class CollectiveSyncConfig(StrictModel):
     type: Literal["collective"] = "collective"
     """Selects this transport."""
     timeout_s: float = Field(default=60.0, gt=0.0)
-    """A broadcast that does not complete in this time fails (the group is then re-formed)."""
+    """A version's transfer (and a generation's forming) that does not complete in this time fails (the
+    group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
     chunk_mb: int = Field(default=64, ge=1)
     """Data goes in chunks of this many MiB (the sender's staging buffer)."""
     shared_memory: bool = True
@@ -42,7 +43,8 @@ class DeltaSyncConfig(StrictModel):
     type: Literal["delta"] = "delta"
     """Selects this transport."""
     timeout_s: float = Field(default=60.0, gt=0.0)
-    """A broadcast that does not complete in this time fails (the group is then re-formed)."""
+    """A version's transfer (and a generation's forming) that does not complete in this time fails (the
+    group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
     chunk_mb: int = Field(default=64, ge=1)
     """Data goes in chunks of this many MiB (the sender's staging buffer)."""
     shared_memory: bool = True

@@ -77,6 +77,20 @@ def _buckets(layout: list[tuple], world: int, limit: int) -> list[list[int]]:
     return buckets + ([current] if current else [])
 
 
+def first_names(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each name's first name (in state order) for the same tensor: a parameter listed under two names
+    (tied embeddings) maps both to the first. ``state_dict()`` detaches every name on its own, so the
+    objects differ; the local shard's storage, shape and dtype say it is one tensor (a tensor without
+    elements is only ever itself: its storage address may be shared by any empty tensor)."""
+    first: dict[tuple, str] = {}
+    out = {}
+    for name, t in state.items():
+        local = t.to_local() if isinstance(t, DTensor) else t
+        key = (local.data_ptr(), tuple(t.shape), t.dtype) if local.numel() else (name,)
+        out[name] = first.setdefault(key, name)
+    return out
+
+
 def gather_state_bf16(state: dict[str, torch.Tensor],
                       bucket_bytes: int = GATHER_BUCKET_BYTES) -> dict[str, torch.Tensor] | None:
     """A model's full ``state`` (its ``state_dict()``) on rank 0 (CPU; floating tensors cast to
@@ -90,12 +104,10 @@ def gather_state_bf16(state: dict[str, torch.Tensor],
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    first_name: dict[int, str] = {}  # a tensor listed under two names (tied embeddings) is gathered once
-    for name, t in state.items():
-        first_name.setdefault(id(t), name)
+    first_name = first_names(state)  # a tensor listed under two names (tied embeddings) is gathered once
     layout = [(name, tuple(t.shape), EXPORT_DTYPE if t.is_floating_point() else t.dtype, math.ceil(t.shape[0] / world))
               for name, t in state.items()
-              if isinstance(t, DTensor) and first_name[id(t)] == name]  # (name, full shape, dtype, padded rows)
+              if isinstance(t, DTensor) and first_name[name] == name]  # (name, full shape, dtype, padded rows)
     full = {}
     for bucket in _buckets(layout, world, bucket_bytes):
         pieces = []
@@ -132,7 +144,7 @@ def gather_state_bf16(state: dict[str, torch.Tensor],
     out = {}
     for name, t in state.items():  # state-dict order, plain tensors from rank 0's own copy
         if isinstance(t, DTensor):
-            out[name] = full[first_name[id(t)]]
+            out[name] = full[first_name[name]]
         else:
             plain = t.detach().to("cpu")
             out[name] = plain.to(EXPORT_DTYPE) if plain.is_floating_point() else plain
