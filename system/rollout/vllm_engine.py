@@ -55,6 +55,7 @@ from system.rollout.fp8_kernels import (
 )
 from system.rollout.quantization import resolve_quantization, scheme_name
 from system.rollout.samples import PromptSamples, SampledResponse
+from system.rollout.weight_names import checkpoint_tensor_names, payload_name_problems
 from system.types import frozen_array
 from system.weight_payload import WeightPayload, decode_weights
 
@@ -187,6 +188,8 @@ class VLLMEngine:
         self.quantization_scheme = scheme_name(model_config.quantization)
         """The scheme that actually ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
         self.tied_embeddings = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
+        self.tensor_names = checkpoint_tensor_names(model_dir)
+        """What every loaded payload must name (``system.rollout.weight_names``)."""
 
     @property
     def fp8_kernel(self) -> dict | None:
@@ -273,6 +276,9 @@ class VLLMEngine:
         ):
             raise ValueError(f"weight payload of policy version {payload.policy_version} lacks "
                              "lm_head.weight (the engine would keep a stale head)")
+        problem = payload_name_problems(self.tensor_names, set(payload.arrays), self.tied_embeddings)
+        if problem:
+            raise ValueError(f"weight payload of policy version {payload.policy_version}: {problem}")
         started = time.perf_counter()
         # vLLM's public RPC to its workers; in-process (uni executor) the iterator is not serialised
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(payload)})
