@@ -343,3 +343,10 @@ def test_a_chat_prompt_goes_to_vllm_as_its_template_ids(bf16_engine, model_dir):
     assert ids == tokenizer.encode(text, add_special_tokens=False)
     [out] = bf16_engine.generate([ids], n=2, temperature=1.0, top_p=1.0, max_new_tokens=3, seed=0)
     assert out.prompt_token_ids.tolist() == ids and len(out.responses) == 2
+
+
+def test_a_payload_with_renamed_weights_is_refused_before_the_engine_loads_it(bf16_engine, hf_model):
+    # vLLM's reload would only log the names it does not know and keep every old value
+    state = {(k if k == "lm_head.weight" else f"_orig_mod.{k}"): v for k, v in hf_model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"policy version 5: 26 of the model's tensors missing"):
+        bf16_engine.load_weights(encode_weights(state, policy_version=5))
