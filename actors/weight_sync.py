@@ -70,7 +70,15 @@ class CollectiveTransport(ObjectStoreTransport):
         self.generation = 0
         self.members: tuple[str, ...] = ()
         self._opening: tuple[ray.ObjectRef, list] | None = None
-        self.reform = False  # set by the train loop when a broadcast failed
+        self.failed_generation = -1
+        """The newest generation a step reported failed (written by the train loop, read by the rollout
+        loop): a number, not a flag, so a failure read while the rollout loop opens the next generation
+        cannot tear that one down as it forms."""
+
+    @property
+    def reform(self) -> bool:
+        """Whether the current generation failed (a new one is formed)."""
+        return self.failed_generation >= self.generation > 0
 
     def maintain(self, pool: RolloutPool) -> None:
         if self._opening is not None:
@@ -86,15 +94,15 @@ class CollectiveTransport(ObjectStoreTransport):
         # not the retiring: a generation including one would break as soon as it is removed
         ready = sorted((s for s in pool.ready() if not s.retiring), key=lambda s: s.worker_id)
         if ready and (tuple(s.worker_id for s in ready) != self.members or self.reform):
-            self.generation, self.reform = self.generation + 1, False
+            self.generation += 1
             self._opening = (self.rank0.open_broadcast.remote(self.generation, len(ready) + 1), ready)
 
     def step_done(self, weight_sync_metrics: dict) -> None:
         # only a failure of the newest generation: a step that ran before it was opened may report the
         # failure of the one it replaces, which would otherwise tear the new one down as it forms
-        failed = weight_sync_metrics.get("broadcast_failed")
-        if failed and weight_sync_metrics.get("broadcast_generation", self.generation) == self.generation:
-            self.reform = True
+        if weight_sync_metrics.get("broadcast_failed"):
+            failed = weight_sync_metrics.get("broadcast_generation", self.generation)
+            self.failed_generation = max(self.failed_generation, failed)
 
 
 def build_transport(cfg: RunConfig, learners: LearnerGroup) -> ObjectStoreTransport:

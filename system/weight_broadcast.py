@@ -127,6 +127,10 @@ class WeightBroadcast:
         self.shared = bool(address.shared_memory) and self._agree_on_shared_memory(prefixed)
         """Whether the data goes through a shared segment (every member sees member 0's)."""
 
+    def _what(self) -> str:
+        return (f"weight broadcast to {self.world_size - 1} workers" if self.rank == 0
+                else f"weight broadcast from the learner to worker {self.rank} of {self.world_size - 1}")
+
     def _broadcast(self, t: torch.Tensor, timeout: timedelta | None = None) -> None:
         """Member 0's ``t`` into every member's (collective); ``timeout``: this operation's, else the
         group's ``timeout_s``."""
@@ -136,7 +140,7 @@ class WeightBroadcast:
         try:
             self._pg.broadcast([t], opts).wait()
         except RuntimeError as exc:  # gloo: a peer closed its connection, or the timeout passed
-            raise BroadcastFailed(f"weight broadcast to {self.world_size - 1} workers failed: {exc}") from exc
+            raise BroadcastFailed(f"{self._what()} failed: {exc}") from exc
 
     def _all_ok(self, ok: bool) -> bool:
         """Every member's flag (an all-reduce of MIN): True only if every member passed True."""
@@ -146,7 +150,7 @@ class WeightBroadcast:
         try:
             self._pg.allreduce([flag], opts).wait()
         except RuntimeError as exc:
-            raise BroadcastFailed(f"weight broadcast to {self.world_size - 1} workers failed: {exc}") from exc
+            raise BroadcastFailed(f"{self._what()} failed: {exc}") from exc
         return bool(flag.item())
 
     def _agree_on_shared_memory(self, store: dist.Store) -> bool:
