@@ -312,38 +312,30 @@ def test_a_checkpoint_skipped_for_a_non_finite_step_is_taken_at_the_next_finite_
     assert records[3]["pipeline/queued_ahead"] == 0  # step 4 was submitted after step 3's checkpoint
 
 
-def test_a_new_run_that_fails_to_start_leaves_no_run_behind(loopback_ray, tmp_path):
-    """Found by a review: a new run whose workers could not start left W&B files (and more) behind, so
-    the next `aisrl train` was refused as "holds a run" while `--resume` had no checkpoint. Now a new
-    run that fails to start removes what it wrote; the directory takes the next run."""
-    cfg = sim_config(tmp_path / "run", "max_steps=2", "report.wandb.mode=offline")
-    with pytest.raises(Exception, match="cannot be built here"):
-        Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(fail_to_start=True),
-                learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.01, payload_params=1_000))
+def test_a_run_that_fails_to_start_leaves_no_run_behind_and_an_overwrite_gives_the_old_one_back(loopback_ray,
+                                                                                                  tmp_path):
+    """Found by reviews: (1) a new run whose workers could not start left W&B files (and more) behind, so
+    the next `aisrl train` was refused as "holds a run" while `--resume` had no checkpoint; now it removes
+    what it wrote and the directory takes the next run. (2) --overwrite deleted the old run before the
+    new one had started, so a new run failing at its model build or cluster start cost the old run for
+    nothing; now the old run waits in .replaced/ and comes back, and a start that succeeds deletes it.
+    (One failed engine start is enough here: rollout.max_start_failures=1.)"""
     from system import run_state
 
-    assert run_state.existing_run(tmp_path / "run") == []
-    records = run_to_end(Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.01),
-                                 learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.01,
-                                                                              payload_params=1_000)))
-    assert [r["step"] for r in records] == [1, 2]
-
-
-
-def test_an_overwrite_that_fails_to_start_gives_the_old_run_back(loopback_ray, tmp_path):
-    """Found by a review: --overwrite deleted the old run before the new one had started, so a new run
-    failing at its model build or cluster start cost the old run for nothing. Now the old run waits in
-    .replaced/ and comes back; a start that succeeds deletes it."""
-    cfg = sim_config(tmp_path / "run", "max_steps=2")
+    cfg = sim_config(tmp_path / "run", "max_steps=2", "report.wandb.mode=offline", "rollout.max_start_failures=1")
     learner = SimulatedLearnerRank.actor_class(train_seconds=0.01, payload_params=1_000)
-    run_to_end(Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.01), learner_cls=learner))
+    failing = SimulatedRolloutWorker.actor_class(fail_to_start=True)
+    working = SimulatedRolloutWorker.actor_class(seconds_per_call=0.01)
+    with pytest.raises(Exception, match="cannot be built here"):
+        Trainer(cfg, rollout_cls=failing, learner_cls=learner)
+    assert run_state.existing_run(tmp_path / "run") == []
+    records = run_to_end(Trainer(cfg, rollout_cls=working, learner_cls=learner))
+    assert [r["step"] for r in records] == [1, 2]
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     with pytest.raises(Exception, match="cannot be built here"):
-        Trainer(cfg, overwrite=True, rollout_cls=SimulatedRolloutWorker.actor_class(fail_to_start=True),
-                learner_cls=learner)
+        Trainer(cfg, overwrite=True, rollout_cls=failing, learner_cls=learner)
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
-    assert not (tmp_path / "run" / ".replaced").exists()
-    records = run_to_end(Trainer(cfg, overwrite=True, learner_cls=learner,
-                                 rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.01)))
+    assert not (tmp_path / "run" / run_state.REPLACED_DIR).exists()
+    records = run_to_end(Trainer(cfg, overwrite=True, rollout_cls=working, learner_cls=learner))
     assert [r["step"] for r in records] == [1, 2]  # the new run's records only
-    assert not (tmp_path / "run" / ".replaced").exists()
+    assert not (tmp_path / "run" / run_state.REPLACED_DIR).exists()
