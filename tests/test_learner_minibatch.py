@@ -255,3 +255,51 @@ def test_old_equals_cur_exactly_with_several_mini_batches(tmp_path, monkeypatch)
     assert len(seen) == 2 * 4  # 2 updates x (2 micro-batches in each of 2 mini-batches)
     assert all(torch.equal(cur, old) for cur, old in seen)
     assert out["loss/ratio_mean"] == 1.0 and out["loss/clip_frac"] == 0.0
+
+
+def test_surrogate_stats_are_weighted_by_their_own_tokens_and_by_position_bucket():
+    """Found by a review: CTPO's clip fractions by position bucket (spec section 4: "log clip fractions by
+    position bucket") never reached the metrics; and a stat was weighted by the micro-batch's valid tokens
+    though the surrogate counted fewer (a token whose current log-prob is not finite). By hand, two
+    micro-batches of 4 valid tokens each:
+      m1: the surrogate counted 4 tokens, clip_frac 0.5; by position: <=128 1 of 2 hit, <=512 1 of 2
+      m2: it counted 2 (two tokens with cur = -inf), clip_frac 1.0; by position: <=128 0 of 2, none beyond
+    clip_frac = (0.5 * 4 + 1.0 * 2) / 6 = 2/3 (weighted by valid tokens it was (2 + 4) / 8 = 0.75);
+    <=128: (1 + 0) / (2 + 2) = 0.25; <=512: 1 / 2 = 0.5; >2048: no token, 0 with 0 tokens."""
+    from system.learner.step_metrics import MetricSums
+
+    sums = MetricSums(torch.device("cpu"))
+    valid = torch.ones(1, 4, dtype=torch.bool)
+    w = torch.ones(1, 4)
+    buckets = {"<=128": None, "<=512": None, "<=2048": None, ">2048": None}
+    sums.add_micro_batch(torch.tensor(1.0), valid, w, None, {
+        "num_tokens": 4, "clip_frac": 0.5, "num_tokens_by_pos": {"<=128": 2, "<=512": 2, "<=2048": 0, ">2048": 0},
+        "clip_frac_high_by_pos": {**buckets, "<=128": 0.5, "<=512": 0.5}})
+    sums.add_micro_batch(torch.tensor(1.0), valid, w, None, {
+        "num_tokens": 2, "clip_frac": 1.0, "num_tokens_by_pos": {"<=128": 2, "<=512": 0, "<=2048": 0, ">2048": 0},
+        "clip_frac_high_by_pos": {**buckets, "<=128": 0.0}})
+    out = sums.reduce()
+    assert out["loss/clip_frac"] == pytest.approx(2 / 3)
+    assert out["loss/clip_frac_high_by_pos/<=128"] == pytest.approx(0.25)
+    assert out["loss/clip_frac_high_by_pos/<=512"] == pytest.approx(0.5)
+    assert out["loss/clip_frac_high_by_pos/>2048"] == 0.0 and out["loss/tokens_by_pos/>2048"] == 0.0
+    assert (out["loss/tokens_by_pos/<=128"], out["loss/tokens_by_pos/<=512"]) == (4.0, 2.0)
+    # over two updates, a bucket's fraction is weighted by that bucket's tokens in each
+    first = {"num_valid_tokens": 8.0, "num_sequences": 2.0, "loss": 1.0, **out}
+    second = {**first, "loss/clip_frac_high_by_pos/<=512": 1.0, "loss/tokens_by_pos/<=512": 6.0}
+    both = combine_updates([first, second], epochs=1)
+    assert both["loss/clip_frac_high_by_pos/<=512"] == pytest.approx((0.5 * 2 + 1.0 * 6) / 8)
+    assert both["loss/tokens_by_pos/<=512"] == 8.0
+
+
+def test_ctpo_reports_its_position_buckets_through_a_real_step(tmp_path):
+    """The per-position clip fractions of CTPO reach the step's metrics (all four buckets; the tiny batch's
+    responses are short, so every token is in <=128)."""
+    from system.config.learner import CTPOLossConfig
+
+    cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, loss=CTPOLossConfig())
+    metrics = train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT, norms)
+    for kind in ("low", "high", "dual"):
+        assert {f"loss/clip_frac_{kind}_by_pos/{b}" for b in ("<=128", "<=512", "<=2048", ">2048")} <= set(metrics)
+    assert metrics["loss/tokens_by_pos/<=128"] == metrics["num_valid_tokens"]
+    assert metrics["loss/tokens_by_pos/<=512"] == 0.0

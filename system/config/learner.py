@@ -40,7 +40,8 @@ class LearnerConfig(StrictModel):
     weight_decay: float = Field(default=0.0, ge=0.0)
     """AdamW weight decay."""
     warmup_steps: int = Field(default=0, ge=0)
-    """Linear learning-rate warm-up steps."""
+    """Linear learning-rate warm-up, in optimiser steps (``updates_per_batch x mini_batches`` per training
+    step)."""
     grad_clip: float = Field(default=1.0, gt=0.0)
     """Global gradient-norm clip."""
     micro_batch_size: int = Field(default=128, ge=1)

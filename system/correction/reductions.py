@@ -104,6 +104,15 @@ def median_of_nonnegative(values_BT: torch.Tensor, count: int) -> float | None:
     return (lower + upper) / 2
 
 
+def count_by_bucket(lengths_N: torch.Tensor, counted_N: torch.Tensor) -> dict[str, int]:
+    """Per length bucket (``LENGTH_BUCKETS``): how many counted entries fall in it."""
+    out, lower = {}, 0.0
+    for key, upper in LENGTH_BUCKETS:
+        out[key] = int((counted_N & (lengths_N > lower) & (lengths_N <= upper)).sum().item())
+        lower = upper
+    return out
+
+
 def fraction_by_bucket(
     hit_N: torch.Tensor, lengths_N: torch.Tensor, counted_N: torch.Tensor
 ) -> dict[str, float | None]:

@@ -55,8 +55,8 @@ class LearnerBatch:
             value = getattr(self, f.name)
             if isinstance(value, np.ndarray):
                 values[f.name] = value[index]
-            elif isinstance(value, tuple):
-                values[f.name] = value[index] if isinstance(index, slice) else tuple(value[i] for i in index)
+            elif isinstance(value, tuple):  # an empty tuple (no texts) stays empty
+                values[f.name] = value[index] if isinstance(index, slice) or not value else tuple(value[i] for i in index)
             else:
                 values[f.name] = value
         return replace(self, **values)

@@ -101,6 +101,12 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
             weights_BT, got["correction"] = started()
         weights_BT = distributed.broadcast_array(weights_BT, proximal_BT.shape, np.float32, core.device)
         got["wait"] = time.perf_counter() - tw
+        # checked whole on every rank, so all refuse together: a rank refusing its rows alone would leave
+        # the others waiting in the update's collectives until the process-group timeout
+        valid_BT = valid_tokens(resp["response_mask"], resp["behaviour_logp"], proximal_BT)
+        bad = valid_BT & ~(np.isfinite(weights_BT) & (weights_BT >= 0))
+        if bad.any():
+            raise ValueError(f"{int(bad.sum())} correction weights on valid tokens are negative or non-finite")
         return weights_BT[mine]
 
     resp = batch.response_arrays()

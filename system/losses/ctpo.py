@@ -22,7 +22,12 @@ import torch
 
 from system.config.learner import CTPOLossConfig
 from system.correction.ratios import LOG_RATIO_CLAMP
-from system.correction.reductions import LENGTH_BUCKETS, as_float, fraction_by_bucket
+from system.correction.reductions import (
+    LENGTH_BUCKETS,
+    as_float,
+    count_by_bucket,
+    fraction_by_bucket,
+)
 from system.losses.policy_gradient import token_loss_inputs
 
 PREFIX_LOG_RATIO_CAP = 10.0
@@ -34,7 +39,7 @@ CTPO_POSITION_BUCKETS = tuple(key for key, _ in LENGTH_BUCKETS)
 def _clip_statistics(valid_BT, pos_BT, ratio_BT, high_BT, low_BT, dual_BT) -> dict:
     """Clip fractions overall and by position bucket, and the mean ratio, as python numbers."""
     n = int(valid_BT.sum().item())
-    out: dict = {"num_tokens": n}
+    out: dict = {"num_tokens": n, "num_tokens_by_pos": count_by_bucket(pos_BT, valid_BT)}
     for key, hit_BT in (("high", high_BT), ("low", low_BT), ("dual", dual_BT)):
         out[f"clip_frac_{key}"] = int(hit_BT.sum().item()) / n if n else None
         out[f"clip_frac_{key}_by_pos"] = fraction_by_bucket(hit_BT, pos_BT, valid_BT)
