@@ -86,16 +86,18 @@ def _gather_logp_BS(z_BSV: torch.Tensor, input_ids_BS: torch.Tensor) -> torch.Te
 
 @torch.no_grad()
 def _entropy_BS(z_BSV: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution predicting token s, at s (0 at s = 0)."""
-    z_prev_NV = z_BSV[:, :-1].detach().reshape(-1, z_BSV.shape[-1])
-    out_N = torch.empty(z_prev_NV.shape[0], dtype=torch.float32, device=z_BSV.device)
-    for start in range(0, z_prev_NV.shape[0], _ENTROPY_CHUNK_ROWS):
-        chunk_NV = z_prev_NV[start : start + _ENTROPY_CHUNK_ROWS]
+    """Entropy of the next-token distribution predicting token s, at s (0 at s = 0). Every position's
+    row is read through a view of z (its last position's entropy computed and dropped): slicing off
+    the last position first made ``reshape`` copy the whole fp32 [B, S, V] logits (a review found it)."""
+    B, S, V = z_BSV.shape
+    z_NV = z_BSV.detach().reshape(-1, V)  # a view of contiguous logits: no copy
+    out_N = torch.empty(z_NV.shape[0], dtype=torch.float32, device=z_BSV.device)
+    for start in range(0, z_NV.shape[0], _ENTROPY_CHUNK_ROWS):
+        chunk_NV = z_NV[start : start + _ENTROPY_CHUNK_ROWS]
         lse_N = torch.logsumexp(chunk_NV, dim=-1)
         p_NV = torch.exp(chunk_NV - lse_N[:, None])
         out_N[start : start + _ENTROPY_CHUNK_ROWS] = lse_N - (p_NV * chunk_NV).sum(-1)
-    entropy_BS = out_N.reshape(z_BSV.shape[0], z_BSV.shape[1] - 1)
-    return torch.nn.functional.pad(entropy_BS, (1, 0), value=0.0)
+    return torch.nn.functional.pad(out_N.reshape(B, S)[:, :-1], (1, 0), value=0.0)
 
 
 # ---------------------------------------------------------------- top-k / top-p truncation
