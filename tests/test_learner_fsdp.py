@@ -263,6 +263,16 @@ def _group_step_main(rank, world_size, port, model_dir, out_dir):
         return wait
 
     outcome = run_step(core, batch, rank, world_size, correct if rank == 0 else None)
+    # a negative weight in rank 1's rows only: every rank refuses the step together (rank 1 alone refusing
+    # left rank 0 in the update's collectives until the process-group timeout; found by a review)
+    bad = weights.copy()
+    bad[-1, 0] = -1.0
+    try:
+        run_step(core, batch, rank, world_size, (lambda old: lambda: (bad, {})) if rank == 0 else None)
+        refused = False
+    except ValueError as exc:
+        refused = "negative or non-finite" in str(exc)
+    assert refused, f"rank {rank} did not refuse the bad weights"
     if rank == 0:
         np.save(os.path.join(out_dir, "seen_proximal.npy"), seen["proximal"])
         np.savez(os.path.join(out_dir, "v1.npz"), **{k: v.float().numpy() for k, v in decode_weights(outcome.payload)})
