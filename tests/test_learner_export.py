@@ -67,10 +67,10 @@ def _sharded_export_main(rank, world_size, port, out_path):
     fully_shard(module, mesh=init_device_mesh("cpu", (world_size,)))
     from system.learner.export import first_names
 
-    assert first_names(module.state_dict())["tied"] == "a"  # gathered once (state_dict() detached it twice)
-    assert {n for n, f in first_names(module.state_dict()).items() if n != f} == {"tied"}
-    packed = gather_state_bf16(module.state_dict())
-    bucketed = gather_state_bf16(module.state_dict(), bucket_bytes=40)  # four gathers: [a], [b, c], [d], [z] (see below)
+    kept = module.state_dict(keep_vars=True)  # as export_weights passes it: tied names are one object
+    assert {n: f for n, f in first_names(kept).items() if n != f} == {"tied": "a"}  # gathered once
+    packed = gather_state_bf16(kept)
+    bucketed = gather_state_bf16(module.state_dict(keep_vars=True), bucket_bytes=40)  # four gathers: [a], [b, c], [d], [z] (see below)
     reference = full_state_dict(module)
     if rank == 0:
         torch.save({"packed": packed, "bucketed": bucketed, "reference": reference}, out_path)

@@ -78,17 +78,13 @@ def _buckets(layout: list[tuple], world: int, limit: int) -> list[list[int]]:
 
 
 def first_names(state: dict[str, torch.Tensor]) -> dict[str, str]:
-    """Each name's first name (in state order) for the same tensor: a parameter listed under two names
-    (tied embeddings) maps both to the first. ``state_dict()`` detaches every name on its own, so the
-    objects differ; the local shard's storage, shape and dtype say it is one tensor (a tensor without
-    elements is only ever itself: its storage address may be shared by any empty tensor)."""
-    first: dict[tuple, str] = {}
-    out = {}
-    for name, t in state.items():
-        local = t.to_local() if isinstance(t, DTensor) else t
-        key = (local.data_ptr(), tuple(t.shape), t.dtype) if local.numel() else (name,)
-        out[name] = first.setdefault(key, name)
-    return out
+    """Each name's first name (in state order) for the same tensor object: a parameter listed under two
+    names (tied embeddings) maps both to the first. Pass ``state_dict(keep_vars=True)``: a plain
+    ``state_dict()`` detaches every name on its own, so tied names are different objects there. By
+    object identity, every rank decides alike (a storage address could not: a rank whose shard of a
+    small tensor is empty has none, and ranks that disagreed on the layout would deadlock the gather)."""
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(t), name) for name, t in state.items()}
 
 
 def gather_state_bf16(state: dict[str, torch.Tensor],
@@ -165,7 +161,7 @@ def export_weights(model: nn.Module, policy_version: int) -> WeightPayload | Non
     """The bf16 payload on rank 0, None elsewhere. Collective: call on every rank."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    local = model.state_dict()
+    local = model.state_dict(keep_vars=True)  # the parameters themselves: tied names are one object
     packable = all(_packable(t, world) for t in local.values())  # the same answer on every rank
     state = gather_state_bf16(local) if packable else full_state_dict(model)
     if rank != 0:
