@@ -82,8 +82,13 @@ class Trainer:
                 if removed:
                     log.warning("the run failed to start; removed what it had written (%s)", ", ".join(removed))
                 if self._replaced is not None:
-                    back = run_state.restore_replaced(self.run_dir, self._replaced)
-                    log.warning("--overwrite: the run this one was to replace is back in place (%s)", ", ".join(back))
+                    try:
+                        back = run_state.restore_replaced(self.run_dir, self._replaced)
+                        log.warning("--overwrite: the run this one was to replace is back in place (%s)",
+                                    ", ".join(back))
+                    except OSError as exc:  # never hides the start's own error (raised below)
+                        log.error("--overwrite: could not put the replaced run back from %s (%s)",
+                                  self._replaced, exc)
             self._release_lock()  # a refused or failed start leaves the directory free
             raise
 
@@ -103,6 +108,7 @@ class Trainer:
             self._replaced = run_state.check_new_run_dir(self.run_dir, overwrite)
             self._accepted_new = True
         else:
+            run_state.check_no_replaced_run(self.run_dir)
             self.ckpt, saved, skipped = run_state.usable_run_checkpoint(self.run_dir)
             for reason in skipped:
                 log.warning("checkpoint %s; falling back to an older one", reason)

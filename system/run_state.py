@@ -269,6 +269,9 @@ def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
     ``run_dir/.replaced/`` (returned; None when there was nothing), to be deleted once the new run
     has started (``drop_replaced``) or put back if it fails to (``restore_replaced``): a new run
     that fails at its model build or cluster start no longer costs the old run."""
+    root = Path(run_dir)
+    aside = root / REPLACED_DIR
+    check_no_replaced_run(root)
     found = existing_run(run_dir)
     if not found:
         return None
@@ -276,22 +279,45 @@ def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
         raise ValueError(
             f"output_dir {run_dir} already holds a run ({', '.join(found)}): continue it with "
             f"'aisrl train --resume {run_dir}', pass --overwrite to replace it, or choose another output_dir")
-    root = Path(run_dir)
-    aside = root / REPLACED_DIR
-    if aside.exists():  # left by an overwrite that was killed: a run the user already asked to replace
-        shutil.rmtree(aside)
     aside.mkdir()
-    for name in found:
-        os.replace(root / name, aside / name)
+    moved = []
+    try:
+        for name in found:
+            os.replace(root / name, aside / name)
+            moved.append(name)
+    except OSError:  # all or nothing: what moved goes back, the error is the user's to see
+        for name in moved:
+            os.replace(aside / name, root / name)
+        aside.rmdir()
+        raise
     return aside
 
 
+def check_no_replaced_run(run_dir: str | Path) -> None:
+    """Refuse a directory holding ``.replaced/``: a run set aside by an ``--overwrite`` whose start was
+    killed before it could finish or put it back. It is never deleted without the user's word."""
+    aside = Path(run_dir) / REPLACED_DIR
+    if aside.exists():
+        held = sorted(p.name for p in aside.iterdir()) if aside.is_dir() else []
+        raise ValueError(
+            f"output_dir {run_dir} holds {REPLACED_DIR}/ ({', '.join(held) or 'empty'}): a run set aside by an "
+            f"--overwrite whose start was interrupted; move its files back into {run_dir} to keep that run, "
+            f"or delete {aside} to let it go, then start again")
+
+
 def restore_replaced(run_dir: str | Path, aside: Path) -> list[str]:
-    """Put the artefacts ``check_new_run_dir`` moved aside back (the new run failed to start); their names."""
-    names = sorted(p.name for p in aside.iterdir())
-    for name in names:
-        os.replace(aside / name, Path(run_dir) / name)
-    aside.rmdir()
+    """Put the artefacts ``check_new_run_dir`` moved aside back (the new run failed to start); their names.
+    One that cannot go back (a file of the failed start in its place) stays in ``.replaced/``, logged;
+    the directory is then refused until the user decides (``check_no_replaced_run``)."""
+    names = []
+    for path in sorted(aside.iterdir()):
+        try:
+            os.replace(path, Path(run_dir) / path.name)
+            names.append(path.name)
+        except OSError as exc:
+            log.error("--overwrite: could not put %s back (%s); it stays in %s", path.name, exc, aside)
+    if not any(aside.iterdir()):
+        aside.rmdir()
     return names
 
 

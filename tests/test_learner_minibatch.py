@@ -303,3 +303,12 @@ def test_ctpo_reports_its_position_buckets_through_a_real_step(tmp_path):
         assert {f"loss/clip_frac_{kind}_by_pos/{b}" for b in ("<=128", "<=512", "<=2048", ">2048")} <= set(metrics)
     assert metrics["loss/tokens_by_pos/<=128"] == metrics["num_valid_tokens"]
     assert metrics["loss/tokens_by_pos/<=512"] == 0.0
+
+
+def test_updates_are_combined_by_the_tokens_their_surrogate_counted():
+    # update A counted 0 tokens (its stat 0.0 means nothing), update B 8 with clip_frac 0.5: 0.5, not 0.25
+    base = {"num_valid_tokens": 8.0, "num_sequences": 2.0, "loss": 1.0}
+    a = {**base, "loss/clip_frac": 0.0, "loss/tokens": 0.0}
+    b = {**base, "loss/clip_frac": 0.5, "loss/tokens": 8.0}
+    out = combine_updates([a, b], epochs=2)
+    assert out["loss/clip_frac"] == 0.5 and out["loss/tokens"] == 4.0  # tokens per epoch, as the counts

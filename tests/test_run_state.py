@@ -318,3 +318,33 @@ def test_a_resume_may_fix_a_saved_value_that_a_newer_check_refuses(tmp_path, mon
     same = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9",
                                     "rollout.max_new_tokens=6", f"output_dir='{run}'"])
     assert same.exit_code == 0, same.output
+
+
+def test_a_run_left_in_replaced_is_never_deleted_and_a_failed_set_aside_is_rolled_back(tmp_path, monkeypatch):
+    """Found by a review: an --overwrite killed mid-start left the old run in .replaced/, unseen; the next
+    --overwrite deleted it. And a set-aside that failed half-way left the run split in two."""
+    import os
+
+    make_checkpoint(tmp_path, 2)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    aside = run_state.check_new_run_dir(tmp_path, overwrite=True)  # ... and then the process was killed
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"holds \.replaced/ \(checkpoints, metrics.jsonl\): a run set aside"):
+            run_state.check_new_run_dir(tmp_path, overwrite=overwrite)
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "metrics.jsonl"]  # untouched
+    assert run_state.restore_replaced(tmp_path, aside) == ["checkpoints", "metrics.jsonl"]
+
+    real = os.replace
+    calls = []
+
+    def failing_second(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError(16, "Device or resource busy")  # e.g. a mount point
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_second)
+    with pytest.raises(OSError, match="busy"):
+        run_state.check_new_run_dir(tmp_path, overwrite=True)
+    monkeypatch.setattr(os, "replace", real)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "metrics.jsonl"]  # all back, no .replaced

@@ -10,7 +10,7 @@ Reported (global over the batch):
     loss/<key>         = token-weighted mean of the surrogate's scalar stats (clip fractions ...):
                          sum_m stat[m] * n[m] / sum_m n[m], n[m] the tokens the surrogate counted in
                          micro-batch m (its ``num_tokens``: the valid tokens whose current log-prob is
-                         finite too)
+                         finite too), reported as loss/tokens (and used to weight updates alike)
     loss/<key>/<bucket> its per-position-bucket stats (CTPO's ``clip_frac_{low,high,dual}_by_pos``,
                          spec section 4), each weighted by the bucket's tokens, which are reported as
                          loss/tokens_by_pos/<bucket>
@@ -98,6 +98,9 @@ class MetricSums:
         out.update({f"loss/{k}": s / w if w > 0 else 0.0 for k, (s, w) in weighted.items()})
         out.update({f"loss/tokens_by_pos/{k.rsplit('/', 1)[1]}": w for k, (_, w) in weighted.items()
                     if "_by_pos/" in k})
+        scalar = [w for k, (_, w) in weighted.items() if "_by_pos/" not in k]
+        if scalar:  # the tokens the surrogate counted (every scalar stat's weight)
+            out[_LOSS_TOKENS] = max(scalar)
         return out
 
 
@@ -128,6 +131,9 @@ _TOKEN_MEANS = ("entropy", "weight_mean", "keep_token_frac")
 """Per-token means besides ``loss/<stat>``: averaged over updates by their valid tokens."""
 _COUNTS = ("num_valid_tokens", "num_sequences")
 _BUCKET_TOKENS = "loss/tokens_by_pos/"
+_LOSS_TOKENS = "loss/tokens"
+"""The tokens the surrogate counted (its stats' weight; the valid tokens but those whose current
+log-prob is not finite)."""
 
 
 def combine_updates(per_update: list[dict[str, float]], epochs: int) -> dict[str, float]:
@@ -139,10 +145,14 @@ def combine_updates(per_update: list[dict[str, float]], epochs: int) -> dict[str
     out: dict[str, float] = {}
     for key in per_update[-1]:
         values = [m[key] for m in per_update]
-        if key in _COUNTS or key.startswith(_BUCKET_TOKENS):
+        if key in _COUNTS or key.startswith(_BUCKET_TOKENS) or key == _LOSS_TOKENS:
             out[key] = sum(values) / epochs
         elif "_by_pos/" in key:  # a bucket's mean over the updates, weighted by that bucket's tokens
             w_B = [m.get(_BUCKET_TOKENS + key.rsplit("/", 1)[1], 0.0) for m in per_update]
+            total = sum(w_B)
+            out[key] = sum(v * w for v, w in zip(values, w_B, strict=True)) / total if total else 0.0
+        elif key.startswith("loss/") and all(_LOSS_TOKENS in m for m in per_update):  # by the counted tokens
+            w_B = [m[_LOSS_TOKENS] for m in per_update]
             total = sum(w_B)
             out[key] = sum(v * w for v, w in zip(values, w_B, strict=True)) / total if total else 0.0
         elif key in _TOKEN_MEANS or key.startswith("loss/"):

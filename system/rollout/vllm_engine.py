@@ -55,7 +55,7 @@ from system.rollout.fp8_kernels import (
 )
 from system.rollout.quantization import resolve_quantization, scheme_name
 from system.rollout.samples import PromptSamples, SampledResponse
-from system.rollout.weight_names import checkpoint_tensor_names, payload_name_problems
+from system.rollout.weight_names import model_tensor_names, payload_name_problems
 from system.types import frozen_array
 from system.weight_payload import WeightPayload, decode_weights
 
@@ -188,7 +188,7 @@ class VLLMEngine:
         self.quantization_scheme = scheme_name(model_config.quantization)
         """The scheme that actually ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
         self.tied_embeddings = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
-        self.tensor_names = checkpoint_tensor_names(model_dir)
+        self.tensor_names = model_tensor_names(model_dir, trust_remote_code)
         """What every loaded payload must name (``system.rollout.weight_names``)."""
 
     @property

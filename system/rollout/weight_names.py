@@ -2,34 +2,40 @@
 
 vLLM's in-place reload only logs (and aisrl's quiet console hides) a parameter it was not given, and
 keeps that parameter's old values: a learner-side rename (a wrapper's prefix, say) would leave stale
-layers with no error. So every load is checked against the names of the model's own checkpoint
-(``*.safetensors`` headers in the model directory, read once at engine start).
+layers with no error. So every load is checked against the names of the Hugging Face model the learner
+builds from the same directory (its ``state_dict`` keys, from an instance on the meta device: no
+memory, no checkpoint layout to interpret), read once at engine start.
 """
 
-import json
-import struct
+import logging
 from pathlib import Path
 
+import torch
+
+log = logging.getLogger(__name__)
 TIED_HEAD = "lm_head.weight"
 
 
-def checkpoint_tensor_names(model_dir: str | Path) -> frozenset[str]:
-    """The tensor names of every ``*.safetensors`` file in ``model_dir`` (read from their headers:
-    8 bytes of little-endian length, then a JSON object keyed by name; ``__metadata__`` is not a
-    tensor). Empty when there is none (the check is then skipped)."""
-    names: set[str] = set()
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        names.update(k for k in header if k != "__metadata__")
-    return frozenset(names)
+def model_tensor_names(model_dir: str | Path, trust_remote_code: bool = False) -> frozenset[str]:
+    """The ``state_dict`` names of the causal-LM class the learner builds from ``model_dir`` (a directory
+    or a hub id), instantiated on the meta device. Empty, with a warning, when that fails (the check is
+    then skipped, and says so)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return frozenset(model.state_dict())
+    except Exception as exc:  # noqa: BLE001 - the check is a guard; the engine works without it
+        log.warning("cannot list the tensor names of %s (%s: %s); weight payloads are not checked by name",
+                    model_dir, type(exc).__name__, str(exc)[:200])
+        return frozenset()
 
 
 def payload_name_problems(expected: frozenset[str], given: set[str], tied_embeddings: bool) -> str | None:
-    """What is wrong with the names ``given`` for a model whose checkpoint holds ``expected`` (None: fine).
-    Only weights and biases (``*.weight``, ``*.bias``) are compared: buffers such as rotary tables are in
-    some checkpoints and not in the learner's state, or the reverse, and the engine computes them; a
+    """What is wrong with the names ``given`` for a model whose tensors are ``expected`` (None: fine).
+    Only weights and biases (``*.weight``, ``*.bias``) are compared (buffers are the engine's own); a
     rename (a wrapper's prefix) changes every weight. With tied embeddings the head is completed from the
     embedding, so ``lm_head.weight`` may be absent from either side."""
     if not expected:
