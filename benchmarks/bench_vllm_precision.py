@@ -5,9 +5,10 @@ The learner side is transformers in float32 on the bf16-rounded weights with log
 by the temperature (what the BF16 FSDP2 learner computes). On CPU FP8 is not expected to be
 faster: vLLM's CPU path de-quantizes per channel; the number is recorded as measured.
 
-FP8 runs twice, once per CPU kernel (``rollout.fp8_kernel``: vLLM's channel-wise one and
-aisrl's row-wise one), beside the ``auto`` decision this CPU's probe makes; the CPU's name and
-whether it has AMX are recorded (the channel-wise kernel is pathological on Intel AMX CPUs).
+FP8 runs once per CPU kernel (``rollout.fp8_kernel``: vLLM's channel-wise one, aisrl's row-wise
+one and aisrl's upcast one), beside the ``auto`` decision this CPU's probe makes; the CPU's name
+and whether it has AMX are recorded (the channel-wise kernel is pathological on Intel AMX CPUs).
+Config overrides (``model.hidden_size=512 ...``) run the same on another model.
 """
 
 import argparse
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import emit  # noqa: E402
 
-from system.config import RunConfig  # noqa: E402
+from system.config import resolve_config  # noqa: E402
 from system.data.prompt_source import build_prompt_source  # noqa: E402
 from system.models.model_dir import resolve_model_dir  # noqa: E402
 from system.rollout.vllm_engine import VLLMEngine, decide_fp8_kernel  # noqa: E402
@@ -60,8 +61,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tag", default="", help="suffix of the result's name (e.g. _h512)")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.hidden_size=512")
     args = parser.parse_args()
-    cfg = RunConfig()
+    cfg = resolve_config([], args.overrides)
     model_dir = resolve_model_dir(cfg)
     source = build_prompt_source(cfg.data.task, cfg.seed)
     prompts = [source[i].text for i in range(args.prompts)]
@@ -69,7 +72,8 @@ def main() -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
-    variants = {"bf16": ("bf16", "auto"), "fp8": ("fp8", "vllm"), "fp8_rowwise": ("fp8", "rowwise")}
+    variants = {"bf16": ("bf16", "auto"), "fp8": ("fp8", "vllm"), "fp8_rowwise": ("fp8", "rowwise"),
+                "fp8_upcast": ("fp8", "upcast")}
     rows, auto = {}, decide_fp8_kernel(model_dir, "auto")
     for name, (q, kernel) in variants.items():
         engine = VLLMEngine(model_dir, q, cfg.rollout.engine, seed=cfg.seed, fp8_kernel=kernel)
@@ -79,13 +83,17 @@ def main() -> None:
         print(f"{name:11s} ({row['scheme']}): {row['tokens_per_s']:8.0f} tok/s, gap mean {row['logprob_gap_mean']:.4f} "
               f"max {row['logprob_gap_max']:.3f}", file=sys.stderr)
     bf16 = rows["bf16"]["tokens_per_s"]
-    emit("vllm_precision_cpu", {
-        "model": "tiny default", "prompts": args.prompts, "group_size": cfg.rollout.group_size,
+    auto_row = {"vllm": "fp8", "rowwise": "fp8_rowwise", "upcast": "fp8_upcast"}[auto.kernel]
+    emit(f"vllm_precision_cpu{args.tag}", {
+        "model": "tiny default" if not args.overrides else f"tiny {' '.join(args.overrides)}",
+        "hidden_size": cfg.model.hidden_size, "intermediate_size": cfg.model.intermediate_size,
+        "prompts": args.prompts, "group_size": cfg.rollout.group_size,
         "max_new_tokens": cfg.rollout.max_new_tokens, "cpu_model": cpu_model(), "cpu_has_amx": cpu_has_amx(),
         "auto_fp8_kernel": auto.as_dict(), "rows": rows,
         "fp8_over_bf16_throughput": rows["fp8"]["tokens_per_s"] / bf16,
         "fp8_rowwise_over_bf16_throughput": rows["fp8_rowwise"]["tokens_per_s"] / bf16,
-        "fp8_auto_over_bf16_throughput": rows["fp8_rowwise" if auto.kernel == "rowwise" else "fp8"]["tokens_per_s"] / bf16,
+        "fp8_upcast_over_bf16_throughput": rows["fp8_upcast"]["tokens_per_s"] / bf16,
+        "fp8_auto_over_bf16_throughput": rows[auto_row]["tokens_per_s"] / bf16,
     })
 
 

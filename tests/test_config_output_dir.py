@@ -20,7 +20,15 @@ from system.config import (
 runner = CliRunner()
 
 
-def test_dry_run_prints_one_json_object_with_config_and_placement():
+@pytest.fixture
+def elsewhere(tmp_path, monkeypatch):
+    """Run from an empty directory: the default ``output_dir`` (``runs/default``) is relative, and a
+    checkout where ``make demo`` ran holds a run there, which a new run (and its dry run) refuses."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_dry_run_prints_one_json_object_with_config_and_placement(elsewhere):
     result = runner.invoke(app, ["train", "--dry-run", "correction.method.type=icepop", "learner.num_ranks=4"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # the whole of stdout is one document
@@ -32,7 +40,7 @@ def test_dry_run_prints_one_json_object_with_config_and_placement():
     assert roles == {"rollout_worker": 1, "learner_rank": 4, "correction_service": 1}
 
 
-def test_dry_run_for_a_joined_cluster_says_what_each_role_asks_of_it():
+def test_dry_run_for_a_joined_cluster_says_what_each_role_asks_of_it(elsewhere):
     """Found by a review: with ray.address set the plan printed ``resources: {}`` for every role (the
     local plan), while on the cluster rollout workers and learner ranks go to the nodes offering
     the rollout / learner resources."""

@@ -2,26 +2,32 @@
 
 The decision is a pure function of the probe's timings, so every branch is tested with
 synthetic timings (the Intel AMX case is the one measured in the issue: channel-wise 1.7 s,
-row-wise 1.7 ms, BF16 0.22 ms at 512x256x768). The two FP8 products are checked against a
-float64 reference of ``diag(s_x) X W^T diag(s_w)`` on the FP8-rounded operands.
+row-wise 1.7 ms, BF16 0.22 ms at 512x256x768; its upcast time is not measured there, so the
+cases set it on either side). The three FP8 products are checked against a float64 reference
+of ``diag(s_x) X W^T diag(s_w)`` on the FP8-rounded operands.
 """
+
+import dataclasses
 
 import pytest
 import torch
 
 from system.rollout.fp8_kernels import (
-    ROWWISE_MIN_GAIN,
+    MIN_GAIN,
     SLOW_FP8_RATIO,
     MatmulProbe,
+    WidenedWeight,
     channelwise_product,
     choose_fp8_kernel,
+    fp8_to_bf16,
     probe_fp8_matmul,
     rowwise_product,
+    upcast_product,
 )
 
-AMX = MatmulProbe(512, 256, 768, bf16_ms=0.22, channelwise_ms=1700.0, rowwise_ms=1.7)
-EPYC = MatmulProbe(512, 256, 768, bf16_ms=0.95, channelwise_ms=3.5, rowwise_ms=3.3)
-FAST = MatmulProbe(512, 256, 768, bf16_ms=1.0, channelwise_ms=1.2, rowwise_ms=1.1)
+AMX = MatmulProbe(512, 256, 768, bf16_ms=0.22, channelwise_ms=1700.0, rowwise_ms=1.7, upcast_ms=2.0)
+EPYC = MatmulProbe(512, 256, 768, bf16_ms=0.95, channelwise_ms=3.5, rowwise_ms=3.3, upcast_ms=2.2)
+FAST = MatmulProbe(512, 256, 768, bf16_ms=1.0, channelwise_ms=1.2, rowwise_ms=1.1, upcast_ms=1.3)
 
 
 def test_auto_takes_rowwise_where_channelwise_is_pathological():
@@ -29,33 +35,49 @@ def test_auto_takes_rowwise_where_channelwise_is_pathological():
     assert d.kernel == "rowwise"
     assert d.fp8_vs_bf16 == pytest.approx(0.22 / 1.7)  # the chosen (row-wise) speed relative to BF16
     assert d.warning is None  # 0.13x >= SLOW_FP8_RATIO (0.1)
-    slow = choose_fp8_kernel("auto", MatmulProbe(512, 256, 768, bf16_ms=0.22, channelwise_ms=1700.0, rowwise_ms=4.4))
+    slow = choose_fp8_kernel("auto", MatmulProbe(512, 256, 768, bf16_ms=0.22, channelwise_ms=1700.0, rowwise_ms=4.4,
+                                                 upcast_ms=5.0))
     assert slow.kernel == "rowwise" and slow.fp8_vs_bf16 == pytest.approx(0.05)
     # 0.05x BF16 is below SLOW_FP8_RATIO: the warning says what to do
     assert slow.warning is not None and "rollout.quantization=bf16" in slow.warning and "0.05x" in slow.warning
-    assert "fp8_kernel=rowwise" not in slow.warning  # already row-wise: no such advice
+    assert "fp8_kernel=" not in slow.warning  # already the fastest: no kernel to advise
+
+
+def test_auto_takes_upcast_where_it_is_the_fastest_replacement():
+    d = choose_fp8_kernel("auto", MatmulProbe(512, 256, 768, bf16_ms=0.22, channelwise_ms=1700.0, rowwise_ms=1.7,
+                                              upcast_ms=0.44))
+    assert d.kernel == "upcast" and d.fp8_vs_bf16 == pytest.approx(0.5)  # 0.22 / 0.44
+    assert d.warning is None and "upcast 0.44 ms" in d.reason
+    # vLLM's kernel 2.2 / 1.0 = 2.2x slower than the upcast one (>= MIN_GAIN), row-wise no faster than vLLM's
+    amd = MatmulProbe(512, 1536, 8960, bf16_ms=0.9, channelwise_ms=2.2, rowwise_ms=2.3, upcast_ms=1.0)
+    assert choose_fp8_kernel("auto", amd).kernel == "upcast"
+    forced_slow = choose_fp8_kernel("rowwise", dataclasses.replace(amd, rowwise_ms=10.0))
+    # 0.9 / 10 = 0.09x: slow, and the advice names the fastest other kernel (upcast, 1 ms)
+    assert forced_slow.warning is not None and "rollout.fp8_kernel=upcast (1 ms)" in forced_slow.warning
 
 
 def test_auto_keeps_vllms_kernel_where_both_run_alike():
-    d = choose_fp8_kernel("auto", EPYC)  # 3.5 / 3.3 = 1.06 < ROWWISE_MIN_GAIN
+    d = choose_fp8_kernel("auto", EPYC)  # 3.5 / 2.2 = 1.6 (upcast, the faster one) < MIN_GAIN
     assert d.kernel == "vllm"
     assert d.fp8_vs_bf16 == pytest.approx(0.95 / 3.5)
     assert d.warning is None  # 0.27x >= 0.1
     assert choose_fp8_kernel("auto", FAST).warning is None  # 1.0 / 1.2 = 0.83
-    forced = choose_fp8_kernel("vllm", AMX)  # 0.22 / 1700: far below, with the advice to switch
-    assert forced.warning is not None and "rollout.fp8_kernel=rowwise" in forced.warning
+    forced = choose_fp8_kernel("vllm", AMX)  # 0.22 / 1700: far below, with the advice to switch to the fastest
+    assert forced.warning is not None and "rollout.fp8_kernel=rowwise (1.7 ms)" in forced.warning
 
 
 def test_gain_threshold_is_inclusive():
-    at = MatmulProbe(1, 1, 1, bf16_ms=1.0, channelwise_ms=ROWWISE_MIN_GAIN * 2.0, rowwise_ms=2.0)
-    below = MatmulProbe(1, 1, 1, bf16_ms=1.0, channelwise_ms=ROWWISE_MIN_GAIN * 2.0 - 0.01, rowwise_ms=2.0)
-    assert choose_fp8_kernel("auto", at).kernel == "rowwise"
-    assert choose_fp8_kernel("auto", below).kernel == "vllm"
+    for other in ("rowwise_ms", "upcast_ms"):  # whichever of the two replacements is the faster one
+        times = {"rowwise_ms": 50.0, "upcast_ms": 50.0, other: 2.0}
+        at = MatmulProbe(1, 1, 1, bf16_ms=1.0, channelwise_ms=MIN_GAIN * 2.0, **times)
+        below = MatmulProbe(1, 1, 1, bf16_ms=1.0, channelwise_ms=MIN_GAIN * 2.0 - 0.01, **times)
+        assert choose_fp8_kernel("auto", at).kernel == other.removesuffix("_ms")
+        assert choose_fp8_kernel("auto", below).kernel == "vllm"
 
 
 def test_slow_ratio_threshold():
-    just_fast = MatmulProbe(1, 1, 1, bf16_ms=SLOW_FP8_RATIO, channelwise_ms=1.0, rowwise_ms=1.0)
-    just_slow = MatmulProbe(1, 1, 1, bf16_ms=SLOW_FP8_RATIO * 0.99, channelwise_ms=1.0, rowwise_ms=1.0)
+    just_fast = MatmulProbe(1, 1, 1, bf16_ms=SLOW_FP8_RATIO, channelwise_ms=1.0, rowwise_ms=1.0, upcast_ms=1.0)
+    just_slow = MatmulProbe(1, 1, 1, bf16_ms=SLOW_FP8_RATIO * 0.99, channelwise_ms=1.0, rowwise_ms=1.0, upcast_ms=1.0)
     assert choose_fp8_kernel("auto", just_fast).warning is None
     assert choose_fp8_kernel("auto", just_slow).warning is not None
 
@@ -65,6 +87,8 @@ def test_forced_choices_are_kept_and_measured():
     assert d.kernel == "vllm" and d.fp8_vs_bf16 == pytest.approx(0.22 / 1700.0)
     assert "forced" in d.reason and d.warning is not None
     assert choose_fp8_kernel("rowwise", EPYC).kernel == "rowwise"
+    up = choose_fp8_kernel("upcast", AMX)
+    assert up.kernel == "upcast" and up.fp8_vs_bf16 == pytest.approx(0.22 / 2.0)
 
 
 def test_without_a_probe_and_bad_requests():
@@ -79,24 +103,75 @@ def test_decision_is_json_ready():
     assert out["kernel"] == "rowwise" and out["probe"]["channelwise_ms"] == 1700.0
 
 
-def test_both_fp8_products_compute_the_scaled_product():
+def test_every_fp8_product_computes_the_scaled_product():
     gen = torch.Generator().manual_seed(3)
     m, k, n = 33, 64, 48
     x8 = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
     w8 = torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn)
     s_x, s_w = torch.rand(m, 1, generator=gen) + 0.5, torch.rand(1, n, generator=gen) + 0.5
     ref = (x8.double() * s_x.double()) @ (w8.double() * s_w.double().t()).t()
-    for product in (channelwise_product, rowwise_product):
+    upcast = lambda x8, w8, s_x, s_w: upcast_product(x8, fp8_to_bf16(w8).t(), s_x, s_w)  # noqa: E731
+    for product in (channelwise_product, rowwise_product, upcast):
         out = product(x8, w8, s_x, s_w)
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-        # bf16 output: relative rounding 2**-8 of each entry, plus float32 accumulation
+        # bf16 output: relative rounding 2**-8 of each entry (the upcast one rounds twice: 2 * 2**-9
+        # before and after the scales, still inside 2**-7), plus float32 accumulation
         assert torch.allclose(out.double(), ref, rtol=2**-7, atol=1e-3)
+
+
+def test_upcast_product_is_the_exact_sum_rounded_twice():
+    """Every product of two FP8 values is exact in float32 (4 + 4 significant bits), so the BF16 matmul's
+    float32 sum of k = 16 terms is exact here; the result must be that sum rounded to BF16, times the
+    scales in float32, plus the bias, rounded to BF16 (computed below in float64 from the bits)."""
+    gen = torch.Generator().manual_seed(5)
+    m, k, n = 19, 16, 24
+    x8 = (torch.randn(m, k, generator=gen) * 4).to(torch.float8_e4m3fn)
+    w8 = (torch.randn(n, k, generator=gen) * 4).to(torch.float8_e4m3fn)
+    s_x, s_w = torch.rand(m, 1, generator=gen) + 0.5, torch.rand(n, 1, generator=gen) + 0.5  # weight scales [n, 1]
+    bias = torch.randn(n, generator=gen)
+    exact = x8.double() @ w8.double().t()  # integers times powers of two: exact in float64 too
+    expected = ((exact.to(torch.bfloat16).float() * s_x) * s_w.t() + bias).to(torch.bfloat16)
+    out = upcast_product(x8, fp8_to_bf16(w8).t(), s_x, s_w, bias)
+    assert torch.equal(out, expected)
+    # a per-tensor activation scale (one number) broadcasts over the rows
+    one = torch.tensor([0.75])
+    assert torch.equal(upcast_product(x8, fp8_to_bf16(w8).t(), one, s_w),
+                       ((exact.to(torch.bfloat16).float() * 0.75) * s_w.t()).to(torch.bfloat16))
+
+
+def test_fp8_to_bf16_is_exact_for_every_bit_pattern():
+    bits = torch.arange(256, dtype=torch.uint8)
+    x8 = bits.view(torch.float8_e4m3fn)
+    widened = fp8_to_bf16(x8.reshape(16, 16)).reshape(-1)
+    reference = x8.to(torch.float32)  # torch's own element-wise conversion
+    assert torch.isnan(widened).tolist() == torch.isnan(reference).tolist() and int(torch.isnan(widened).sum()) == 2
+    finite = ~torch.isnan(reference)
+    assert torch.equal(widened[finite].float(), reference[finite])
+    assert float(widened[0x7E]) == 448.0 and float(widened[0x01]) == 2.0**-9  # largest normal, smallest subnormal
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        fp8_to_bf16(torch.zeros(3))
+
+
+def test_widened_weight_is_made_again_for_a_new_tensor_or_a_new_generation():
+    """The upcast kernel's BF16 copy of a layer's FP8 weight: a load that writes into the same tensor
+    keeps its address, so without the engine's generation the copy would be the replaced weights."""
+    w8 = torch.randn(8, 4).to(torch.float8_e4m3fn).t()  # [k, n] view, as vLLM passes the weight
+    cache = WidenedWeight()
+    first = cache.get(w8, generation=0)
+    assert torch.equal(first.float(), w8.float()) and first.stride() == w8.stride() and cache.made == 1
+    assert cache.get(w8, generation=0) is first and cache.made == 1  # no copy per product
+    w8.copy_(torch.randn(4, 8).to(torch.float8_e4m3fn))  # new values, same tensor
+    assert cache.get(w8, generation=0) is first  # what a missed generation would use: stale
+    renewed = cache.get(w8, generation=1)
+    assert cache.made == 2 and torch.equal(renewed.float(), w8.float()) and not torch.equal(renewed, first)
+    other = torch.randn(8, 4).to(torch.float8_e4m3fn).t()  # a new tensor (vLLM re-created the parameter)
+    assert torch.equal(cache.get(other, generation=1).float(), other.float()) and cache.made == 3
 
 
 def test_probe_times_every_variant_on_this_cpu():
     p = probe_fp8_matmul(32, 64, 128)
     assert (p.m, p.k, p.n) == (32, 64, 128)
-    assert p.bf16_ms > 0 and p.channelwise_ms > 0 and p.rowwise_ms > 0
+    assert p.bf16_ms > 0 and p.channelwise_ms > 0 and p.rowwise_ms > 0 and p.upcast_ms > 0
 
 
 def test_a_cpu_with_amx_fp8_keeps_vllms_native_kernel():
@@ -106,6 +181,7 @@ def test_a_cpu_with_amx_fp8_keeps_vllms_native_kernel():
     for requested in ("auto", "vllm"):
         d = choose_fp8_kernel(requested, AMX, native_amx_fp8=True)  # even where the probe says rowwise
         assert d.kernel == "vllm" and "native" in d.reason and d.probe is None and d.fp8_vs_bf16 is None
-    forced = choose_fp8_kernel("rowwise", AMX, native_amx_fp8=True)
-    assert forced.kernel == "rowwise" and forced.probe == AMX
+    for requested in ("rowwise", "upcast"):
+        forced = choose_fp8_kernel(requested, AMX, native_amx_fp8=True)
+        assert forced.kernel == requested and forced.probe == AMX
     assert choose_fp8_kernel("auto", AMX).kernel == "rowwise"  # without AMX-FP8, as before

