@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.aisrl-installed
 
-.PHONY: demo test report-demo bench lint clean-venv
+.PHONY: demo test report-demo bench cpu-check lint clean-venv
 
 # The install's own output (pip, setuptools, the registry's notes) goes to $(VENV)/install.log;
 # the console gets one line, or the log's tail when a step fails. VERBOSE=1 shows everything.
@@ -52,6 +52,10 @@ $(VERL_BENCH)/.installed: $(STAMP)
 bench: $(STAMP) $(VERL_BENCH)/.installed
 	$(BIN)/python benchmarks/bench_correction.py
 	PYTHONPATH=$(VERL_BENCH) $(BIN)/python benchmarks/bench_correction_vs_verl.py
+
+# Issue 9's targets on this CPU (FP8 rollouts >= 0.5x BF16, the default run within 2x of AMD EPYC's), ~5 min
+cpu-check: $(STAMP)
+	$(BIN)/python benchmarks/bench_cpu_targets.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

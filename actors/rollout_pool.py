@@ -56,9 +56,10 @@ class WorkerSlot:
 
 class RolloutPool:
     def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=RolloutWorker,
-                 runtime: RayRuntime = RAY) -> None:
+                 runtime: RayRuntime = RAY, fp8_kernel_pins: dict[str, str] | None = None) -> None:
         """``actor_cls``: the Ray actor class of a worker (a simulated engine in orchestration benchmarks);
-        ``runtime``: the Ray calls (``actors.runtime``; an in-process stand-in in controller tests)."""
+        ``runtime``: the Ray calls (``actors.runtime``; an in-process stand-in in controller tests);
+        ``fp8_kernel_pins``: the FP8 kernel a resumed run chose before on each kind of CPU."""
         self.cfg = cfg
         self.runtime = runtime
         self.actor_cls = actor_cls
@@ -71,6 +72,9 @@ class RolloutPool:
         self.started: dict[str, tuple[str, dict | None]] = {}
         """``worker id -> (quantization scheme, FP8 kernel decision)`` of every worker that became ready
         during the run (replacements and scaled-up ones included)."""
+        self.fp8_kernel_pins: dict[str, str] = dict(fp8_kernel_pins or {})
+        """``cpu_identity -> kernel``: the first choice on each kind of CPU in this run (a resumed one's
+        earlier attempts included); every later worker gets it, so ``auto`` keeps it."""
         self.on_ready: Callable[[], None] | None = None
         """Called after each worker becomes ready (the trainer rewrites ``rollout_workers.json``)."""
 
@@ -81,7 +85,7 @@ class RolloutPool:
             wid = f"rollout-{self._next_id}"
             self._next_id += 1
             handle = self.actor_cls.options(**self.options.actor_options(), runtime_env=_WORKER_ENV).remote(
-                self.cfg, self.model_dir, wid)
+                self.cfg, self.model_dir, wid, dict(self.fp8_kernel_pins))
             slot = WorkerSlot(wid, handle, handle.ready.remote(), time.monotonic())
             self.slots[wid] = slot
             new.append(slot)
@@ -100,6 +104,8 @@ class RolloutPool:
         slot.fp8_kernel = info.get("fp8_kernel")
         if slot.fp8_kernel and slot.fp8_kernel.get("warning"):
             log.warning("rollout worker %s: %s", slot.worker_id, slot.fp8_kernel["warning"])
+        if slot.fp8_kernel and slot.fp8_kernel.get("cpu"):
+            self.fp8_kernel_pins.setdefault(slot.fp8_kernel["cpu"], slot.fp8_kernel["kernel"])
         slot.policy_version = max(slot.policy_version, info["policy_version"])
         slot.idle_since = time.monotonic()
         self.started[slot.worker_id] = (slot.quantization, slot.fp8_kernel)
@@ -111,7 +117,8 @@ class RolloutPool:
         decision of every worker that became ready so far (a mixed cluster's nodes may choose differently)."""
         started = dict(self.started)
         return {"requested": self.cfg.rollout.quantization, "running": {w: q for w, (q, _) in started.items()},
-                "fp8_kernel": {w: k for w, (_, k) in started.items() if k is not None}}
+                "fp8_kernel": {w: k for w, (_, k) in started.items() if k is not None},
+                "fp8_kernel_pins": dict(self.fp8_kernel_pins)}
 
     def slots_now(self) -> list[WorkerSlot]:
         """A snapshot of the slots: the train thread reads them while the rollout loop changes them."""

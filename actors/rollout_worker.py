@@ -28,9 +28,9 @@ class StaleWeightsError(RuntimeError):
 
 @ray.remote(concurrency_groups={"weights": 1})
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
+    def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> None:
         self.worker_id = worker_id
-        self.core = RolloutWorkerCore(cfg, model_dir, worker_id)
+        self.core = RolloutWorkerCore(cfg, model_dir, worker_id, fp8_kernel_pins)
         self.receiver = BroadcastReceiver()
         self.mailbox: WeightMailbox[list] = WeightMailbox(self.core.policy_version, weights_exist)
         self.weight_sources = {"broadcast": 0, "object_store": 0}

@@ -174,7 +174,9 @@ class Trainer:
             ray.get(self.service.load_state_dict.remote(saved["correction"]))
             published = (self.step, self.transport.publish(self.learners, self.step))
         self.state = SharedState(self.step, published)
-        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0])
+        pins = run_state.fp8_kernel_pins(self.run_dir) if self.ckpt is not None else {}
+        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0],
+                                fp8_kernel_pins=pins)
         self.pool.start(cfg.rollout.num_workers)
         workers = self.pool.workers_record()
         log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, workers["running"],

@@ -54,7 +54,10 @@ SIM = ["prompts_per_step=8", "rollout.group_size=4", "model.warm_start_steps=0",
 RESUME = ["seed=3", "async.max_lag=0", "rollout.num_workers=1", "prompts_per_step=8", "rollout.group_size=4",
           "rollout.prompts_per_call=4", "model.warm_start_steps=20", "learner.warmup_steps=8", "learner.lr=3e-3",
           "correction.method.type=token-tis", "correction.ais.enabled=true",
-          "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=2"]
+          "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=2",
+          # one FP8 kernel for every run compared: two separate runs each probe this CPU, and a probe near the
+          # kernel threshold may choose differently (a resume keeps its own run's choice, not another run's)
+          "rollout.fp8_kernel=upcast"]
 COMPARED = ("learner/loss", "learner/entropy", "learner/weight_mean", "learner/lr", "learner/grad_norm",
             "reward/mean", "reward/std", "mismatch/kl_k1", "mismatch/ess_seq", "correction/keep_token_frac",
             "ais/alpha", "ais/alpha_raw", "ais/bias", "ais/severity", "tokens/trained")

@@ -13,6 +13,7 @@ Each row records the ``auto`` decision and every kernel's speed relative to BF16
 Rerun: ``.venv/bin/python benchmarks/bench_fp8_kernels.py`` (about 30 s).
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -27,6 +28,9 @@ MODELS = {"tiny default": (64, 256), "Qwen2.5-0.5B": (896, 4864), "Qwen2.5-1.5B"
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tag", default="", help="suffix of the result's name (e.g. _amx)")
+    args = parser.parse_args()
     rows = []
     with single_thread():
         for model, (hidden, intermediate) in MODELS.items():
@@ -41,7 +45,7 @@ def main() -> None:
                       + " | ".join(f"{k} {probe.kernel_ms(k):8.3f} ms ({speed[k]:.2f}x)" for k in KERNELS)
                       + f" | auto: {decision.kernel}", file=sys.stderr)
     has_amx = "amx_tile" in Path("/proc/cpuinfo").read_text()
-    emit("fp8_kernels_cpu", {"cpu_has_amx": has_amx, "threads": 1, "rows": rows})
+    emit(f"fp8_kernels_cpu{args.tag}", {"cpu_has_amx": has_amx, "threads": 1, "rows": rows})
 
 
 if __name__ == "__main__":

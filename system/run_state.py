@@ -34,6 +34,7 @@ from pathlib import Path
 from system.data.sampler import check_cursor
 from system.learner.checkpoint import checkpoint_problems, is_complete
 from system.report.dump import numbered_dumps
+from system.rollout.fp8_kernels import pins_of
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step_(\d+)$")
@@ -325,3 +326,20 @@ def drop_replaced(aside: Path | None) -> None:
     """Delete the replaced run's artefacts (the new run has started)."""
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def fp8_kernel_pins(run_dir: str | Path) -> dict[str, str]:
+    """The FP8 kernel a run chose on each kind of CPU before it stopped (its ``rollout_workers.json``:
+    the recorded pins, else the decisions' first per CPU), which its resume keeps
+    (``system.rollout.fp8_kernels``: a probe near the threshold could otherwise flip it). ``{}`` when
+    there is no record; an unreadable one is said and ignored (the kernel is then chosen anew)."""
+    path = Path(run_dir) / "rollout_workers.json"
+    if not path.exists():
+        return {}
+    try:
+        record = json.loads(path.read_text())
+        pins = {**pins_of(record.get("fp8_kernel") or {}), **(record.get("fp8_kernel_pins") or {})}
+        return {str(cpu): str(kernel) for cpu, kernel in pins.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        log.warning("--resume: %s is unreadable (%s); the FP8 kernel is chosen anew", path, exc)
+        return {}

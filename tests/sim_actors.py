@@ -105,7 +105,7 @@ class SimulatedRolloutWorker:
         baked = type(cls.__name__, (cls,), {"settings": replace(cls.settings, **settings)})
         return ray.remote(concurrency_groups={"weights": 1})(baked)
 
-    def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str) -> None:
+    def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> None:
         if self.settings.fail_to_start:
             raise RuntimeError(f"simulated worker {worker_id}: the engine cannot be built here")
         self.cfg, self.worker_id = cfg, worker_id

@@ -61,13 +61,14 @@ class FakeWorker:
     """A rollout worker handle: ``ready``, ``generate`` and ``offer_weights``, each logged (an offer is
     loaded at once: every call here has returned before the next is made, so the worker is idle)."""
 
-    def __init__(self, cfg, model_dir: str, worker_id: str, log: list) -> None:
+    def __init__(self, cfg, model_dir: str, worker_id: str, log: list, fp8_kernel: dict | None = None) -> None:
         self.cfg, self.worker_id, self.log = cfg, worker_id, log
         self.version, self.dead, self.killed = 0, False, False
         self.held: list = [False]  # [hold new generate calls?, the held calls in order...]
         self.min_versions: list[int] = []  # what each generate call required
         self.waited_s = 0.0  # the wait this worker reports with each call's groups
-        self.ready = Method(lambda: {"worker_id": worker_id, "policy_version": 0, "quantization": "fake"})
+        self.ready = Method(lambda: {"worker_id": worker_id, "policy_version": 0, "quantization": "fake",
+                                     "fp8_kernel": fp8_kernel})
         self.generate = Method(self._generate, self.held)
         self.offer_weights = Method(self._offer)
 
@@ -89,17 +90,21 @@ class FakeWorker:
 
 
 class FakeWorkerClass:
-    """``actor_cls.options(...).remote(cfg, model_dir, worker_id)`` -> a ``FakeWorker``."""
+    """``actor_cls.options(...).remote(cfg, model_dir, worker_id, fp8_kernel_pins)`` -> a ``FakeWorker``."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel_of=None) -> None:
         self.log: list = []
         self.handles: dict[str, FakeWorker] = {}
+        self.pins: dict[str, dict] = {}  # the FP8 kernel pins each worker was started with
+        self.kernel_of = kernel_of or (lambda worker_id, pins: None)  # the FP8 decision a worker reports
 
     def options(self, **kwargs) -> "FakeWorkerClass":
         return self
 
-    def remote(self, cfg, model_dir: str, worker_id: str) -> FakeWorker:
-        self.handles[worker_id] = FakeWorker(cfg, model_dir, worker_id, self.log)
+    def remote(self, cfg, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> FakeWorker:
+        self.pins[worker_id] = fp8_kernel_pins
+        self.handles[worker_id] = FakeWorker(cfg, model_dir, worker_id, self.log,
+                                             self.kernel_of(worker_id, fp8_kernel_pins or {}))
         return self.handles[worker_id]
 
 
@@ -363,7 +368,7 @@ def test_workers_that_keep_failing_to_start_fail_the_run_with_the_error():
     broken = {"on": True}
     real_remote = cls.remote
 
-    def remote(cfg_, model_dir, worker_id):
+    def remote(cfg_, model_dir, worker_id, fp8_kernel_pins=None):
         handle = real_remote(cfg_, model_dir, worker_id)
         if broken["on"]:
             def fail():
@@ -385,3 +390,27 @@ def test_workers_that_keep_failing_to_start_fail_the_run_with_the_error():
     loop.desired_workers = 3
     with pytest.raises(RuntimeError, match=r"3 rollout workers in a row failed to start.*no kernel for this CPU"):
         ticks(loop, 10)
+
+
+def test_the_first_fp8_kernel_chosen_on_a_kind_of_cpu_is_given_to_every_later_worker():
+    """A worker's ``auto`` probe may land on either side of the kernel threshold; the run keeps the first
+    choice per kind of CPU (``fp8_kernel_pins``) for replacements, scaled-up workers and a resume."""
+    def kernel_of(worker_id, pins):  # what a real worker does with ``auto``: the pin, else its own probe
+        cpu = "CPU-B" if worker_id == "rollout-2" else "CPU-A"
+        probe_says = "vllm" if worker_id == "rollout-1" else "upcast"  # rollout-1's probe would flip
+        return {"kernel": pins.get(cpu, probe_says), "cpu": cpu, "pinned": cpu in pins}
+
+    cfg = resolve_config(overrides=["rollout.num_workers=1"])
+    cls = FakeWorkerClass(kernel_of)
+    pool = RolloutPool(cfg, "unused", RoleOptions("rollout_worker", 1, 1.0, 0.0, {}), cls, InProcessRuntime(),
+                       fp8_kernel_pins={"CPU-C": "rowwise"})  # a resumed run's earlier choice on another CPU
+    pool.start(1)
+    assert cls.pins["rollout-0"] == {"CPU-C": "rowwise"}
+    assert pool.fp8_kernel_pins == {"CPU-C": "rowwise", "CPU-A": "upcast"}
+    for slot in pool.launch(2):  # a replacement on the same kind of CPU, and one on a new kind
+        pool.mark_ready(slot, InProcessRuntime().get(slot.starting))
+    assert cls.pins["rollout-1"] == {"CPU-C": "rowwise", "CPU-A": "upcast"}
+    record = pool.workers_record()
+    assert record["fp8_kernel"]["rollout-1"] == {"kernel": "upcast", "cpu": "CPU-A", "pinned": True}  # not vllm
+    assert record["fp8_kernel"]["rollout-2"]["kernel"] == "upcast"  # CPU-B chose by its own probe
+    assert record["fp8_kernel_pins"] == {"CPU-C": "rowwise", "CPU-A": "upcast", "CPU-B": "upcast"}

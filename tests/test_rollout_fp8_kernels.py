@@ -19,7 +19,9 @@ from system.rollout.fp8_kernels import (
     WidenedWeight,
     channelwise_product,
     choose_fp8_kernel,
+    cpu_identity,
     fp8_to_bf16,
+    pins_of,
     probe_fp8_matmul,
     rowwise_product,
     upcast_product,
@@ -114,22 +116,25 @@ def test_every_fp8_product_computes_the_scaled_product():
     for product in (channelwise_product, rowwise_product, upcast):
         out = product(x8, w8, s_x, s_w)
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-        # bf16 output: relative rounding 2**-8 of each entry (the upcast one rounds twice: 2 * 2**-9
-        # before and after the scales, still inside 2**-7), plus float32 accumulation
-        assert torch.allclose(out.double(), ref, rtol=2**-7, atol=1e-3)
+        # bf16 output: relative rounding up to 2**-8 of each entry (BF16's unit roundoff), plus float32
+        # accumulation; the upcast one rounds twice (the unscaled sum, then the scaled one): up to 2**-7
+        rtol = 2**-7 + 2**-12 if product is upcast else 2**-7
+        assert torch.allclose(out.double(), ref, rtol=rtol, atol=1e-3)
 
 
 def test_upcast_product_is_the_exact_sum_rounded_twice():
-    """Every product of two FP8 values is exact in float32 (4 + 4 significant bits), so the BF16 matmul's
-    float32 sum of k = 16 terms is exact here; the result must be that sum rounded to BF16, times the
-    scales in float32, plus the bias, rounded to BF16 (computed below in float64 from the bits)."""
+    """The operands are multiples of 1/4 below 4 in magnitude (exact in FP8: at most 4 significant bits), so
+    every product is a multiple of 1/16 below 16 and every partial sum of k = 16 of them a multiple of 1/16
+    below 256: 12 bits, exact in the BF16 matmul's float32 accumulator whatever its order. The result must
+    be that sum rounded to BF16, times the scales in float32, plus the bias, rounded to BF16."""
     gen = torch.Generator().manual_seed(5)
     m, k, n = 19, 16, 24
-    x8 = (torch.randn(m, k, generator=gen) * 4).to(torch.float8_e4m3fn)
-    w8 = (torch.randn(n, k, generator=gen) * 4).to(torch.float8_e4m3fn)
+    x8 = (torch.randint(-15, 16, (m, k), generator=gen) / 4).to(torch.float8_e4m3fn)
+    w8 = (torch.randint(-15, 16, (n, k), generator=gen) / 4).to(torch.float8_e4m3fn)
     s_x, s_w = torch.rand(m, 1, generator=gen) + 0.5, torch.rand(n, 1, generator=gen) + 0.5  # weight scales [n, 1]
     bias = torch.randn(n, generator=gen)
-    exact = x8.double() @ w8.double().t()  # integers times powers of two: exact in float64 too
+    exact = x8.double() @ w8.double().t()  # exact in float64 too
+    assert not torch.equal(exact.to(torch.bfloat16).double(), exact)  # some sums do need BF16's rounding
     expected = ((exact.to(torch.bfloat16).float() * s_x) * s_w.t() + bias).to(torch.bfloat16)
     out = upcast_product(x8, fp8_to_bf16(w8).t(), s_x, s_w, bias)
     assert torch.equal(out, expected)
@@ -185,3 +190,58 @@ def test_a_cpu_with_amx_fp8_keeps_vllms_native_kernel():
         forced = choose_fp8_kernel(requested, AMX, native_amx_fp8=True)
         assert forced.kernel == requested and forced.probe == AMX
     assert choose_fp8_kernel("auto", AMX).kernel == "rowwise"  # without AMX-FP8, as before
+
+
+def test_a_pinned_kernel_is_kept_by_auto_only():
+    """``pinned``: the kernel the run chose before on this kind of CPU; a probe on the other side of MIN_GAIN
+    (here vLLM's would win) does not change it, and the reason says what the probe alone would take."""
+    d = choose_fp8_kernel("auto", EPYC, pinned="upcast")
+    assert d.kernel == "upcast" and d.pinned and "would take vllm" in d.reason
+    assert d.fp8_vs_bf16 == pytest.approx(0.95 / 2.2)  # measured for the kernel that runs
+    forced = choose_fp8_kernel("rowwise", EPYC, pinned="upcast")
+    assert forced.kernel == "rowwise" and not forced.pinned  # a forced choice is the config's
+    assert not choose_fp8_kernel("auto", EPYC).pinned
+    with pytest.raises(ValueError, match="pinned FP8 kernel"):
+        choose_fp8_kernel("auto", EPYC, pinned="cutlass")  # type: ignore[arg-type]
+
+
+def test_a_compiled_engine_never_gets_the_upcast_kernel():
+    """The upcast kernel's weight copy is renewed by a Python check a compiled graph would not run."""
+    fast_upcast = MatmulProbe(1, 1, 1, bf16_ms=1.0, channelwise_ms=10.0, rowwise_ms=8.0, upcast_ms=1.0)
+    assert choose_fp8_kernel("auto", fast_upcast).kernel == "upcast"
+    compiled = choose_fp8_kernel("auto", fast_upcast, eager=False)
+    assert compiled.kernel == "vllm" and "left out" in compiled.reason  # 10 / 8 < MIN_GAIN
+    assert choose_fp8_kernel("auto", fast_upcast, eager=False, pinned="upcast").kernel == "vllm"  # pin dropped
+    assert choose_fp8_kernel("auto", AMX, eager=False).kernel == "rowwise"
+    with pytest.raises(ValueError, match="enforce_eager"):
+        choose_fp8_kernel("upcast", AMX, eager=False)
+
+
+def test_cpu_identity_names_the_model_and_the_fp8_relevant_flags():
+    info = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+            "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8 sse4_2\n"
+            "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2\n")
+    assert cpu_identity(info) == "Intel(R) Xeon(R) Platinum 8480+ [amx_bf16 amx_int8 amx_tile avx2 avx512_bf16 avx512f]"
+    assert cpu_identity("") == "unknown CPU []"
+    assert cpu_identity() == cpu_identity()  # this machine's, read twice
+
+
+def test_pins_of_takes_the_first_worker_per_kind_of_cpu():
+    decisions = {
+        "rollout-10": {"kernel": "vllm", "cpu": "A"},  # launched after rollout-2: not the first on A
+        "rollout-2": {"kernel": "upcast", "cpu": "A"},
+        "rollout-3": {"kernel": "rowwise", "cpu": "B"},
+        "rollout-0": {"kernel": "upcast"},  # recorded before decisions named their CPU: pins nothing
+        "rollout-4": None,
+        "rollout-5": {"kernel": "cutlass", "cpu": "C"},  # not a kernel of ours
+    }
+    assert pins_of(decisions) == {"A": "upcast", "B": "rowwise"}
+    assert pins_of({}) == {}
+
+
+def test_the_config_refuses_the_upcast_kernel_on_a_compiled_engine():
+    from system.config import ConfigError, resolve_config
+
+    with pytest.raises(ConfigError, match="enforce_eager"):
+        resolve_config(overrides=["rollout.fp8_kernel=upcast", "rollout.engine.enforce_eager=false"])
+    assert resolve_config(overrides=["rollout.fp8_kernel=upcast"]).rollout.fp8_kernel == "upcast"

@@ -31,7 +31,10 @@ pytestmark = pytest.mark.vllm
 CFG = RunConfig.model_validate({
     "model": {"type": "tiny", "warm_start_steps": 10, "warm_start_label_smoothing": 0.0},
     "data": {"task": {"type": "arithmetic", "num_prompts": 500}},
-    "rollout": {"group_size": 4, "max_new_tokens": 5, "engine": {"type": "vllm", "kv_cache_gib": 0.25}},
+    # vLLM's own FP8 kernel in the worker: the reference the row-wise and upcast engines are compared with
+    # (``auto`` may pick either of those on this CPU)
+    "rollout": {"group_size": 4, "max_new_tokens": 5, "engine": {"type": "vllm", "kv_cache_gib": 0.25},
+                "fp8_kernel": "vllm"},
 })
 TEMPERATURE = 0.7
 PROMPTS = [ArithmeticPrompts(ArithmeticTaskConfig(num_prompts=500), seed=0)[i] for i in range(8)]
@@ -242,6 +245,20 @@ def test_upcast_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, b
     assert 0.5 * cw.mean() < up.mean() < 2.0 * cw.mean()
     one = upcast_engine.generate([PROMPTS[0].text], n=1, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=5, seed=2)
     assert logprob_gaps(hf_model, one, TEMPERATURE).max() < 0.5  # one sequence: one row, padded to 17 by vLLM
+
+
+def test_auto_keeps_the_kernel_the_run_chose_before_on_this_cpu(model_dir):
+    """A resumed run's (or a replacement's) worker gets the run's earlier choice for its kind of CPU and
+    keeps it whatever its own probe says; another kind of CPU's pin does not apply."""
+    from system.rollout.fp8_kernels import cpu_identity
+    from system.rollout.vllm_engine import decide_fp8_kernel
+
+    for kernel in ("rowwise", "vllm", "upcast"):
+        d = decide_fp8_kernel(model_dir, "auto", pins={cpu_identity(): kernel, "another CPU []": "rowwise"})
+        assert d.kernel == kernel and d.pinned and d.cpu == cpu_identity() and d.probe is not None
+    free = decide_fp8_kernel(model_dir, "auto", pins={"another CPU []": "rowwise"})
+    assert not free.pinned and "this run chose before" not in free.reason
+    assert decide_fp8_kernel(model_dir, "auto", eager=False, pins={cpu_identity(): "upcast"}).kernel != "upcast"
 
 
 def test_upcast_fp8_kernel_follows_every_weight_load(upcast_engine, hf_model):

@@ -39,7 +39,9 @@ class RolloutConfig(StrictModel):
     replaces vLLM's channel-wise kernel by the faster of aisrl's row-wise one (scales fused into
     ``torch._scaled_mm``) and upcast one (the FP8 product on the BF16 matmul units) where that is
     at least 2x faster (Intel AMX CPUs, where vLLM's is pathological); ``vllm`` / ``rowwise`` /
-    ``upcast`` force one. What ran is in ``rollout_workers.json``."""
+    ``upcast`` force one (``upcast`` with ``engine.enforce_eager`` only; ``auto`` leaves it out of a compiled
+    engine). Within a run the choice is made once per kind of CPU and kept (resumes included). What ran is in
+    ``rollout_workers.json``."""
     group_size: int = Field(default=8, ge=2)
     """G: samples per prompt (the GRPO group); at least 2: a lone sample is its group's mean, so its
     advantage, and every gradient, would be 0."""
@@ -86,4 +88,7 @@ class RolloutConfig(StrictModel):
         if self.max_workers is not None and self.num_workers > self.max_workers:
             raise ValueError(f"num_workers ({self.num_workers}) is above max_workers ({self.max_workers}): "
                              "num_workers is the floor and max_workers the ceiling of the worker count")
+        if self.fp8_kernel == "upcast" and not self.engine.enforce_eager:
+            raise ValueError("fp8_kernel=upcast needs engine.enforce_eager=true: the kernel keeps a BF16 copy of "
+                             "each layer's weights, which a compiled graph (vLLM drops its guards) would not renew")
         return self

@@ -26,7 +26,11 @@ at a shape of the model, one BF16 matmul and three ways to compute the FP8 produ
   a BF16 model) and renewed after every weight load.
 
 ``choose_fp8_kernel`` keeps vLLM's kernel unless the faster of the two others is at least
-``MIN_GAIN`` times faster (then that one). ``rollout.fp8_kernel`` forces one (``auto`` =
+``MIN_GAIN`` times faster (then that one). Within a run the choice is made once per kind of CPU
+(:func:`cpu_identity`): workers that start later on the same kind of CPU (replacements, scaled-up
+workers, a resumed run's) take the kernel the run's first one chose (``pinned``), so a probe that
+lands on the other side of ``MIN_GAIN`` cannot change the run's numerics half-way (an exact resume
+relies on it). ``rollout.fp8_kernel`` forces one (``auto`` =
 measured). The result, the probe timings and a warning when FP8 matmuls run far below BF16
 speed (``SLOW_FP8_RATIO``) go to the worker's ``ready`` info, the console and
 ``rollout_workers.json``.
@@ -36,8 +40,9 @@ into vLLM live in ``system.rollout.vllm_engine``, the one module that imports vL
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -169,6 +174,28 @@ def probe_fp8_matmul(m: int, k: int, n: int, seed: int = 0) -> MatmulProbe:
                        upcast_ms=_time_ms(lambda: upcast_product(x8, w_up_t, s_x, s_w)))
 
 
+_FP8_SPEED_FLAGS = ("amx_bf16", "amx_fp8", "amx_int8", "amx_tile", "avx2", "avx512_bf16", "avx512_fp16", "avx512f")
+"""The CPU flags that decide which FP8 kernel runs fast (the matmul paths oneDNN can take)."""
+
+
+def cpu_identity(cpuinfo: str | None = None) -> str:
+    """This kind of CPU: its model name and the FP8-relevant flags it has (``_FP8_SPEED_FLAGS``), e.g.
+    ``"AMD EPYC [avx2 avx512_bf16 avx512f]"``; ``cpuinfo`` is ``/proc/cpuinfo``'s text (read when None)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = "unknown CPU", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return f"{model} [{' '.join(f for f in _FP8_SPEED_FLAGS if f in flags)}]"
+
+
 @dataclass(frozen=True)
 class Fp8KernelDecision:
     """What ran and why; ``warning`` is set when FP8 matmuls are far below BF16 speed."""
@@ -179,6 +206,10 @@ class Fp8KernelDecision:
     """Speed of the chosen FP8 matmul relative to BF16 (bf16_ms / fp8_ms); None when not probed."""
     warning: str | None
     probe: MatmulProbe | None
+    cpu: str | None = None
+    """:func:`cpu_identity` of the worker's CPU (the key of the run's pins)."""
+    pinned: bool = False
+    """``auto`` took the kernel this run had chosen before on this kind of CPU, not the probe's."""
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -190,7 +221,8 @@ KERNELS: tuple[Fp8Kernel, ...] = ("vllm", "rowwise", "upcast")
 
 
 def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
-                      native_amx_fp8: bool = False) -> Fp8KernelDecision:
+                      native_amx_fp8: bool = False, pinned: Fp8Kernel | None = None,
+                      eager: bool = True) -> Fp8KernelDecision:
     """The kernel for ``rollout.fp8_kernel = requested`` given this CPU's ``probe``.
 
     On a CPU with AMX-FP8 (``native_amx_fp8``) vLLM runs its native FP8 kernel ahead of the torch
@@ -201,9 +233,22 @@ def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
     ``channelwise_ms >= MIN_GAIN * best_ms``, else ``vllm``. A forced choice is kept.
     ``fp8_vs_bf16 = bf16_ms / chosen_ms``; below ``SLOW_FP8_RATIO`` the decision carries a warning
     that says what to do (and names a faster kernel, if the probe saw one).
+
+    ``pinned``: the kernel this run chose before on this kind of CPU; ``auto`` takes it whatever the
+    probe says (the probe is still recorded, and the warning still given).
+
+    ``eager`` False (a compiled engine): ``upcast`` is left out of ``auto`` (and of a pin) and refused
+    when forced (see the module docstring).
     """
     if requested not in ("auto", *KERNELS):
         raise ValueError(f"rollout.fp8_kernel={requested!r}: choose auto, {', '.join(KERNELS)}")
+    if pinned is not None and pinned not in KERNELS:
+        raise ValueError(f"pinned FP8 kernel {pinned!r}: not one of {', '.join(KERNELS)}")
+    if not eager and requested == "upcast":
+        raise ValueError("rollout.fp8_kernel=upcast needs rollout.engine.enforce_eager=true")
+    replacements = ("rowwise", "upcast") if eager else ("rowwise",)
+    if pinned == "upcast" and not eager:
+        pinned = None
     if native_amx_fp8 and requested in ("auto", "vllm"):
         return Fp8KernelDecision("vllm", f"{requested}: this CPU has AMX-FP8, vLLM's native FP8 kernel runs "
                                  "(CPUFP8W8A8ScaledMMLinearKernel; not probed)", None, None, None)
@@ -211,23 +256,45 @@ def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
         kernel = "vllm" if requested == "auto" else requested
         return Fp8KernelDecision(kernel, f"{requested} (not probed)", None, None, None)
     if requested == "auto":
-        best = min(("rowwise", "upcast"), key=probe.kernel_ms)
+        best = min(replacements, key=probe.kernel_ms)
         gain = probe.channelwise_ms / max(probe.kernel_ms(best), 1e-9)
         kernel = best if gain >= MIN_GAIN else "vllm"
         reason = (f"auto: FP8 matmul on this CPU: channel-wise (vLLM) {probe.channelwise_ms:.3g} ms, row-wise "
-                  f"{probe.rowwise_ms:.3g} ms, upcast {probe.upcast_ms:.3g} ms; {best} {gain:.3g}x faster than "
-                  f"vLLM's ({'>=' if kernel != 'vllm' else '<'} {MIN_GAIN:g}x)")
+                  f"{probe.rowwise_ms:.3g} ms, upcast {probe.upcast_ms:.3g} ms"
+                  + ("" if eager else " (left out: a compiled engine)")
+                  + f"; {best} {gain:.3g}x faster than vLLM's ({'>=' if kernel != 'vllm' else '<'} {MIN_GAIN:g}x)")
+        if pinned is not None:
+            reason = (f"auto: {pinned}, the kernel this run chose before on this kind of CPU (this probe alone "
+                      f"would take {kernel}: {reason.removeprefix('auto: ')})")
+            kernel = pinned
     else:
         kernel, reason = requested, f"forced by rollout.fp8_kernel={requested}"
     chosen_ms = probe.kernel_ms(kernel)
     ratio = probe.bf16_ms / max(chosen_ms, 1e-9)
     warning = None
     if ratio < SLOW_FP8_RATIO:
-        faster = min((k for k in KERNELS if k != kernel), key=probe.kernel_ms)
+        faster = min((k for k in ("vllm", *replacements) if k != kernel), key=probe.kernel_ms)
         advice = (f", or try rollout.fp8_kernel={faster} ({probe.kernel_ms(faster):.3g} ms)"
                   if probe.kernel_ms(faster) < chosen_ms else "")
         warning = (f"FP8 matmuls run at {ratio:.2g}x of BF16 speed on this CPU (kernel {kernel}, "
                    f"{chosen_ms:.3g} ms vs {probe.bf16_ms:.3g} ms at {probe.m}x{probe.k}x{probe.n}): "
                    "rollouts will be slow. Set rollout.quantization=bf16 to train without FP8 "
                    f"(the mismatch is then kernels and staleness only){advice}.")
-    return Fp8KernelDecision(kernel, reason, ratio, warning, probe)
+    return Fp8KernelDecision(kernel, reason, ratio, warning, probe, pinned=requested == "auto" and pinned is not None)
+
+
+def pins_of(decisions: Mapping[str, Mapping | None]) -> dict[str, Fp8Kernel]:
+    """``{cpu_identity: kernel}`` from a run's recorded decisions (``rollout_workers.json``'s
+    ``fp8_kernel``: worker id -> ``Fp8KernelDecision.as_dict()``): the first worker's, in launch order
+    (``rollout-0``, ``rollout-1``, ...), for each kind of CPU. Records without a ``cpu`` (written
+    before it existed) pin nothing."""
+    def order(worker_id: str) -> tuple[int, str]:
+        tail = worker_id.rpartition("-")[2]
+        return (int(tail), worker_id) if tail.isdigit() else (1 << 62, worker_id)
+
+    pins: dict[str, Fp8Kernel] = {}
+    for worker_id in sorted(decisions, key=order):
+        d = decisions[worker_id]
+        if d and d.get("cpu") and d.get("kernel") in KERNELS:
+            pins.setdefault(d["cpu"], d["kernel"])
+    return pins

@@ -34,12 +34,13 @@ and ``ChannelWiseTorchFP8ScaledMMLinearKernel`` (subclassed) and the CPU list of
 """
 
 import contextlib
+import dataclasses
 import functools
 import json
 import numbers
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,7 @@ from system.rollout.fp8_kernels import (
     Fp8KernelDecision,
     WidenedWeight,
     choose_fp8_kernel,
+    cpu_identity,
     probe_fp8_matmul,
     upcast_product,
 )
@@ -141,10 +143,13 @@ def upcast_kernel_class() -> type:
                 return False, "aisrl's upcast FP8 kernel is for CPU"
             return True, None
 
+        def get_output_padding(self) -> int | None:
+            return None  # vLLM pads to 17 rows for ``torch._scaled_mm``'s sake; a BF16 matmul needs none
+
         def apply_scaled_mm(self, *, A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype, As: torch.Tensor,
                             Bs: torch.Tensor, bias: torch.Tensor | None, output_shape: list) -> torch.Tensor:
             type(self).calls += 1
-            # vLLM pads A to >= 17 rows (not As): the padding rows are dropped before the product
+            # no padding is asked for (above); rows beyond the tokens, if any, are dropped before the product
             tokens = _get_num_tokens(output_shape)
             x_scale = As if As.numel() == 1 else As.reshape(-1)[:tokens]
             widened = self.__dict__.setdefault("_aisrl_widened", WidenedWeight())
@@ -198,15 +203,20 @@ def native_amx_fp8() -> bool:
         return False
 
 
-def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_tokens: int = 256) -> Fp8KernelDecision:
+def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_tokens: int = 256,
+                      pins: Mapping[str, str] | None = None, eager: bool = True) -> Fp8KernelDecision:
     """Probe this CPU at the model's shape and choose the FP8 kernel (``system.rollout.fp8_kernels``);
-    on a CPU with AMX-FP8, vLLM's native kernel unless ``rowwise`` or ``upcast`` is forced (not probed)."""
+    on a CPU with AMX-FP8, vLLM's native kernel unless ``rowwise`` or ``upcast`` is forced (not probed).
+    ``pins``: the run's earlier choices by kind of CPU (``fp8_kernels.pins_of``); ``eager``: the engine
+    runs without graph capture (``upcast`` needs it)."""
+    cpu = cpu_identity()
     native = native_amx_fp8()
     if native and requested in ("auto", "vllm"):
-        return choose_fp8_kernel(requested, None, native_amx_fp8=True)
+        return dataclasses.replace(choose_fp8_kernel(requested, None, native_amx_fp8=True), cpu=cpu)
     with single_thread():  # vLLM on CPU runs its matmuls on one intra-op thread in this process
         probe = probe_fp8_matmul(*_probe_shape(Path(model_dir), probe_tokens))
-    return choose_fp8_kernel(requested, probe, native_amx_fp8=native)
+    decision = choose_fp8_kernel(requested, probe, native_amx_fp8=native, pinned=(pins or {}).get(cpu), eager=eager)
+    return dataclasses.replace(decision, cpu=cpu)
 
 
 class VLLMEngine:
@@ -220,7 +230,10 @@ class VLLMEngine:
         seed: int = 0,
         trust_remote_code: bool = False,
         fp8_kernel: Fp8KernelChoice = "auto",
+        fp8_kernel_pins: Mapping[str, str] | None = None,
     ) -> None:
+        """``fp8_kernel_pins``: the FP8 kernel the run chose before on each kind of CPU (``auto`` keeps it;
+        ``system.rollout.fp8_kernels.pins_of``)."""
         self.device = current_platform.device_type
         _configure_environment(self.device)
         self.dtype = torch.bfloat16
@@ -231,7 +244,8 @@ class VLLMEngine:
         """On CPU with FP8: the kernel chosen, why, the probe and a slow-FP8 warning (None otherwise)."""
         build_context = contextlib.nullcontext()
         if self.device == "cpu" and vllm_quantization is not None:
-            self.fp8_decision = decide_fp8_kernel(model_dir, fp8_kernel)
+            self.fp8_decision = decide_fp8_kernel(model_dir, fp8_kernel, pins=fp8_kernel_pins,
+                                                  eager=engine_cfg.enforce_eager)
             build_context = fp8_kernel_installed(self.fp8_decision.kernel)
         started = time.perf_counter()
         with build_context:

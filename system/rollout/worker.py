@@ -35,7 +35,9 @@ def prompt_seed(run_seed: int, prompt_id: str, policy_version: int) -> int:
 class RolloutWorkerCore:
     """One vLLM engine plus the reward: ``generate_groups`` and ``update_weights``."""
 
-    def __init__(self, run_cfg: RunConfig, model_dir: str | Path, worker_id: str) -> None:
+    def __init__(self, run_cfg: RunConfig, model_dir: str | Path, worker_id: str,
+                 fp8_kernel_pins: dict[str, str] | None = None) -> None:
+        """``fp8_kernel_pins``: the FP8 kernel the run chose before on each kind of CPU (``VLLMEngine``)."""
         self.cfg = run_cfg
         self.worker_id = worker_id
         self.engine = VLLMEngine(
@@ -45,6 +47,7 @@ class RolloutWorkerCore:
             seed=run_cfg.seed,
             trust_remote_code=getattr(run_cfg.model, "trust_remote_code", False),
             fp8_kernel=run_cfg.rollout.fp8_kernel,
+            fp8_kernel_pins=fp8_kernel_pins,
         )
         self.reward = build_reward(run_cfg.data.reward)
         self._chat_tokenizer = None  # data.task.chat_template: prompts as one user turn (``system.rollout.chat``)
