@@ -190,61 +190,49 @@ def rowwise_engine(model_dir):
     return VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="rowwise")
 
 
-def test_rowwise_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, bf16_engine, hf_model, rowwise_engine):
-    """The row-wise kernel (chosen on Intel AMX CPUs) computes the same FP8 product as vLLM's
-    channel-wise one: its gap to the reference sits at the FP8 level, not the BF16 one."""
-    from system.rollout.vllm_engine import rowwise_kernel_class
-
-    assert fp8_worker.fp8_kernel["probe"]["bf16_ms"] > 0  # the worker probed this CPU at its build
-    before = rowwise_kernel_class().calls
-    rowwise = rowwise_engine
-    assert rowwise.quantization_scheme == "fp8_per_channel" and rowwise.fp8_kernel["kernel"] == "rowwise"
-    rw = logprob_gaps(hf_model, sample(rowwise), TEMPERATURE)
-    assert rowwise_kernel_class().calls > before  # vLLM ran the products through it
-    cw = logprob_gaps(hf_model, sample(fp8_worker.engine), TEMPERATURE)
-    bf16 = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
-    print(f"log-prob gap mean: bf16 {bf16.mean():.5f}, fp8 channel-wise {cw.mean():.5f}, row-wise {rw.mean():.5f}")
-    assert rw.mean() > 1.5 * bf16.mean()
-    assert 0.5 * cw.mean() < rw.mean() < 2.0 * cw.mean()
-
-
-def test_rowwise_fp8_kernel_runs_a_single_sequence(rowwise_engine, hf_model):
-    """Found by a review: with one sequence running, the decode forward has one token, so vLLM's
-    per-token scales are [1, 1] and the kernel took them for a per-tensor scale: the padded
-    product raised ``Invalid scaling configuration`` (the last unfinished completion of a call)."""
-    from system.rollout.vllm_engine import rowwise_kernel_class
-
-    before = rowwise_kernel_class().calls
-    one = rowwise_engine.generate([PROMPTS[0].text], n=1, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=5, seed=2)
-    assert rowwise_kernel_class().calls > before
-    response = one[0].responses[0]
-    assert len(response.response_token_ids) >= 1 and np.isfinite(response.behaviour_logprobs).all()
-    gap = logprob_gaps(hf_model, one, TEMPERATURE)
-    assert gap.max() < 0.5  # FP8's level of error (about 0.01-0.05 here), not a broken product
-
-
 @pytest.fixture(scope="module")
 def upcast_engine(model_dir):
     """Kept for the module, like ``rowwise_engine``."""
     return VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="upcast")
 
 
-def test_upcast_fp8_kernel_is_used_and_matches_the_channelwise_one(fp8_worker, bf16_engine, hf_model, upcast_engine):
-    """The upcast kernel (the FP8 product on the BF16 matmul units) computes vLLM's FP8 product with
-    one more BF16 rounding: its gap to the reference sits at the FP8 level, as the channel-wise one's."""
-    from system.rollout.vllm_engine import upcast_kernel_class
+def kernel_class(kernel: str) -> type:
+    from system.rollout.vllm_engine import rowwise_kernel_class, upcast_kernel_class
 
-    before = upcast_kernel_class().calls
-    assert upcast_engine.quantization_scheme == "fp8_per_channel" and upcast_engine.fp8_kernel["kernel"] == "upcast"
-    up = logprob_gaps(hf_model, sample(upcast_engine), TEMPERATURE)
-    assert upcast_kernel_class().calls > before  # vLLM ran the products through it
+    return {"rowwise": rowwise_kernel_class, "upcast": upcast_kernel_class}[kernel]()
+
+
+@pytest.mark.parametrize("kernel", ["rowwise", "upcast"])
+def test_aisrl_fp8_kernel_is_used_and_matches_the_channelwise_one(kernel, fp8_worker, bf16_engine, hf_model, request):
+    """aisrl's row-wise kernel (scales fused into ``torch._scaled_mm``) and upcast kernel (the product on the
+    BF16 matmul path, one more BF16 rounding) compute vLLM's FP8 product: their gap to the reference sits at
+    the FP8 level of vLLM's channel-wise kernel (the worker's), not at the BF16 one."""
+    engine = request.getfixturevalue(f"{kernel}_engine")
+    assert fp8_worker.fp8_kernel["kernel"] == "vllm" and fp8_worker.fp8_kernel["probe"]["bf16_ms"] > 0  # probed
+    before = kernel_class(kernel).calls
+    assert engine.quantization_scheme == "fp8_per_channel" and engine.fp8_kernel["kernel"] == kernel
+    ours = logprob_gaps(hf_model, sample(engine), TEMPERATURE)
+    assert kernel_class(kernel).calls > before  # vLLM ran the products through it
     cw = logprob_gaps(hf_model, sample(fp8_worker.engine), TEMPERATURE)
     bf16 = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
-    print(f"log-prob gap mean: bf16 {bf16.mean():.5f}, fp8 channel-wise {cw.mean():.5f}, upcast {up.mean():.5f}")
-    assert up.mean() > 1.5 * bf16.mean()
-    assert 0.5 * cw.mean() < up.mean() < 2.0 * cw.mean()
-    one = upcast_engine.generate([PROMPTS[0].text], n=1, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=5, seed=2)
-    assert logprob_gaps(hf_model, one, TEMPERATURE).max() < 0.5  # one sequence: one row, padded to 17 by vLLM
+    print(f"log-prob gap mean: bf16 {bf16.mean():.5f}, fp8 channel-wise {cw.mean():.5f}, {kernel} {ours.mean():.5f}")
+    assert ours.mean() > 1.5 * bf16.mean()
+    assert 0.5 * cw.mean() < ours.mean() < 2.0 * cw.mean()
+
+
+@pytest.mark.parametrize("kernel", ["rowwise", "upcast"])
+def test_aisrl_fp8_kernel_runs_a_single_sequence(kernel, hf_model, request):
+    """Found by a review (row-wise): with one sequence running, the decode forward has one token, so vLLM's
+    per-token scales are [1, 1] and the kernel took them for a per-tensor scale: the padded product raised
+    ``Invalid scaling configuration`` (the last unfinished completion of a call)."""
+    engine = request.getfixturevalue(f"{kernel}_engine")
+    before = kernel_class(kernel).calls
+    one = engine.generate([PROMPTS[0].text], n=1, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=5, seed=2)
+    assert kernel_class(kernel).calls > before
+    response = one[0].responses[0]
+    assert len(response.response_token_ids) >= 1 and np.isfinite(response.behaviour_logprobs).all()
+    gap = logprob_gaps(hf_model, one, TEMPERATURE)
+    assert gap.max() < 0.5  # FP8's level of error (about 0.01-0.05 here), not a broken product
 
 
 def test_auto_keeps_the_kernel_the_run_chose_before_on_this_cpu(model_dir):
