@@ -74,7 +74,9 @@ class RolloutPool:
         during the run (replacements and scaled-up ones included)."""
         self.fp8_kernel_pins: dict[str, str] = dict(fp8_kernel_pins or {})
         """``cpu_identity -> kernel``: the first choice on each kind of CPU in this run (a resumed one's
-        earlier attempts included); every later worker gets it, so ``auto`` keeps it."""
+        earlier attempts included, forced choices too); every worker launched after it gets it, so
+        ``auto`` keeps it. (Workers launched together on a kind of CPU the run has not seen yet, e.g. a
+        scale-up onto a new node type, each choose for themselves; the first to be up sets the pin.)"""
         self.on_ready: Callable[[], None] | None = None
         """Called after each worker becomes ready (the trainer rewrites ``rollout_workers.json``)."""
 
@@ -92,10 +94,21 @@ class RolloutPool:
         return new
 
     def start(self, count: int) -> list[WorkerSlot]:
-        """Launch ``count`` workers and wait until every one is up (the run's first workers)."""
-        new = self.launch(count)
-        for slot, info in zip(new, self.runtime.get([s.starting for s in new]), strict=True):
-            self.mark_ready(slot, info)
+        """Launch ``count`` workers and wait until every one is up (the run's first workers).
+
+        A new run of FP8 CPU workers choosing their kernel (``rollout.fp8_kernel=auto``) starts one worker
+        first and the rest once it is up, with its choice pinned: workers probing at once could land on
+        either side of the kernel threshold and run the same CPU with different kernels."""
+        r = self.cfg.rollout
+        first = min(count, 1) if (count > 1 and r.quantization == "fp8" and r.fp8_kernel == "auto"
+                                  and not self.options.num_gpus and not self.fp8_kernel_pins) else count
+        new: list[WorkerSlot] = []
+        for batch in (first, count - first):
+            if batch:
+                launched = self.launch(batch)
+                for slot, info in zip(launched, self.runtime.get([s.starting for s in launched]), strict=True):
+                    self.mark_ready(slot, info)
+                new += launched
         return new
 
     def mark_ready(self, slot: WorkerSlot, info: dict) -> None:

@@ -180,7 +180,7 @@ class Trainer:
         self.pool.start(cfg.rollout.num_workers)
         workers = self.pool.workers_record()
         log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, workers["running"],
-                    "".join(f" ({w}: FP8 kernel {k['kernel']}"
+                    "".join(f" ({w}: FP8 kernel {k['kernel']}" + (", kept from this run" if k.get("pinned") else "")
                             + (f", {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)" if k.get("fp8_vs_bf16") else ")")
                             for w, k in workers["fp8_kernel"].items()))
         self._write_rollout_workers()
@@ -191,7 +191,11 @@ class Trainer:
 
     def _write_rollout_workers(self) -> None:
         """``rollout_workers.json``: every worker that became ready so far (``RolloutPool.workers_record``)."""
-        (self.run_dir / "rollout_workers.json").write_text(json.dumps(self.pool.workers_record(), indent=1))
+        # written whole then renamed: a resume reads the FP8 kernel pins from it (``run_state.fp8_kernel_pins``)
+        path = self.run_dir / "rollout_workers.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.pool.workers_record(), indent=1))
+        tmp.replace(path)
 
     def _restore(self, saved: dict) -> None:
         try:

@@ -34,7 +34,7 @@ from pathlib import Path
 from system.data.sampler import check_cursor
 from system.learner.checkpoint import checkpoint_problems, is_complete
 from system.report.dump import numbered_dumps
-from system.rollout.fp8_kernels import pins_of
+from system.rollout.fp8_kernels import KERNELS, pins_of
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step_(\d+)$")
@@ -339,7 +339,10 @@ def fp8_kernel_pins(run_dir: str | Path) -> dict[str, str]:
     try:
         record = json.loads(path.read_text())
         pins = {**pins_of(record.get("fp8_kernel") or {}), **(record.get("fp8_kernel_pins") or {})}
-        return {str(cpu): str(kernel) for cpu, kernel in pins.items()}
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         log.warning("--resume: %s is unreadable (%s); the FP8 kernel is chosen anew", path, exc)
         return {}
+    unknown = {cpu: k for cpu, k in pins.items() if k not in KERNELS}
+    if unknown:  # another version's name, or a hand edit: every worker would refuse it
+        log.warning("--resume: %s pins unknown FP8 kernels %s; those CPUs choose anew", path, unknown)
+    return {str(cpu): str(k) for cpu, k in pins.items() if k in KERNELS}

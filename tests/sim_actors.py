@@ -77,6 +77,10 @@ def _vocab_size(model_dir: str, default: int = 32_000) -> int:
         return default
 
 
+SIM_CPU = "simulated CPU []"
+"""The ``cpu_identity`` every simulated worker reports."""
+
+
 @dataclass(frozen=True)
 class SimulatedRolloutSettings:
     seconds_per_call: float = 0.0
@@ -92,6 +96,10 @@ class SimulatedRolloutSettings:
     """A JSONL file to stamp ``offer``, ``gen_call``, ``gen_start`` (weights adopted), ``gen_end`` into."""
     fail_to_start: bool = False
     """Raise in the constructor, as an engine that cannot be built on this node."""
+    fp8_probes: tuple[str, ...] = ()
+    """If set, the worker reports an FP8 kernel decision as a real CPU worker with ``auto`` does: the kernel
+    pinned for its CPU (``SIM_CPU``) if it was given one, else what its "probe" picks, ``fp8_probes[i %
+    len]`` for worker ``rollout-i`` (so workers can disagree, as probes near the threshold do)."""
 
 
 class SimulatedRolloutWorker:
@@ -106,6 +114,7 @@ class SimulatedRolloutWorker:
         return ray.remote(concurrency_groups={"weights": 1})(baked)
 
     def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> None:
+        self.fp8_kernel_pins = dict(fp8_kernel_pins or {})
         if self.settings.fail_to_start:
             raise RuntimeError(f"simulated worker {worker_id}: the engine cannot be built here")
         self.cfg, self.worker_id = cfg, worker_id
@@ -121,7 +130,14 @@ class SimulatedRolloutWorker:
                        "weight_bytes": 0}
 
     def ready(self) -> dict:
-        return {"worker_id": self.worker_id, "policy_version": self.policy_version, "quantization": "simulated"}
+        info = {"worker_id": self.worker_id, "policy_version": self.policy_version, "quantization": "simulated"}
+        probes = self.settings.fp8_probes
+        if probes:
+            probe_says = probes[int(self.worker_id.rpartition("-")[2]) % len(probes)]
+            pinned = SIM_CPU in self.fp8_kernel_pins
+            info["fp8_kernel"] = {"kernel": self.fp8_kernel_pins.get(SIM_CPU, probe_says), "cpu": SIM_CPU,
+                                  "pinned": pinned, "reason": "simulated", "fp8_vs_bf16": None, "warning": None}
+        return info
 
     def generate(self, prompts: list[Prompt], min_policy_version: int) -> list[RolloutGroup]:
         """G simulated samples per prompt stamped with the newest offered version (``RolloutWorker``'s

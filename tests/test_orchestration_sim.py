@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+from sim_actors import SIM_CPU, SimulatedLearnerRank, SimulatedRolloutWorker
 
 from actors.trainer import Trainer
 from system.config.loading import resolve_config
@@ -339,3 +339,17 @@ def test_a_run_that_fails_to_start_leaves_no_run_behind_and_an_overwrite_gives_t
     records = run_to_end(Trainer(cfg, overwrite=True, rollout_cls=working, learner_cls=learner))
     assert [r["step"] for r in records] == [1, 2]  # the new run's records only
     assert not (tmp_path / "run" / run_state.REPLACED_DIR).exists()
+
+
+def test_workers_of_a_run_run_one_fp8_kernel_per_kind_of_cpu(loopback_ray, tmp_path):
+    """Two workers whose probes disagree (rollout-0's picks upcast, rollout-1's vllm, as probes near the
+    threshold may) run one kernel: the second starts once the first is up, with its choice pinned.
+    (A resume's pins: ``tests/test_resume_exact.py``, real stack.)"""
+    cfg = sim_config(tmp_path / "run", "rollout.num_workers=2", "max_steps=2")
+    run_to_end(Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05,
+                                                                          fp8_probes=("upcast", "vllm")),
+                       learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=1000)))
+    record = json.loads((tmp_path / "run" / "rollout_workers.json").read_text())
+    assert {w: (d["kernel"], d["pinned"]) for w, d in record["fp8_kernel"].items()} == {
+        "rollout-0": ("upcast", False), "rollout-1": ("upcast", True)}  # rollout-1's own probe said vllm
+    assert record["fp8_kernel_pins"] == {SIM_CPU: "upcast"}

@@ -38,7 +38,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 
 def train(run_dir: Path, max_steps: int, resume: bool = False) -> list[dict]:
-    cfg = resolve_config(overrides=[f"output_dir={run_dir}", f"max_steps={max_steps}", *RESUME])
+    """Every run starts with ``RESUME``'s forced FP8 kernel (the same in every run compared); a resume asks
+    for ``auto`` and must keep the kernel its run used (read back from ``rollout_workers.json``)."""
+    overrides = [o for o in RESUME if not (resume and o.startswith("rollout.fp8_kernel="))]
+    cfg = resolve_config(overrides=[f"output_dir={run_dir}", f"max_steps={max_steps}", *overrides])
     trainer = Trainer(cfg, resume=resume)
     try:
         trainer.run()
@@ -68,8 +71,12 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(uninterrupted, tmp
     run = tmp_path / "stopped"
     first = train(run, 3)
     assert [compared(r) for r in first] == [compared(r) for r in full[:3]]  # the run itself is deterministic
+    forced = json.loads((run / "rollout_workers.json").read_text())["fp8_kernel"]["rollout-0"]
     resumed = train(run, 6, resume=True)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    kept = json.loads((run / "rollout_workers.json").read_text())["fp8_kernel"]["rollout-0"]
+    # the resume asked for auto and kept the kernel of the run's first attempt, whatever its own probe says
+    assert (forced["pinned"], kept["pinned"], kept["kernel"]) == (False, True, forced["kernel"])
     for mine, theirs in zip(resumed[3:], full[3:], strict=True):
         assert compared(mine) == compared(theirs), (mine["step"], compared(mine), compared(theirs))
 

@@ -202,11 +202,20 @@ def kernel_class(kernel: str) -> type:
     return {"rowwise": rowwise_kernel_class, "upcast": upcast_kernel_class}[kernel]()
 
 
+def skip_where_vllms_native_fp8_kernel_runs():
+    """On a CPU with AMX-FP8 vLLM's native kernel runs for ``vllm`` / ``auto`` without a probe."""
+    from system.rollout.vllm_engine import native_amx_fp8
+
+    if native_amx_fp8():
+        pytest.skip("this CPU has AMX-FP8: vLLM's native FP8 kernel runs unprobed")
+
+
 @pytest.mark.parametrize("kernel", ["rowwise", "upcast"])
 def test_aisrl_fp8_kernel_is_used_and_matches_the_channelwise_one(kernel, fp8_worker, bf16_engine, hf_model, request):
     """aisrl's row-wise kernel (scales fused into ``torch._scaled_mm``) and upcast kernel (the product on the
     BF16 matmul path, one more BF16 rounding) compute vLLM's FP8 product: their gap to the reference sits at
     the FP8 level of vLLM's channel-wise kernel (the worker's), not at the BF16 one."""
+    skip_where_vllms_native_fp8_kernel_runs()
     engine = request.getfixturevalue(f"{kernel}_engine")
     assert fp8_worker.fp8_kernel["kernel"] == "vllm" and fp8_worker.fp8_kernel["probe"]["bf16_ms"] > 0  # probed
     before = kernel_class(kernel).calls
@@ -241,6 +250,7 @@ def test_auto_keeps_the_kernel_the_run_chose_before_on_this_cpu(model_dir):
     from system.rollout.fp8_kernels import cpu_identity
     from system.rollout.vllm_engine import decide_fp8_kernel
 
+    skip_where_vllms_native_fp8_kernel_runs()
     for kernel in ("rowwise", "vllm", "upcast"):
         d = decide_fp8_kernel(model_dir, "auto", pins={cpu_identity(): kernel, "another CPU []": "rowwise"})
         assert d.kernel == kernel and d.pinned and d.cpu == cpu_identity() and d.probe is not None

@@ -360,6 +360,10 @@ def test_a_resume_keeps_the_fp8_kernels_the_run_chose(tmp_path, caplog):
     assert run_state.fp8_kernel_pins(tmp_path) == {"A": "upcast"}  # the first worker's, without recorded pins
     path.write_text(json.dumps({**record, "fp8_kernel_pins": {"A": "rowwise", "B": "upcast"}}))
     assert run_state.fp8_kernel_pins(tmp_path) == {"A": "rowwise", "B": "upcast"}  # the pins the run held
+    path.write_text(json.dumps({**record, "fp8_kernel_pins": {"A": "cutlass", "B": "upcast"}}))
+    with caplog.at_level("WARNING"):
+        assert run_state.fp8_kernel_pins(tmp_path) == {"B": "upcast"}  # an unknown kernel is not pinned
+    assert "unknown FP8 kernels {'A': 'cutlass'}" in caplog.text
     path.write_text('{"fp8_kernel": ')  # torn
     with caplog.at_level("WARNING"):
         assert run_state.fp8_kernel_pins(tmp_path) == {}
