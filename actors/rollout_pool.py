@@ -100,8 +100,8 @@ class RolloutPool:
         first and the rest once it is up, with its choice pinned: workers probing at once could land on
         either side of the kernel threshold and run the same CPU with different kernels."""
         r = self.cfg.rollout
-        first = min(count, 1) if (count > 1 and r.quantization == "fp8" and r.fp8_kernel == "auto"
-                                  and not self.options.num_gpus and not self.fp8_kernel_pins) else count
+        first = 1 if (count > 1 and r.quantization == "fp8" and r.fp8_kernel == "auto"
+                      and not self.options.num_gpus and not self.fp8_kernel_pins) else count
         new: list[WorkerSlot] = []
         for batch in (first, count - first):
             if batch:
@@ -132,6 +132,14 @@ class RolloutPool:
         return {"requested": self.cfg.rollout.quantization, "running": {w: q for w, (q, _) in started.items()},
                 "fp8_kernel": {w: k for w, (_, k) in started.items() if k is not None},
                 "fp8_kernel_pins": dict(self.fp8_kernel_pins)}
+
+    def summary(self) -> str:
+        """The console's line on the workers up so far: the schemes that ran and each FP8 kernel."""
+        record = self.workers_record()
+        return f"requested {record['requested']}, running {record['running']}" + "".join(
+            f" ({w}: FP8 kernel {k['kernel']}" + (", kept from this run" if k.get("pinned") else "")
+            + (f", {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)" if k.get("fp8_vs_bf16") else ")")
+            for w, k in record["fp8_kernel"].items())
 
     def slots_now(self) -> list[WorkerSlot]:
         """A snapshot of the slots: the train thread reads them while the rollout loop changes them."""

@@ -178,11 +178,7 @@ class Trainer:
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0],
                                 fp8_kernel_pins=pins)
         self.pool.start(cfg.rollout.num_workers)
-        workers = self.pool.workers_record()
-        log.warning("rollout workers up: requested %s, running %s%s", cfg.rollout.quantization, workers["running"],
-                    "".join(f" ({w}: FP8 kernel {k['kernel']}" + (", kept from this run" if k.get("pinned") else "")
-                            + (f", {k['fp8_vs_bf16']:.2g}x BF16 matmul speed)" if k.get("fp8_vs_bf16") else ")")
-                            for w, k in workers["fp8_kernel"].items()))
+        log.warning("rollout workers up: %s", self.pool.summary())
         self._write_rollout_workers()
         self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
@@ -190,12 +186,8 @@ class Trainer:
         self.rollout.control = self.control
 
     def _write_rollout_workers(self) -> None:
-        """``rollout_workers.json``: every worker that became ready so far (``RolloutPool.workers_record``)."""
-        # written whole then renamed: a resume reads the FP8 kernel pins from it (``run_state.fp8_kernel_pins``)
-        path = self.run_dir / "rollout_workers.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.pool.workers_record(), indent=1))
-        tmp.replace(path)
+        """``rollout_workers.json``: every worker that became ready so far, and the run's FP8 kernel pins."""
+        run_state.write_rollout_workers(self.run_dir, self.pool.workers_record())
 
     def _restore(self, saved: dict) -> None:
         try:

@@ -21,17 +21,21 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 from harness import RESULTS, emit  # noqa: E402
+
+from system.rollout.fp8_kernels import cpu_identity  # noqa: E402
 
 REFERENCE = RESULTS / "default_run_cpu.json"
 """The default run on the 2-core AMD EPYC the README's figures come from."""
 
 
 def cpu_tag() -> str:
-    info = Path("/proc/cpuinfo").read_text()
-    if "amx_tile" in info:
+    """``_amx`` on a CPU with AMX, else ``_amd`` / ``_intel`` / ``_x86`` by the model name."""
+    cpu = cpu_identity()
+    if "amx_tile" in cpu:
         return "_amx"
-    return "_amd" if "AuthenticAMD" in info else "_intel" if "GenuineIntel" in info else "_x86"
+    return "_amd" if "AMD" in cpu else "_intel" if "Intel" in cpu else "_x86"
 
 
 def run(script: str, *args: str) -> dict:

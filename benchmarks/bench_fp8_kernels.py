@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import emit  # noqa: E402
 
 from system.models.warm_start import single_thread  # noqa: E402
-from system.rollout.fp8_kernels import KERNELS, choose_fp8_kernel, probe_fp8_matmul  # noqa: E402
+from system.rollout.fp8_kernels import KERNELS, choose_fp8_kernel, cpu_identity, probe_fp8_matmul  # noqa: E402
 
 MODELS = {"tiny default": (64, 256), "Qwen2.5-0.5B": (896, 4864), "Qwen2.5-1.5B": (1536, 8960)}
 
@@ -44,8 +44,8 @@ def main() -> None:
                 print(f"{model:13s} m={m:4d}: bf16 {probe.bf16_ms:8.3f} ms | "
                       + " | ".join(f"{k} {probe.kernel_ms(k):8.3f} ms ({speed[k]:.2f}x)" for k in KERNELS)
                       + f" | auto: {decision.kernel}", file=sys.stderr)
-    has_amx = "amx_tile" in Path("/proc/cpuinfo").read_text()
-    emit(f"fp8_kernels_cpu{args.tag}", {"cpu_has_amx": has_amx, "threads": 1, "rows": rows})
+    cpu = cpu_identity()
+    emit(f"fp8_kernels_cpu{args.tag}", {"cpu_identity": cpu, "cpu_has_amx": "amx_tile" in cpu, "threads": 1, "rows": rows})
 
 
 if __name__ == "__main__":

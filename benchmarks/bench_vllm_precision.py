@@ -27,6 +27,7 @@ from harness import emit  # noqa: E402
 from system.config import resolve_config  # noqa: E402
 from system.data.prompt_source import build_prompt_source  # noqa: E402
 from system.models.model_dir import resolve_model_dir  # noqa: E402
+from system.rollout.fp8_kernels import cpu_identity  # noqa: E402
 from system.rollout.vllm_engine import VLLMEngine, decide_fp8_kernel  # noqa: E402
 
 
@@ -105,7 +106,7 @@ def cpu_model() -> str:
 
 
 def cpu_has_amx() -> bool:
-    return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    return "amx_tile" in cpu_identity()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 from system.data.sampler import check_cursor
 from system.learner.checkpoint import checkpoint_problems, is_complete
 from system.report.dump import numbered_dumps
-from system.rollout.fp8_kernels import KERNELS, pins_of
+from system.rollout.fp8_kernels import KERNELS
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step_(\d+)$")
@@ -236,7 +236,9 @@ def lock_run_dir(run_dir: str | Path):
     return handle
 
 
-RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "ledger.json", "rollout_workers.json", "control.json",
+ROLLOUT_WORKERS_FILE = "rollout_workers.json"
+"""Every rollout worker's scheme and FP8 kernel decision, and the run's FP8 kernel pins."""
+RUN_ARTEFACTS = ("config.json", "metrics.jsonl", "ledger.json", ROLLOUT_WORKERS_FILE, "control.json",
                  "checkpoints", "dumps", "report", "wandb")
 """What a run writes into its directory (the layout above)."""
 
@@ -328,17 +330,26 @@ def drop_replaced(aside: Path | None) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def write_rollout_workers(run_dir: str | Path, record: dict) -> None:
+    """``rollout_workers.json`` (``RolloutPool.workers_record``), written whole then renamed: a resume reads
+    the FP8 kernel pins from it (:func:`fp8_kernel_pins`), and a kill mid-write must not tear them."""
+    path = Path(run_dir) / ROLLOUT_WORKERS_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+
+
 def fp8_kernel_pins(run_dir: str | Path) -> dict[str, str]:
-    """The FP8 kernel a run chose on each kind of CPU before it stopped (its ``rollout_workers.json``:
-    the recorded pins, else the decisions' first per CPU), which its resume keeps
-    (``system.rollout.fp8_kernels``: a probe near the threshold could otherwise flip it). ``{}`` when
-    there is no record; an unreadable one is said and ignored (the kernel is then chosen anew)."""
-    path = Path(run_dir) / "rollout_workers.json"
+    """The FP8 kernel a run chose on each kind of CPU before it stopped (``fp8_kernel_pins`` of its
+    ``rollout_workers.json``), which its resume keeps (``system.rollout.fp8_kernels``: a probe near the
+    threshold could otherwise flip it). ``{}`` when there is no record (or one written before pins
+    existed); an unreadable one is said and ignored (the kernel is then chosen anew), and so is a pin
+    naming no kernel of this version."""
+    path = Path(run_dir) / ROLLOUT_WORKERS_FILE
     if not path.exists():
         return {}
     try:
-        record = json.loads(path.read_text())
-        pins = {**pins_of(record.get("fp8_kernel") or {}), **(record.get("fp8_kernel_pins") or {})}
+        pins = dict(json.loads(path.read_text()).get("fp8_kernel_pins") or {})
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         log.warning("--resume: %s is unreadable (%s); the FP8 kernel is chosen anew", path, exc)
         return {}

@@ -414,3 +414,6 @@ def test_the_first_fp8_kernel_chosen_on_a_kind_of_cpu_is_given_to_every_later_wo
     assert record["fp8_kernel"]["rollout-1"] == {"kernel": "upcast", "cpu": "CPU-A", "pinned": True}  # not vllm
     assert record["fp8_kernel"]["rollout-2"]["kernel"] == "upcast"  # CPU-B chose by its own probe
     assert record["fp8_kernel_pins"] == {"CPU-C": "rowwise", "CPU-A": "upcast", "CPU-B": "upcast"}
+    assert pool.summary() == ("requested fp8, running {'rollout-0': 'fake', 'rollout-1': 'fake', 'rollout-2': 'fake'}"
+                              " (rollout-0: FP8 kernel upcast) (rollout-1: FP8 kernel upcast, kept from this run)"
+                              " (rollout-2: FP8 kernel upcast)")

@@ -21,7 +21,6 @@ from system.rollout.fp8_kernels import (
     choose_fp8_kernel,
     cpu_identity,
     fp8_to_bf16,
-    pins_of,
     probe_fp8_matmul,
     rowwise_product,
     upcast_product,
@@ -224,19 +223,6 @@ def test_cpu_identity_names_the_model_and_the_fp8_relevant_flags():
     assert cpu_identity(info) == "Intel(R) Xeon(R) Platinum 8480+ [amx_bf16 amx_int8 amx_tile avx2 avx512_bf16 avx512f]"
     assert cpu_identity("") == "unknown CPU []"
     assert cpu_identity() == cpu_identity()  # this machine's, read twice
-
-
-def test_pins_of_takes_the_first_worker_per_kind_of_cpu():
-    decisions = {
-        "rollout-10": {"kernel": "vllm", "cpu": "A"},  # launched after rollout-2: not the first on A
-        "rollout-2": {"kernel": "upcast", "cpu": "A"},
-        "rollout-3": {"kernel": "rowwise", "cpu": "B"},
-        "rollout-0": {"kernel": "upcast"},  # recorded before decisions named their CPU: pins nothing
-        "rollout-4": None,
-        "rollout-5": {"kernel": "cutlass", "cpu": "C"},  # not a kernel of ours
-    }
-    assert pins_of(decisions) == {"A": "upcast", "B": "rowwise"}
-    assert pins_of({}) == {}
 
 
 def test_the_config_refuses_the_upcast_kernel_on_a_compiled_engine():

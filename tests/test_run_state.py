@@ -352,19 +352,19 @@ def test_a_run_left_in_replaced_is_never_deleted_and_a_failed_set_aside_is_rolle
 
 def test_a_resume_keeps_the_fp8_kernels_the_run_chose(tmp_path, caplog):
     """``rollout_workers.json`` -> the pins a resumed run gives its workers (``system.rollout.fp8_kernels``)."""
-    path = tmp_path / "rollout_workers.json"
     assert run_state.fp8_kernel_pins(tmp_path) == {}  # a run that never got a worker up
-    record = {"requested": "fp8", "running": {"rollout-0": "fp8_per_channel", "rollout-1": "fp8_per_channel"},
-              "fp8_kernel": {"rollout-1": {"kernel": "vllm", "cpu": "A"}, "rollout-0": {"kernel": "upcast", "cpu": "A"}}}
-    path.write_text(json.dumps(record))
-    assert run_state.fp8_kernel_pins(tmp_path) == {"A": "upcast"}  # the first worker's, without recorded pins
-    path.write_text(json.dumps({**record, "fp8_kernel_pins": {"A": "rowwise", "B": "upcast"}}))
+    record = {"requested": "fp8", "running": {"rollout-0": "fp8_per_channel"},
+              "fp8_kernel": {"rollout-0": {"kernel": "upcast", "cpu": "A"}}}
+    run_state.write_rollout_workers(tmp_path, record)
+    assert run_state.fp8_kernel_pins(tmp_path) == {}  # written before pins existed: chosen anew
+    run_state.write_rollout_workers(tmp_path, {**record, "fp8_kernel_pins": {"A": "rowwise", "B": "upcast"}})
     assert run_state.fp8_kernel_pins(tmp_path) == {"A": "rowwise", "B": "upcast"}  # the pins the run held
-    path.write_text(json.dumps({**record, "fp8_kernel_pins": {"A": "cutlass", "B": "upcast"}}))
+    assert not (tmp_path / "rollout_workers.json.tmp").exists()  # written, then renamed into place
+    run_state.write_rollout_workers(tmp_path, {**record, "fp8_kernel_pins": {"A": "cutlass", "B": "upcast"}})
     with caplog.at_level("WARNING"):
         assert run_state.fp8_kernel_pins(tmp_path) == {"B": "upcast"}  # an unknown kernel is not pinned
     assert "unknown FP8 kernels {'A': 'cutlass'}" in caplog.text
-    path.write_text('{"fp8_kernel": ')  # torn
+    (tmp_path / "rollout_workers.json").write_text('{"fp8_kernel": ')  # torn (by hand: the writer renames)
     with caplog.at_level("WARNING"):
         assert run_state.fp8_kernel_pins(tmp_path) == {}
     assert "rollout_workers.json is unreadable" in caplog.text

@@ -40,10 +40,10 @@ into vLLM live in ``system.rollout.vllm_engine``, the one module that imports vL
 """
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -222,7 +222,7 @@ class Fp8KernelDecision:
         return out
 
 
-KERNELS: tuple[Fp8Kernel, ...] = ("vllm", "rowwise", "upcast")
+KERNELS: tuple[Fp8Kernel, ...] = get_args(Fp8Kernel)
 
 
 def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
@@ -287,19 +287,3 @@ def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
                    f"(the mismatch is then kernels and staleness only){advice}.")
     return Fp8KernelDecision(kernel, reason, ratio, warning, probe, pinned=requested == "auto" and pinned is not None)
 
-
-def pins_of(decisions: Mapping[str, Mapping | None]) -> dict[str, Fp8Kernel]:
-    """``{cpu_identity: kernel}`` from a run's recorded decisions (``rollout_workers.json``'s
-    ``fp8_kernel``: worker id -> ``Fp8KernelDecision.as_dict()``): the first worker's, in launch order
-    (``rollout-0``, ``rollout-1``, ...), for each kind of CPU. Records without a ``cpu`` (written
-    before it existed) pin nothing."""
-    def order(worker_id: str) -> tuple[int, str]:
-        tail = worker_id.rpartition("-")[2]
-        return (int(tail), worker_id) if tail.isdigit() else (1 << 62, worker_id)
-
-    pins: dict[str, Fp8Kernel] = {}
-    for worker_id in sorted(decisions, key=order):
-        d = decisions[worker_id]
-        if d and d.get("cpu") and d.get("kernel") in KERNELS:
-            pins.setdefault(d["cpu"], d["kernel"])
-    return pins

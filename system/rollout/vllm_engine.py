@@ -86,6 +86,16 @@ def _response(output) -> SampledResponse:
     return SampledResponse.of(token_ids, logprobs, output.text, output.finish_reason)
 
 
+class _CPUOnlyKernel:
+    """``is_supported`` of aisrl's FP8 kernels: CPU only (vLLM asks it of every kernel on its list)."""
+
+    @classmethod
+    def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+        if not current_platform.is_cpu():
+            return False, f"aisrl's {cls.__name__} is for CPU"
+        return True, None
+
+
 @functools.cache
 def rowwise_kernel_class() -> type:
     """aisrl's row-wise FP8 kernel for vLLM on CPU (one class per process); ``calls`` counts its products."""
@@ -93,17 +103,11 @@ def rowwise_kernel_class() -> type:
         RowWiseTorchFP8ScaledMMLinearKernel,
     )
 
-    class RowWiseCPUFP8Kernel(RowWiseTorchFP8ScaledMMLinearKernel):
+    class RowWiseCPUFP8Kernel(_CPUOnlyKernel, RowWiseTorchFP8ScaledMMLinearKernel):
         """vLLM's row-wise ``torch._scaled_mm`` kernel (per-token x per-channel scales fused into
         the product), which vLLM 0.32 enables on ROCm only, allowed on CPU by aisrl."""
 
         calls = 0
-
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
-            if not current_platform.is_cpu():
-                return False, "aisrl's row-wise FP8 kernel is for CPU"
-            return True, None
 
         def apply_scaled_mm(self, *, A: torch.Tensor, As: torch.Tensor, **kwargs) -> torch.Tensor:
             type(self).calls += 1
@@ -129,19 +133,13 @@ def upcast_kernel_class() -> type:
         _get_num_tokens,
     )
 
-    class UpcastCPUFP8Kernel(ChannelWiseTorchFP8ScaledMMLinearKernel):
+    class UpcastCPUFP8Kernel(_CPUOnlyKernel, ChannelWiseTorchFP8ScaledMMLinearKernel):
         """vLLM's channel-wise FP8 kernel with the product on the BF16 path (same scales, same
         FP8 operands; see ``system.rollout.fp8_kernels``)."""
 
         calls = 0
         widened = 0
         weights_generation = 0
-
-        @classmethod
-        def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
-            if not current_platform.is_cpu():
-                return False, "aisrl's upcast FP8 kernel is for CPU"
-            return True, None
 
         def get_output_padding(self) -> int | None:
             return None  # vLLM pads to 17 rows for ``torch._scaled_mm``'s sake; a BF16 matmul needs none
@@ -207,7 +205,7 @@ def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_t
                       pins: Mapping[str, str] | None = None, eager: bool = True) -> Fp8KernelDecision:
     """Probe this CPU at the model's shape and choose the FP8 kernel (``system.rollout.fp8_kernels``);
     on a CPU with AMX-FP8, vLLM's native kernel unless ``rowwise`` or ``upcast`` is forced (not probed).
-    ``pins``: the run's earlier choices by kind of CPU (``fp8_kernels.pins_of``); ``eager``: the engine
+    ``pins``: the run's earlier choices by kind of CPU (``RolloutPool.fp8_kernel_pins``); ``eager``: the engine
     runs without graph capture (``upcast`` needs it)."""
     cpu = cpu_identity()
     native = native_amx_fp8()
@@ -233,7 +231,7 @@ class VLLMEngine:
         fp8_kernel_pins: Mapping[str, str] | None = None,
     ) -> None:
         """``fp8_kernel_pins``: the FP8 kernel the run chose before on each kind of CPU (``auto`` keeps it;
-        ``system.rollout.fp8_kernels.pins_of``)."""
+        ``actors.rollout_pool.RolloutPool.fp8_kernel_pins``)."""
         self.device = current_platform.device_type
         _configure_environment(self.device)
         self.dtype = torch.bfloat16
