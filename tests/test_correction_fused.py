@@ -286,6 +286,19 @@ def test_thread_count_follows_torch_and_the_batch_size(monkeypatch):
         fused.pass_threads(10, threads=0)
 
 
+def test_an_openmp_build_shares_torchs_runtime():
+    """Built with OpenMP (``fused_build.OPENMP``), the pass runs on the OpenMP runtime torch loaded: one
+    ``libgomp`` in the process, so its threads are torch's (a second runtime would bring a second set of
+    threads to compete with torch's for the cores)."""
+    if fused.threads_backend() != "openmp":
+        pytest.skip("the compiler built the std::thread variant (no OpenMP)")
+    mu = -torch.rand(64, 32)
+    fused.fused_sums(mu, mu + 0.01, torch.ones(64, 32, dtype=torch.bool), threads=2)
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(runtimes) == 1, runtimes
+
+
 def test_bad_shapes_and_dtypes_are_refused():
     with pytest.raises(ValueError, match="proximal_logp has shape"):
         fused.fused_sums(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))

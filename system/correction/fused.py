@@ -43,11 +43,14 @@ from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
-_ABI = 5
+_ABI = 6
 """``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
-_POSITIONS_PER_THREAD = 1 << 21
-"""A thread per 2M positions at most: on the 2-core AMD EPYC a second thread did not pay at 1M
-positions (8.2 -> 8.8-10.9 ms) and paid little and unsteadily at 4M (27-37 -> 24-32 ms)."""
+_POSITIONS_PER_THREAD = 1 << 17
+"""A thread per 128k positions at most. The pass's threads are the process's OpenMP team (torch's);
+on ``std::thread`` a second thread did not pay at 1M positions (8.2 -> 8.8-10.9 ms): torch's OpenMP
+threads, still spinning after an op (e.g. an ``exp`` of 1024 values), held the second core. On the
+team (2-core AMD EPYC, float32 inputs, one thread -> two, ms): 64k 1.06 -> 1.04 (every |d| in the
+band there), 128k 0.51 -> 0.36, 256k 0.76 -> 0.50, 1M 2.36 -> 1.41, 4M 10.0 -> 5.2."""
 _SAMPLE = 16384
 _SEED = 0x5EED
 _ROW = ("num_valid", "nonfinite", "seq_logratio", "sum_d", "sum_k3", "sum_abs", "out5", "min_d")
@@ -97,6 +100,13 @@ def compatible(lib) -> bool:
         return False
     return (lib.aisrl_fused_abi(), lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols()) == (
         _ABI, len(_ROW), len(_GLOB))
+
+
+def threads_backend() -> str | None:
+    """What the pass's threads are: ``"openmp"`` (the process's OpenMP team, torch's own), ``"std::thread"``
+    (a compiler without OpenMP), or None when the library is not available."""
+    lib = _library()
+    return None if lib is None else ("openmp" if lib.aisrl_fused_openmp() else "std::thread")
 
 
 def available() -> bool:

@@ -1,9 +1,11 @@
 """Build (and find) the fused correction pass, ``fused_pass.cpp``, as a plain shared library.
 
 ``make`` builds it at install (``python -m system.correction.fused_build``); it needs only a C++
-compiler (``c++``/``g++``), links nothing but the C++ runtime and is loaded with ``ctypes``, so it
-never conflicts with vLLM or torch in the same process. Without a compiler nothing fails: the
-correction core uses its torch path (``system.correction.fused.available()`` says which).
+compiler (``c++``/``g++``), links nothing but the C++ runtime and OpenMP's (``libgomp.so.1``, the
+runtime torch itself loads, so in a process with torch both share one runtime and one set of
+threads) and is loaded with ``ctypes``, so it never conflicts with vLLM or torch in the same
+process. A compiler without OpenMP builds it on ``std::thread`` instead. Without a compiler nothing
+fails: the correction core uses its torch path (``system.correction.fused.available()`` says which).
 The library is compiled for the CPU it is built on (``-march=native``), so its file is named for
 that CPU's instruction sets (``_fused_pass.<isa key>.so``, :func:`isa_key`): a checkout shared by
 machines of different CPUs (a SLURM login node and its compute nodes on one file system) holds one
@@ -45,6 +47,8 @@ FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread",
          # vectorised sums, keeping NaN / inf semantics (no -ffast-math); exp / expm1 are inline
          "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
 LIBS = ["-lm"]
+OPENMP = ["-fopenmp"]
+"""Tried first; a compiler that refuses it builds the ``std::thread`` variant."""
 
 
 def compiler() -> str | None:
@@ -64,7 +68,10 @@ def build(force: bool = False) -> Path | None:
     if cxx is None:
         return None
     tmp = LIBRARY.with_suffix(f".{os.getpid()}.tmp")
-    done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(tmp), *LIBS], capture_output=True, text=True)
+    for extra in (OPENMP, []):
+        done = subprocess.run([cxx, *FLAGS, *extra, str(SOURCE), "-o", str(tmp), *LIBS], capture_output=True, text=True)
+        if done.returncode == 0:
+            break
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"building {SOURCE.name} with {cxx} failed:\n{done.stderr[-2000:]}")

@@ -16,6 +16,9 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -333,10 +336,22 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
     pass_rows(mu, old, mask, B * k / n, B * (k + 1) / n, T, log2, log5, lo, hi, ref_mu, ref_old, row,
               globs[k].data(), bands[k], capacity);
   };
+#if defined(_OPENMP)
+  // On the OpenMP team of the calling thread: in a process with torch that is torch's own runtime
+  // (the same libgomp.so.1), so the ranges run on the threads torch's ops just used, instead of
+  // on new threads that share the cores with torch's threads while those still spin after an op.
+  if (n > 1) {
+#pragma omp parallel for num_threads(n) schedule(static, 1)
+    for (int k = 0; k < n; ++k) run(k);
+  } else {
+    run(0);
+  }
+#else
   std::vector<std::thread> workers;
   for (int k = 1; k < n; ++k) workers.emplace_back(run, k);
   run(0);
   for (auto& w : workers) w.join();
+#endif
   int64_t stored = 0;
   for (int k = 0; k < n; ++k) {
     const double* g = globs[k].data();
@@ -360,7 +375,15 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
 extern "C" {
 
 // Bumped whenever an exported function's arguments change (fused.py refuses another version).
-int aisrl_fused_abi() { return 5; }
+int aisrl_fused_abi() { return 6; }
+// 1 when the ranges run on an OpenMP team, 0 on std::thread (a compiler without OpenMP).
+int aisrl_fused_openmp() {
+#if defined(_OPENMP)
+  return 1;
+#else
+  return 0;
+#endif
+}
 int aisrl_fused_row_cols() { return kRowCols; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
 
