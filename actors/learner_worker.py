@@ -2,7 +2,10 @@
 
 A step is one call to every rank (``LearnerGroup.submit``, awaited with ``PendingStep.result``); the ranks run
 ``system.learner.group_step.run_step`` together and rank 0 reaches the correction service
-itself, so the batch's token arrays never travel back through the driver.
+itself, so the batch's token arrays never travel back through the driver. Beside it, rank 0's
+``weights(version)`` call (submitted with the step, on rank 0's export thread) returns the new
+weights once the step has exported them, so their copy into the object store overlaps the next
+step (``actors.export_handoff``).
 """
 
 import threading
@@ -11,6 +14,7 @@ from dataclasses import replace
 import ray
 import torch
 
+from actors.export_handoff import ExportHandoff
 from actors.placement import RoleOptions
 from system.config import RunConfig
 from system.learner.core import LearnerCore
@@ -19,9 +23,10 @@ from system.learner.group_step import StepOutcome, run_step
 from system.weight_broadcast import GroupAddress
 from system.weight_delta import DeltaEncoder
 from system.weight_generations import BroadcastSender
+from system.weight_payload import WeightPayload
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"export": 1})
 class LearnerRank:
     """One FSDP2 rank. Built in two phases, because the ranks may sit on different nodes: the group
     asks rank 0 where to meet (:meth:`rendezvous_address`: its node's address, as Ray knows it, and a
@@ -34,6 +39,7 @@ class LearnerRank:
         self.rank, self.world_size = rank, world_size
         self.core: LearnerCore | None = None
         self.sender: BroadcastSender | None = None
+        self.exports = ExportHandoff()
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Rank 0: ``(this node's address, a free port on it)``. On a private single-machine cluster
@@ -54,29 +60,40 @@ class LearnerRank:
     def policy_version(self) -> int:
         return self.core.policy_version
 
-    @ray.method(num_returns=2)
-    def step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> tuple:
+    def step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> StepOutcome | None:
         """One policy-version step (``system.learner.group_step.run_step``), called on every rank at once.
 
         ``holder`` is ``[reference to the global LearnerBatch]``: a reference inside a list reaches the
-        rank unresolved, so rank 0 can hand the same reference to the correction service. Returns two
-        objects: rank 0's outcome (without the payload) and its new weights as a SEPARATE return value,
-        so the weights stay in rank 0's object store, owned by the caller (the driver), who hands the
-        reference to the rollout workers unread; ``(None, None)`` on the other ranks.
+        rank unresolved, so rank 0 can hand the same reference to the correction service. Returns rank
+        0's outcome without the payload (None on the other ranks); rank 0 hands the payload to its
+        :meth:`weights` call for version ``step``.
         """
-        batch = ray.get(holder[0])
+        try:
+            batch = ray.get(holder[0])
 
-        def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
-            ref = service.process.remote(step, holder, proximal_BT, self.core.policy_version)
-            return lambda: ray.get(ref)
+            def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
+                ref = service.process.remote(step, holder, proximal_BT, self.core.policy_version)
+                return lambda: ray.get(ref)
 
-        outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
+            outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
+        except BaseException as exc:
+            self.exports.fail(step, f"{type(exc).__name__}: {str(exc)[:300]}")
+            raise
         if self.rank != 0:
-            return None, None
+            return None
         sync = {"payload_bytes": outcome.payload.num_bytes}
         if self.sender is not None:  # the workers of the current generation receive it now
             sync.update(self.sender.send(outcome.payload))
-        return replace(outcome, payload=None, weight_sync=sync), outcome.payload
+        self.exports.put(step, outcome.payload)
+        return replace(outcome, payload=None, weight_sync=sync)
+
+    @ray.method(concurrency_group="export")
+    def weights(self, step: int) -> WeightPayload:
+        """Rank 0: policy version ``step``'s weights, returned once its step has exported them. A separate
+        call on a thread of its own, so Ray's copy of them into the object store overlaps the next step
+        instead of delaying its start; the caller (the driver) owns the result and hands the reference
+        to the rollout workers unread. Raises if that step failed."""
+        return self.exports.take(step)
 
     def open_broadcast(self, number: int, world_size: int) -> GroupAddress:
         """Rank 0 with ``weight_sync.type=collective``: host broadcast generation ``number`` on this node
@@ -93,6 +110,7 @@ class LearnerRank:
         self.core.load_checkpoint(path)
 
     def close(self) -> None:
+        self.exports.close()
         if self.core is not None:  # None: its connect never completed
             self.core.close()
 
@@ -137,10 +155,10 @@ def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0) -> list:
 
 
 class PendingStep:
-    """A step running (or queued) on every rank: ``(outcome, weights)`` references per rank."""
+    """A step running (or queued) on every rank: each rank's outcome reference, and rank 0's weights call's."""
 
-    def __init__(self, calls: list[tuple[ray.ObjectRef, ray.ObjectRef]]) -> None:
-        self.calls = calls
+    def __init__(self, outcomes: list[ray.ObjectRef], weights: ray.ObjectRef) -> None:
+        self.outcomes, self._weights = outcomes, weights
 
     def on_done(self, callback) -> "threading.Event":
         """An event set (and ``callback()`` called, from Ray's thread) once rank 0's call has returned:
@@ -151,21 +169,21 @@ class PendingStep:
             finished.set()
             callback()
 
-        self.calls[0][0].future().add_done_callback(mark)
+        self.outcomes[0].future().add_done_callback(mark)
         return finished
 
     @property
     def weights(self) -> ray.ObjectRef:
-        """The reference the step's new weights will have (rank 0's second return value), known at
-        submit: the rollout workers are offered it while the step runs."""
-        return self.calls[0][1]
+        """The reference the step's new weights will have (rank 0's ``weights`` call), known at submit:
+        the rollout workers are offered it while the step runs."""
+        return self._weights
 
     def result(self) -> StepOutcome:
         """Rank 0's outcome (the one blocking wait of a step), whose ``weights`` is the object-store
-        reference of the new policy version's payload: a return value of rank 0's call, so the
-        driver owns it (it outlives a rank that dies after the step) and never reads it."""
-        outcome = gather([outcome_ref for outcome_ref, _ in self.calls])[0]
-        return replace(outcome, weights=self.calls[0][1])
+        reference of the new policy version's payload: the return value of a call the driver made,
+        so the driver owns it (it outlives a rank that dies after the step) and never reads it."""
+        outcome = gather(self.outcomes)[0]
+        return replace(outcome, weights=self._weights)
 
 
 class LearnerGroup:
@@ -183,7 +201,8 @@ class LearnerGroup:
     def submit(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> "PendingStep":
         """Start the whole step on every rank without waiting (Ray runs a caller's calls to an actor
         in order, so a step submitted while the previous one runs starts the moment it ends)."""
-        return PendingStep([r.step.remote([batch_ref], step, service) for r in self.ranks])
+        outcomes = [r.step.remote([batch_ref], step, service) for r in self.ranks]
+        return PendingStep(outcomes, self.ranks[0].weights.remote(step))
 
     def step(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> StepOutcome:
         """The whole step on every rank, waited for (see ``PendingStep.result``)."""

@@ -41,6 +41,7 @@ import numpy as np
 import ray
 from ray import cloudpickle
 
+from actors.export_handoff import ExportHandoff
 from actors.runtime import weights_exist
 from system.config import RunConfig
 from system.learner.batch import LearnerBatch
@@ -272,7 +273,7 @@ class SimulatedLearnerRank:
     def actor_class(cls, **settings) -> ray.actor.ActorClass:
         """A Ray actor class of this simulated rank with ``settings`` (see ``SimulatedLearnerSettings``)."""
         baked = type(cls.__name__, (cls,), {"settings": replace(cls.settings, **settings)})
-        return ray.remote(baked)
+        return ray.remote(concurrency_groups={"export": 1})(baked)
 
     def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -280,6 +281,7 @@ class SimulatedLearnerRank:
         self.optimizer_step = 0
         self._rng = np.random.default_rng([cfg.seed, rank])
         self._arrays: dict[str, np.ndarray] = {}
+        self.exports = ExportHandoff()
         if rank == 0 and self.settings.payload_params > 0:
             shapes = synthetic_weight_shapes(self.settings.payload_params)
             # Filled (so resident), not random: a 1.5 B payload must build in seconds.
@@ -295,11 +297,22 @@ class SimulatedLearnerRank:
     def policy_version(self) -> int:
         return self._policy_version
 
-    @ray.method(num_returns=2)
-    def step(self, holder: list, step: int, service) -> tuple:
+    def step(self, holder: list, step: int, service) -> StepOutcome | None:
         """``LearnerRank.step`` simulated: the protocol of ``system.learner.group_step`` (rank 0 calls the
-        real correction service once and publishes the payload) with sleeps for the compute and no
-        process group (rank 0 simulates the all-gathered proximal log-probs of the whole batch)."""
+        real correction service once and hands the payload to its ``weights`` call) with sleeps for the
+        compute and no process group (rank 0 simulates the all-gathered proximal log-probs of the batch)."""
+        try:
+            return self._step(holder, step, service)
+        except BaseException as exc:
+            self.exports.fail(step, f"{type(exc).__name__}: {exc}")
+            raise
+
+    @ray.method(concurrency_group="export")
+    def weights(self, step: int) -> WeightPayload:
+        """As ``LearnerRank.weights``."""
+        return self.exports.take(step)
+
+    def _step(self, holder: list, step: int, service) -> StepOutcome | None:
         stamp(self.settings.timeline, "step_call", step=step, rank=self.rank)
         t0 = time.perf_counter()
         batch = ray.get(holder[0])
@@ -323,10 +336,11 @@ class SimulatedLearnerRank:
         t4 = time.perf_counter()
         stamp(self.settings.timeline, "step_end", step=step, rank=self.rank)
         if self.rank != 0:
-            return None, None
+            return None
+        self.exports.put(step, payload)
         return StepOutcome(learner=learner, correction=correction, payload=None,
                            seconds={"proximal": t1 - t0, "correction": t2 - t1 + wait, "update": t3 - t2 - wait,
-                                    "export": t4 - t3}), payload
+                                    "export": t4 - t3})
 
     def _first_forward_share(self, num_sequences: int) -> float:
         """The share of the simulated update before its first loss: one micro-batch's forward pass,
@@ -375,5 +389,5 @@ class SimulatedLearnerRank:
         self._policy_version, self.optimizer_step = counters["policy_version"], counters["optimizer_step"]
 
     def close(self) -> None:
-        pass
+        self.exports.close()
 

@@ -137,7 +137,8 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
         return list(x) if isinstance(x, list | tuple) else [x]
 
     def step_of(method: str, args: tuple) -> int:
-        return {"step": lambda: args[1], "finish_step": lambda: args[0].step, "report": lambda: args[0]["step"]}[method]()
+        return {"step": lambda: args[1], "weights": lambda: args[0], "finish_step": lambda: args[0].step,
+                "report": lambda: args[0]["step"]}[method]()
 
     main = threading.main_thread()
     remote, get, wait = ray.actor.ActorMethod.remote, ray.get, ray.wait
@@ -176,12 +177,12 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
     assert all(m != "process" for _, m, _ in calls)
     for step in range(1, 5):
         issued = sorted(m for s, m, _ in calls if s == step)
-        assert issued == sorted(["step"] * ranks + ["finish_step", "report"]), (step, issued)
+        assert issued == sorted(["step"] * ranks + ["weights", "finish_step", "report"]), (step, issued)
         outcomes = {refs[0] for s, m, refs in calls if s == step and m == "step"}
         assert outcomes <= set(blocked), step  # the one blocking call of the step, on every rank at once
-        # ``step`` returns (outcome, weights): the driver waits for the outcomes, never reads the weights.
-        weight_refs = {refs[1] for s, m, refs in calls if s == step and m == "step"}
-        assert len(weight_refs) == ranks and not weight_refs & set(blocked), step
+        # rank 0's ``weights`` call returns the new weights: the driver hands its reference on, never reads it
+        weight_refs = {refs[0] for s, m, refs in calls if s == step and m == "weights"}
+        assert len(weight_refs) == 1 and not weight_refs & set(blocked), step
         others = {r for s, m, refs in calls if s == step and m != "step" for r in refs}
         assert not others & set(blocked), step
     # nothing else was blocked on: 4 steps x the ranks' outcome references
