@@ -12,8 +12,10 @@
                                                         it reads the batch from the object store),
                                                         in flight during the update's first forward;
                                                         broadcast weights, update, export (version k+1)
-                                                   ◀── rank 0: metrics (the weights' object now exists:
-                                                       workers waiting for it adopt it at once)
+                                                   ◀── rank 0: metrics; beside them its export thread
+                                                       returns the weights (rank 0's ``weights`` call,
+                                                       submitted with the step): once the object
+                                                       exists, workers waiting for it adopt it
                                                    ─▶ step record to the service (not awaited)
 
 The driver makes one blocking call per step (``PendingStep.result``); no token array passes

@@ -56,7 +56,7 @@ class StepOutcome:
     """``weight_sync/...`` metrics of the step (the Ray shell's: payload size, broadcast bytes and seconds)."""
     weights: object = None
     """Where the rollout workers load ``payload`` from, once the caller has published it (the Ray
-    shell returns the payload as a separate object of rank 0's call and the driver sets this to
+    shell returns the payload from rank 0's separate ``weights`` call and the driver sets this to
     its reference, ``payload`` None)."""
 
 
