@@ -5,7 +5,10 @@ views of live parameters); returning it from ``step`` would make Ray copy it int
 before the rank's next call can start, on the learners' critical path (2 MB: ~2 ms between two
 steps, 200 MB: ~70 ms; 2-core AMD EPYC). Instead ``step`` puts it here and returns, and the rank's
 ``weights(version)`` call, running on a thread of its own (a Ray concurrency group), takes it and
-returns it: Ray's copy then overlaps the next step (it mostly releases the GIL).
+returns it: Ray's copy then overlaps the next step (it mostly releases the GIL). At most one payload
+waits here: a step that ends while the previous version is still untaken waits for it (the copies
+cannot fall behind the steps without bound: rank 0 holds at most the payload being copied, the one
+waiting and the one being built).
 """
 
 import threading
@@ -22,7 +25,12 @@ class ExportHandoff:
         self._closed = False
 
     def put(self, version: int, payload: object) -> None:
+        """Hand over ``version``'s payload, once no earlier one is waiting to be taken (or at once after
+        :meth:`close`, which drops it)."""
         with self._cond:
+            self._cond.wait_for(lambda: not self._ready or self._closed)
+            if self._closed:
+                return
             self._ready[version] = payload
             self._cond.notify_all()
 
@@ -47,7 +55,9 @@ class ExportHandoff:
                                        timeout_s):
                 raise TimeoutError(f"no weights for policy version {version} after {timeout_s} s")
             if version in self._ready:
-                return self._ready.pop(version)
+                payload = self._ready.pop(version)
+                self._cond.notify_all()  # a put waiting for room
+                return payload
             if version in self._failed:
                 raise RuntimeError(f"the step producing policy version {version} failed: {self._failed.pop(version)}")
             raise RuntimeError(f"the learner rank closed before policy version {version} was exported")

@@ -69,16 +69,20 @@ class LearnerRank:
         :meth:`weights` call for version ``step``.
         """
         try:
-            batch = ray.get(holder[0])
-
-            def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
-                ref = service.process.remote(step, holder, proximal_BT, self.core.policy_version)
-                return lambda: ray.get(ref)
-
-            outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
-        except BaseException as exc:
-            self.exports.fail(step, f"{type(exc).__name__}: {str(exc)[:300]}")
+            return self._step(holder, step, service)
+        except BaseException as exc:  # its weights call then raises too, instead of waiting for ever
+            if self.rank == 0:
+                self.exports.fail(step, f"{type(exc).__name__}: {str(exc)[:300]}")
             raise
+
+    def _step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> StepOutcome | None:
+        batch = ray.get(holder[0])
+
+        def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
+            ref = service.process.remote(step, holder, proximal_BT, self.core.policy_version)
+            return lambda: ray.get(ref)
+
+        outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
         if self.rank != 0:
             return None
         sync = {"payload_bytes": outcome.payload.num_bytes}

@@ -304,7 +304,8 @@ class SimulatedLearnerRank:
         try:
             return self._step(holder, step, service)
         except BaseException as exc:
-            self.exports.fail(step, f"{type(exc).__name__}: {exc}")
+            if self.rank == 0:
+                self.exports.fail(step, f"{type(exc).__name__}: {exc}")
             raise
 
     @ray.method(concurrency_group="export")

@@ -9,7 +9,9 @@ The library is built here if a C++ compiler exists; without one these tests skip
 path is then the one in use, and it is tested everywhere else).
 """
 
+import ctypes
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,17 +289,20 @@ def test_thread_count_follows_torch_and_the_batch_size(monkeypatch):
 
 
 def test_an_openmp_build_shares_torchs_runtime():
-    """Built with OpenMP (``fused_build.OPENMP``), the pass runs on the OpenMP runtime torch loaded: one
-    library of the soname ``libgomp.so.1`` in the process (torch's), so its threads are torch's (the
-    system's ``libgomp.so.1`` beside it would bring a second set of threads to compete with torch's for
-    the cores). Wheels that bundle a renamed copy (sentencepiece's ``libgomp-<hash>.so.1``) are theirs."""
+    """Built with OpenMP (``fused_build.OPENMP``), the pass runs on the OpenMP runtime torch loaded, so its
+    threads are torch's (a second runtime beside it, e.g. the system's ``libgomp.so.1``, would bring a
+    second set of threads to compete with torch's for the cores): the library's ``GOMP_parallel`` (the
+    entry point of every ``omp parallel`` region) is the one torch's CPU library calls."""
     if fused.threads_backend() != "openmp":
         pytest.skip("the compiler built the std::thread variant (no OpenMP)")
     mu = -torch.rand(64, 32)
     fused.fused_sums(mu, mu + 0.01, torch.ones(64, 32, dtype=torch.bool), threads=2)
-    with open("/proc/self/maps") as maps:
-        runtimes = {line.split()[-1] for line in maps if line.split()[-1].rpartition("/")[2].startswith("libgomp.so")}
-    assert len(runtimes) == 1, runtimes
+    torch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))  # already loaded
+
+    def entry(lib) -> int:  # dlsym through the library and the libraries it was linked against
+        return ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+
+    assert entry(fused._library()) == entry(torch_cpu)
 
 
 def test_bad_shapes_and_dtypes_are_refused():

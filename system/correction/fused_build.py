@@ -70,13 +70,22 @@ def build(force: bool = False) -> Path | None:
     tmp = LIBRARY.with_suffix(f".{os.getpid()}.tmp")
     for extra in (OPENMP, []):
         done = subprocess.run([cxx, *FLAGS, *extra, str(SOURCE), "-o", str(tmp), *LIBS], capture_output=True, text=True)
-        if done.returncode == 0:
+        # an OpenMP build must also load where it is used (after torch, whose libgomp.so.1 it then shares)
+        if done.returncode == 0 and (not extra or _loads_after_torch(tmp)):
             break
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"building {SOURCE.name} with {cxx} failed:\n{done.stderr[-2000:]}")
     tmp.replace(LIBRARY)  # atomic: a process loading it never sees a half-written file
     return LIBRARY
+
+
+def _loads_after_torch(path: Path) -> bool:
+    """Whether the library at ``path`` loads in a fresh interpreter that has imported torch (as
+    ``system.correction.fused`` loads it); a compiler whose OpenMP runtime is not on the loader's
+    path builds a library that does not."""
+    code = "import ctypes, sys, torch; ctypes.CDLL(sys.argv[1])"
+    return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True).returncode == 0
 
 
 def main() -> None:
