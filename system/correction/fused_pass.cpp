@@ -11,6 +11,7 @@
 // zeros; found eight mask bytes at a time), and the band is collected without a branch per token
 // (a compaction of the row: AVX-512's compress eight values at a time where the CPU has it).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -322,7 +323,7 @@ void pass_rows(const F* mu, const F* old, const uint8_t* mask, int64_t i0, int64
 // The whole batch on `threads` threads, each a contiguous range of rows; the ranges' sums are
 // added in range order (so a result depends on the thread count only through summation order).
 template <typename F>
-void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T, double log2, double log5,
+bool pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T, double log2, double log5,
            double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads,
            double ref_mu, double ref_old) {
   if (!std::isfinite(ref_mu) || !std::isfinite(ref_old)) {  // none given: the first valid token's
@@ -332,9 +333,14 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
   const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, B)));
   std::vector<std::vector<double>> globs(n, std::vector<double>(kGlobCols, 0.0));
   std::vector<std::vector<double>> bands(n);
+  std::atomic<bool> failed{false};
   auto run = [&](int k) {
-    pass_rows(mu, old, mask, B * k / n, B * (k + 1) / n, T, log2, log5, lo, hi, ref_mu, ref_old, row,
-              globs[k].data(), bands[k], capacity);
+    try {  // nothing may escape a thread (or an OpenMP region): that would end the process
+      pass_rows(mu, old, mask, B * k / n, B * (k + 1) / n, T, log2, log5, lo, hi, ref_mu, ref_old, row,
+                globs[k].data(), bands[k], capacity);
+    } catch (...) {  // std::bad_alloc from a row's buffer or the band
+      failed = true;
+    }
   };
 #if defined(_OPENMP)
   // On the OpenMP team of the calling thread: in a process with torch that is torch's own runtime
@@ -352,6 +358,7 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
   run(0);
   for (auto& w : workers) w.join();
 #endif
+  if (failed) return false;
   int64_t stored = 0;
   for (int k = 0; k < n; ++k) {
     const double* g = globs[k].data();
@@ -368,6 +375,7 @@ void pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
   }
   glob[G_REF_MU] = ref_mu;
   glob[G_REF_OLD] = ref_old;
+  return true;
 }
 
 }  // namespace
@@ -396,16 +404,21 @@ int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* 
                      double ref_mu, double ref_old) {
   const double log2 = std::log(2.0), log5 = std::log(5.0);
   if (threads < 1 || !(lo >= 0.0)) return -1;  // the band's -1 marks excluded tokens: lo must be >= 0
-  if (dtype == 4) {
-    pass1(static_cast<const float*>(mu), static_cast<const float*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
-          band, capacity, threads, ref_mu, ref_old);
-  } else if (dtype == 8) {
-    pass1(static_cast<const double*>(mu), static_cast<const double*>(old), mask, B, T, log2, log5, lo, hi, row, glob,
-          band, capacity, threads, ref_mu, ref_old);
-  } else {
-    return -1;
+  bool done = false;
+  try {  // -2: out of memory (or no thread could be started), reported instead of ending the process
+    if (dtype == 4) {
+      done = pass1(static_cast<const float*>(mu), static_cast<const float*>(old), mask, B, T, log2, log5, lo, hi, row,
+                   glob, band, capacity, threads, ref_mu, ref_old);
+    } else if (dtype == 8) {
+      done = pass1(static_cast<const double*>(mu), static_cast<const double*>(old), mask, B, T, log2, log5, lo, hi,
+                   row, glob, band, capacity, threads, ref_mu, ref_old);
+    } else {
+      return -1;
+    }
+  } catch (...) {
+    return -2;
   }
-  return 0;
+  return done ? 0 : -2;
 }
 
 // The pass's inline exponentials on their own, for tests against libm: exp(x[i]) where the pass uses
@@ -444,7 +457,12 @@ int aisrl_select(double* band, int64_t n, int64_t r1, int64_t r2, double* out) {
     }
     int shift = 0;
     while (((kmax - kmin) >> shift) >= static_cast<uint64_t>(kBins)) ++shift;
-    std::vector<int64_t> hist(kBins, 0);
+    std::vector<int64_t> hist;
+    try {
+      hist.assign(kBins, 0);
+    } catch (...) {  // nothing may escape a C function
+      return -2;
+    }
     for (int64_t i = 0; i < n; ++i) ++hist[(key(band[i]) - kmin) >> shift];
     int64_t cum = 0;
     int b1 = -1, b2 = -1;
