@@ -265,7 +265,7 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads: int | None
                                   row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity, num_threads,
                                   ref_mu, ref_old)
         if rc != 0:
-            raise RuntimeError("the fused correction pass failed" + (": out of memory" if rc == -2 else ""))
+            raise RuntimeError("the fused correction pass failed" + (": out of memory (or no thread could start)" if rc == -2 else ""))
         g = dict(zip(_GLOB, glob.tolist(), strict=True))
         n, below, num_band = int(g["n"]), int(g["below"]), int(g["band"])
         k1, k2 = ((n + 1) // 2, (n + 1) // 2) if n % 2 == 1 else (n // 2, n // 2 + 1)
