@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import emit  # noqa: E402
 
 from system.config import resolve_config  # noqa: E402
+from system.cpu_info import cpuinfo_fields  # noqa: E402
 from system.data.prompt_source import build_prompt_source  # noqa: E402
 from system.models.model_dir import resolve_model_dir  # noqa: E402
 from system.rollout.fp8_kernels import cpu_identity  # noqa: E402
@@ -89,20 +90,13 @@ def main() -> None:
         "model": "tiny default" if not args.overrides else f"tiny {' '.join(args.overrides)}",
         "hidden_size": cfg.model.hidden_size, "intermediate_size": cfg.model.intermediate_size,
         "prompts": args.prompts, "group_size": cfg.rollout.group_size,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "cpu_model": cpu_model(), "cpu_has_amx": cpu_has_amx(),
+        "max_new_tokens": cfg.rollout.max_new_tokens, "cpu_model": cpuinfo_fields().get("model name", "unknown"), "cpu_has_amx": cpu_has_amx(),
         "auto_fp8_kernel": auto.as_dict(), "rows": rows,
         "fp8_over_bf16_throughput": rows["fp8"]["tokens_per_s"] / bf16,
         "fp8_rowwise_over_bf16_throughput": rows["fp8_rowwise"]["tokens_per_s"] / bf16,
         "fp8_upcast_over_bf16_throughput": rows["fp8_upcast"]["tokens_per_s"] / bf16,
         "fp8_auto_over_bf16_throughput": rows[auto_row]["tokens_per_s"] / bf16,
     })
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def cpu_has_amx() -> bool:

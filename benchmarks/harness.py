@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from system.cpu_info import cpuinfo_fields
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -30,13 +32,7 @@ def environment() -> dict:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return cpuinfo_fields().get("model name") or platform.processor()
 
 
 def time_median(fn: Callable[[], object], repeats: int = 7, warmup: int = 2, sync: Callable[[], None] | None = None) -> float:

@@ -169,9 +169,7 @@ def trim_metrics(run_dir: str | Path, step: int) -> int:
         else:
             dropped += 1
     if dropped:
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        tmp.replace(path)
+        _write_text_whole(path, "".join(f"{line}\n" for line in kept))
     return dropped
 
 
@@ -333,9 +331,13 @@ def drop_replaced(aside: Path | None) -> None:
 def write_rollout_workers(run_dir: str | Path, record: dict) -> None:
     """``rollout_workers.json`` (``RolloutPool.workers_record``), written whole then renamed: a resume reads
     the FP8 kernel pins from it (:func:`fp8_kernel_pins`), and a kill mid-write must not tear them."""
-    path = Path(run_dir) / ROLLOUT_WORKERS_FILE
+    _write_text_whole(Path(run_dir) / ROLLOUT_WORKERS_FILE, json.dumps(record, indent=1))
+
+
+def _write_text_whole(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or its old contents, never a part: written beside it, then renamed."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
+    tmp.write_text(text)
     tmp.replace(path)
 
 

@@ -1,13 +1,13 @@
 """The rollout loop's logic with no Ray cluster.
 
 The real ``RolloutLoop``, ``RolloutPool``, sampler, buffer, shared state and object-store
-transport run over an in-process runtime (``actors.runtime``'s interface): a worker handle runs
+transport run over an in-process runtime (``tests/controller_fakes.py``): a worker handle runs
 each call the moment it is made and returns a completed reference, so every ``tick`` of the loop
 is deterministic. Published "weights" are the version number itself; a fake worker adopts it.
 """
 
-import numpy as np
 import pytest
+from controller_fakes import FakeWorkerClass, InProcessRuntime, Method, WorkerDied
 
 from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.placement import RoleOptions
@@ -17,119 +17,6 @@ from system.config.loading import resolve_config
 from system.data.buffer import TrajectoryBuffer
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
-from system.rollout.weight_mailbox import with_weights_wait
-from system.types import Completion, RolloutGroup, frozen_array
-
-
-class WorkerDied(RuntimeError):
-    pass
-
-
-class Ref:
-    """A call that already ran: its value, or the error reading it raises; or, made by a worker told to
-    ``hold`` its calls, one that runs only when released (``ready`` False until then)."""
-
-    def __init__(self, value=None, error: BaseException | None = None, run=None) -> None:
-        self.value, self.error, self.run = value, error, run
-        self.ready = run is None
-
-    def release(self) -> None:
-        self.value, self.ready = self.run(), True
-
-    def result(self):
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-class Method:
-    def __init__(self, fn, held: list | None = None) -> None:
-        self.fn, self.held = fn, held
-
-    def remote(self, *args):
-        if self.held is not None and self.held[0]:  # held: runs (with the weights of that moment) on release
-            ref = Ref(run=lambda: self.fn(*args))
-            self.held.append(ref)
-            return ref
-        try:
-            return Ref(self.fn(*args))
-        except WorkerDied as exc:
-            return Ref(error=exc)
-
-
-class FakeWorker:
-    """A rollout worker handle: ``ready``, ``generate`` and ``offer_weights``, each logged (an offer is
-    loaded at once: every call here has returned before the next is made, so the worker is idle)."""
-
-    def __init__(self, cfg, model_dir: str, worker_id: str, log: list, fp8_kernel: dict | None = None) -> None:
-        self.cfg, self.worker_id, self.log = cfg, worker_id, log
-        self.version, self.dead, self.killed = 0, False, False
-        self.held: list = [False]  # [hold new generate calls?, the held calls in order...]
-        self.min_versions: list[int] = []  # what each generate call required
-        self.waited_s = 0.0  # the wait this worker reports with each call's groups
-        self.ready = Method(lambda: {"worker_id": worker_id, "policy_version": 0, "quantization": "fake",
-                                     "fp8_kernel": fp8_kernel})
-        self.generate = Method(self._generate, self.held)
-        self.offer_weights = Method(self._offer)
-
-    def _offer(self, version: int, holder: list) -> None:
-        assert holder == [version]  # published "weights" are the version number, passed unresolved
-        self.log.append(("update", self.worker_id, version))
-        self.version = version
-
-    def _generate(self, prompts, min_version: int) -> list[RolloutGroup]:
-        if self.dead:
-            raise WorkerDied(f"{self.worker_id} died")
-        self.log.append(("generate", self.worker_id, self.version, [p.prompt_id for p in prompts]))
-        self.min_versions.append(min_version)
-        return with_weights_wait([RolloutGroup(p, tuple(
-            Completion(p.prompt_id, j, frozen_array([1], np.int32), frozen_array([2, 3], np.int32),
-                       frozen_array([-0.5, -0.5], np.float32), "23", 0.0, self.version, "stop", self.worker_id)
-            for j in range(self.cfg.rollout.group_size)), self.version, self.worker_id) for p in prompts],
-            self.waited_s)
-
-
-class FakeWorkerClass:
-    """``actor_cls.options(...).remote(cfg, model_dir, worker_id, fp8_kernel_pins)`` -> a ``FakeWorker``."""
-
-    def __init__(self, kernel_of=None) -> None:
-        self.log: list = []
-        self.handles: dict[str, FakeWorker] = {}
-        self.pins: dict[str, dict] = {}  # the FP8 kernel pins each worker was started with
-        self.kernel_of = kernel_of or (lambda worker_id, pins: None)  # the FP8 decision a worker reports
-
-    def options(self, **kwargs) -> "FakeWorkerClass":
-        return self
-
-    def remote(self, cfg, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> FakeWorker:
-        self.pins[worker_id] = fp8_kernel_pins
-        self.handles[worker_id] = FakeWorker(cfg, model_dir, worker_id, self.log,
-                                             self.kernel_of(worker_id, fp8_kernel_pins or {}))
-        return self.handles[worker_id]
-
-
-class InProcessRuntime:
-    """``actors.runtime.RayRuntime``'s interface over completed references."""
-
-    actor_died = WorkerDied
-
-    def wait(self, refs, timeout):
-        ready = [r for r in refs if r.ready][:1]
-        return ready, [r for r in refs if r not in ready]
-
-    def poll(self, ref) -> bool:
-        return ref.ready
-
-    def get(self, ref_or_refs):
-        if isinstance(ref_or_refs, list):
-            return [r.result() for r in ref_or_refs]
-        return ref_or_refs.result()
-
-    def cluster_resources(self) -> dict:
-        return {}
-
-    def kill(self, handle) -> None:
-        handle.killed = True
 
 
 def build(max_lag: int = 1, workers: int = 1, calls_per_worker: int = 2):
@@ -390,30 +277,3 @@ def test_workers_that_keep_failing_to_start_fail_the_run_with_the_error():
     loop.desired_workers = 3
     with pytest.raises(RuntimeError, match=r"3 rollout workers in a row failed to start.*no kernel for this CPU"):
         ticks(loop, 10)
-
-
-def test_the_first_fp8_kernel_chosen_on_a_kind_of_cpu_is_given_to_every_later_worker():
-    """A worker's ``auto`` probe may land on either side of the kernel threshold; the run keeps the first
-    choice per kind of CPU (``fp8_kernel_pins``) for replacements, scaled-up workers and a resume."""
-    def kernel_of(worker_id, pins):  # what a real worker does with ``auto``: the pin, else its own probe
-        cpu = "CPU-B" if worker_id == "rollout-2" else "CPU-A"
-        probe_says = "vllm" if worker_id == "rollout-1" else "upcast"  # rollout-1's probe would flip
-        return {"kernel": pins.get(cpu, probe_says), "cpu": cpu, "pinned": cpu in pins}
-
-    cfg = resolve_config(overrides=["rollout.num_workers=1"])
-    cls = FakeWorkerClass(kernel_of)
-    pool = RolloutPool(cfg, "unused", RoleOptions("rollout_worker", 1, 1.0, 0.0, {}), cls, InProcessRuntime(),
-                       fp8_kernel_pins={"CPU-C": "rowwise"})  # a resumed run's earlier choice on another CPU
-    pool.start(1)
-    assert cls.pins["rollout-0"] == {"CPU-C": "rowwise"}
-    assert pool.fp8_kernel_pins == {"CPU-C": "rowwise", "CPU-A": "upcast"}
-    for slot in pool.launch(2):  # a replacement on the same kind of CPU, and one on a new kind
-        pool.mark_ready(slot, InProcessRuntime().get(slot.starting))
-    assert cls.pins["rollout-1"] == {"CPU-C": "rowwise", "CPU-A": "upcast"}
-    record = pool.workers_record()
-    assert record["fp8_kernel"]["rollout-1"] == {"kernel": "upcast", "cpu": "CPU-A", "pinned": True}  # not vllm
-    assert record["fp8_kernel"]["rollout-2"]["kernel"] == "upcast"  # CPU-B chose by its own probe
-    assert record["fp8_kernel_pins"] == {"CPU-C": "rowwise", "CPU-A": "upcast", "CPU-B": "upcast"}
-    assert pool.summary() == ("requested fp8, running {'rollout-0': 'fake', 'rollout-1': 'fake', 'rollout-2': 'fake'}"
-                              " (rollout-0: FP8 kernel upcast) (rollout-1: FP8 kernel upcast, kept from this run)"
-                              " (rollout-2: FP8 kernel upcast)")

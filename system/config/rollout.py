@@ -40,8 +40,8 @@ class RolloutConfig(StrictModel):
     ``torch._scaled_mm``) and upcast one (the FP8 product on the BF16 matmul units) where that is
     at least 2x faster (Intel AMX CPUs, where vLLM's is pathological; any CPU at a real model's width);
     ``vllm`` / ``rowwise`` / ``upcast`` force one (``upcast`` with ``engine.enforce_eager`` only; ``auto``
-    leaves it out of a compiled engine). Within a run the choice is made once per kind of CPU and kept (resumes included). What ran is in
-    ``rollout_workers.json``."""
+    leaves it out of a compiled engine). Within a run the choice is made once per kind of CPU and
+    kept (resumes included). What ran is in ``rollout_workers.json``."""
     group_size: int = Field(default=8, ge=2)
     """G: samples per prompt (the GRPO group); at least 2: a lone sample is its group's mean, so its
     advantage, and every gradient, would be 0."""

@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from system.cpu_info import cpuinfo_fields
+
 SOURCE = Path(__file__).with_name("fused_pass.cpp")
 _ISA_FLAG = re.compile(r"^(sse|ssse3|avx|fma|f16c|bmi|amx|vaes|vpclmulqdq|gfni|adx|popcnt|movbe|abm|lzcnt|"
                        r"sha_ni|aes|pclmulqdq|cx16|xsave|clwb|clflushopt|rdrand|rdseed|serialize|movdir)")
@@ -31,13 +33,8 @@ def isa_key(cpuinfo: str | None = None) -> str:
     """A short name for this CPU's instruction sets: the machine and a hash of its ISA flags
     (``/proc/cpuinfo``'s first ``flags`` line, or ``cpuinfo`` as given); CPUs that differ in any
     flag ``-march=native`` could use get different keys."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith(("flags", "Features"))), "")
-    flags = sorted({f for f in line.partition(":")[2].split() if _ISA_FLAG.match(f)})
+    fields = cpuinfo_fields(cpuinfo)
+    flags = sorted({f for f in fields.get("flags", fields.get("Features", "")).split() if _ISA_FLAG.match(f)})
     return f"{platform.machine() or 'cpu'}-{hashlib.sha256(' '.join(flags).encode()).hexdigest()[:10]}"
 
 

@@ -21,8 +21,8 @@ at a shape of the model, one BF16 matmul and three ways to compute the FP8 produ
   or AVX512-BF16), which accumulates in float32 as the FP8 kernels do, then scaled. Each product
   of two FP8 values has at most 8 significant bits, so it is exact in the float32 accumulator;
   the one difference from the FP8 kernels is that the BF16 matmul rounds the unscaled sum to
-  BF16 before the scales are applied (a second rounding of 2**-9 relative, 1/32 of FP8's own
-  2**-4). The widened weights are kept per layer (a BF16 copy beside the FP8 one: the memory of
+  BF16 before the scales are applied (a second rounding of up to 2**-8 relative, BF16's unit
+  roundoff, 1/16 of FP8's own 2**-4). The widened weights are kept per layer (a BF16 copy beside the FP8 one: the memory of
   a BF16 model) and renewed after every weight load.
 
 ``choose_fp8_kernel`` keeps vLLM's kernel unless the faster of the two others is at least
@@ -42,10 +42,11 @@ into vLLM live in ``system.rollout.vllm_engine``, the one module that imports vL
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal, get_args
 
 import torch
+
+from system.cpu_info import cpuinfo_fields
 
 Fp8KernelChoice = Literal["auto", "vllm", "rowwise", "upcast"]
 Fp8Kernel = Literal["vllm", "rowwise", "upcast"]
@@ -186,19 +187,9 @@ _FP8_SPEED_FLAGS = ("amx_bf16", "amx_fp8", "amx_int8", "amx_tile", "avx2", "avx5
 def cpu_identity(cpuinfo: str | None = None) -> str:
     """This kind of CPU: its model name and the FP8-relevant flags it has (``_FP8_SPEED_FLAGS``), e.g.
     ``"AMD EPYC [avx2 avx512_bf16 avx512f]"``; ``cpuinfo`` is ``/proc/cpuinfo``'s text (read when None)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    model, flags = "unknown CPU", set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == "unknown CPU":
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    return f"{model} [{' '.join(f for f in _FP8_SPEED_FLAGS if f in flags)}]"
+    fields = cpuinfo_fields(cpuinfo)
+    flags = set(fields.get("flags", "").split())
+    return f"{fields.get('model name', 'unknown CPU')} [{' '.join(f for f in _FP8_SPEED_FLAGS if f in flags)}]"
 
 
 @dataclass(frozen=True)
