@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.aisrl-installed
 
-.PHONY: demo test report-demo bench cpu-check lint clean-venv
+.PHONY: demo test report-demo bench cpu-check gpu-wheels lint clean-venv
 
 # The install's own output (pip, setuptools, the registry's notes) goes to $(VENV)/install.log;
 # the console gets one line, or the log's tail when a step fails. VERBOSE=1 shows everything.
@@ -56,6 +56,12 @@ bench: $(STAMP) $(VERL_BENCH)/.installed
 # Issue 9's targets on this CPU (FP8 rollouts >= 0.5x BF16, the default run within 2x of AMD EPYC's), ~2 min
 cpu-check: $(STAMP)
 	$(BIN)/python benchmarks/bench_cpu_targets.py
+
+# pydantic's wheels for a GPU machine without network (its Python 3.12): carry .whl/ there and run
+# benchmarks/gpu_check.sh (see benchmarks/README.md)
+gpu-wheels: $(STAMP)
+	$(BIN)/pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 -d .whl "pydantic==$$($(BIN)/python -c 'import pydantic; print(pydantic.VERSION)')"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
