@@ -10,7 +10,6 @@ waits in the learners' queue (``SubmittedStep.queued_ahead``).
 import json
 import logging
 import random
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from actors.learner_worker import LearnerGroup, LearnerRank, PendingStep
 from actors.placement import plan_placement, private_cluster_shortfall, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
+from actors.stop_signals import stop_on_signals
 from actors.weight_sync import build_transport
 from system import run_state
 from system.config import RunConfig, dump_config
@@ -109,17 +109,9 @@ class Trainer:
             self._accepted_new = True
         else:
             run_state.check_no_replaced_run(self.run_dir)
-            self.ckpt, saved, skipped = run_state.usable_run_checkpoint(self.run_dir)
+            self.ckpt, saved, skipped = run_state.checkpoint_to_resume(self.run_dir, cfg.max_steps)
             for reason in skipped:
                 log.warning("checkpoint %s; falling back to an older one", reason)
-            if self.ckpt is None:
-                raise run_state.CheckpointError(
-                    f"--resume: no usable checkpoint under {self.run_dir / 'checkpoints'}"
-                    + (f" ({'; '.join(skipped)})" if skipped else ""))
-            if saved["step"] >= cfg.max_steps:  # before anything starts: there is nothing to train
-                raise ValueError(
-                    f"--resume {self.run_dir}: its checkpoint is at step {saved['step']} and max_steps is "
-                    f"{cfg.max_steps}: nothing to train; pass a larger max_steps (e.g. max_steps={saved['step'] + 50})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = str(resolve_model_dir(cfg))
         self.step = saved.get("step", 0)
@@ -401,29 +393,3 @@ class Trainer:
                             type(exc).__name__)
             ray.kill(self.service, no_restart=True)
 
-
-def stop_on_signals(stop: threading.Event):
-    """Make SIGTERM (``ray job stop``, a scheduler's preemption) and a first Ctrl-C (SIGINT) set ``stop``:
-    the run ends after the current step, with a final checkpoint, the report and a finished W&B run;
-    a second Ctrl-C interrupts at once (Python's ``KeyboardInterrupt``, restored by the first).
-    Only in the main thread (elsewhere a no-op). Returns a function that restores the handlers before."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum, frame):
-        if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            log.warning("Ctrl-C: stopping after the current step (checkpoint, report, W&B finish); "
-                        "Ctrl-C again to stop at once, without them")
-        else:
-            log.warning("SIGTERM: stopping after the current step (checkpoint, report, W&B finish)")
-        stop.set()
-
-    for sig in before:
-        signal.signal(sig, handler)
-
-    def restore() -> None:
-        for sig, old in before.items():
-            signal.signal(sig, old)
-    return restore

@@ -151,6 +151,22 @@ def usable_run_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict, list[
     return None, {}, skipped
 
 
+def checkpoint_to_resume(run_dir: str | Path, max_steps: int) -> tuple[Path, dict, list[str]]:
+    """What ``--resume`` continues from: ``usable_run_checkpoint``, refused (before anything starts)
+    when there is none (``CheckpointError``, naming what was skipped) or nothing is left to train
+    (``ValueError``, naming ``max_steps``)."""
+    run_dir = Path(run_dir)
+    ckpt, saved, skipped = usable_run_checkpoint(run_dir)
+    if ckpt is None:
+        raise CheckpointError(f"--resume: no usable checkpoint under {run_dir / 'checkpoints'}"
+                              + (f" ({'; '.join(skipped)})" if skipped else ""))
+    if saved["step"] >= max_steps:
+        raise ValueError(
+            f"--resume {run_dir}: its checkpoint is at step {saved['step']} and max_steps is {max_steps}: "
+            f"nothing to train; pass a larger max_steps (e.g. max_steps={saved['step'] + 50})")
+    return ckpt, saved, skipped
+
+
 def trim_metrics(run_dir: str | Path, step: int) -> int:
     """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from); returns
     how many were dropped. Lines that are not JSON records (a line cut by a kill) are dropped too."""

@@ -115,6 +115,17 @@ def test_resume_falls_back_past_damaged_checkpoints(tmp_path):
     assert ckpt is None and state == {} and "is missing" in skipped[2]
 
 
+def test_checkpoint_to_resume_refuses_none_and_nothing_to_train(tmp_path):
+    with pytest.raises(run_state.CheckpointError, match="no usable checkpoint under"):
+        run_state.checkpoint_to_resume(tmp_path, max_steps=10)
+    make_checkpoint(tmp_path, 2)
+    c6 = make_checkpoint(tmp_path, 6)
+    ckpt, state, skipped = run_state.checkpoint_to_resume(tmp_path, max_steps=7)
+    assert ckpt == c6 and state["step"] == 6 and skipped == []
+    with pytest.raises(ValueError, match="at step 6 and max_steps is 6: nothing to train.*max_steps=56"):
+        run_state.checkpoint_to_resume(tmp_path, max_steps=6)
+
+
 def test_learner_half_problems(tmp_path):
     ckpt = make_checkpoint(tmp_path, 1)
     learner = str(ckpt / "learner")

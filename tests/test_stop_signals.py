@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM during a run (``actors.trainer.stop_on_signals``): the first stops after the step."""
+"""Ctrl-C and SIGTERM during a run (``actors.stop_signals.stop_on_signals``): the first stops after the step."""
 
 import os
 import signal
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from actors.trainer import stop_on_signals
+from actors.stop_signals import stop_on_signals
 
 
 def test_sigterm_and_a_first_ctrl_c_request_a_stop_and_a_second_ctrl_c_interrupts():
