@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
-from system.config.loading import combine_overrides, read_preset
+from system.config.resume import resume_config
 from system.report.demo_dump import make_demo_dump
 from system.report.dump import DumpError, save_dump
 
@@ -39,42 +39,8 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
 def load_run_config(args: list[str], resume: Path | None) -> RunConfig:
     presets, overrides = split_args(args)
     if resume is not None:
-        saved = resume / "config.json"
-        if not saved.is_file():
-            raise ConfigError(f"--resume {resume}: no config.json there")
-        presets = [str(saved), *presets]
-        given = combine_overrides(overrides).get("output_dir")
-        if given is not None and Path(str(given)).expanduser().resolve() != resume.expanduser().resolve():
-            raise ConfigError(f"--resume {resume} continues the run in that directory; output_dir={given} "
-                              "names another (to start a new run from a config, leave out --resume)")
-        overrides = [*overrides, f"output_dir={resume}"]
-        cfg = resolve_config(presets, overrides)
-        changed = _fixed_on_resume(read_preset(saved), cfg)
-        if changed:
-            raise ConfigError(f"--resume {resume}: {', '.join(changed)} cannot change on a resume (the checkpoint's "
-                              "prompt stream and weights were made with the saved values); start a new run instead")
-        return cfg
+        return resume_config(resume, presets, overrides)
     return resolve_config(presets, overrides)
-
-
-_ARCHITECTURE = ("type", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                 "max_position_embeddings")
-"""The model fields a checkpoint's weights fix (a pretrained model's path may move: a local snapshot)."""
-
-
-def _fixed_on_resume(saved: dict, new: RunConfig) -> list[str]:
-    """What a resume must keep, checked before anything starts (the checkpoint's sampler and weights were
-    made with them): ``seed``, ``data.task`` but its path (a data file may move; the sampler's
-    fingerprint checks its content), the model's architecture. ``saved``: config.json as written. The
-    dotted names of those that differ."""
-    now = new.model_dump(mode="json", by_alias=True)
-    pairs = [("seed", saved.get("seed"), now["seed"])]
-    old_task, new_task = dict(saved.get("data", {}).get("task", {})), dict(now["data"]["task"])
-    old_task.pop("path", None), new_task.pop("path", None)
-    pairs += [(f"data.task.{k}", old_task.get(k), new_task.get(k)) for k in sorted(set(old_task) | set(new_task))]
-    old_model, new_model = saved.get("model", {}), now["model"]
-    pairs += [(f"model.{k}", old_model.get(k), new_model.get(k)) for k in _ARCHITECTURE if k in old_model or k in new_model]
-    return [name for name, old, value in pairs if old != value]
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -94,13 +60,18 @@ def train(
     except ConfigError as exc:
         _fail(str(exc))
     if dry_run:
-        from system.run_state import check_new_run_dir
+        from system.run_state import check_new_run_dir, check_no_replaced_run, checkpoint_to_resume
 
-        if resume is None and not overwrite:
-            try:  # what the run would refuse (only checks: nothing is deleted without --overwrite)
+        try:  # what the run would refuse (only checks: nothing is moved or deleted)
+            if resume is not None:
+                check_no_replaced_run(cfg.output_dir)
+                checkpoint_to_resume(cfg.output_dir, cfg.max_steps)
+            elif overwrite:
+                check_no_replaced_run(cfg.output_dir)
+            else:
                 check_new_run_dir(cfg.output_dir, overwrite=False)
-            except ValueError as exc:
-                _fail(str(exc))
+        except ValueError as exc:  # CheckpointError is one
+            _fail(str(exc))
         from actors.placement import describe_plan, plan_placement
 
         if cfg.ray.address is None:  # a private local cluster: the plan is the one that runs

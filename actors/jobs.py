@@ -34,6 +34,7 @@ from ray.exceptions import AuthenticationError
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from system.config import RunConfig, dump_config, resolve_config
+from system.config.resume import resume_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIG = "aisrl_job_config.json"
@@ -137,7 +138,8 @@ def resolve_resume(run_dir: str, overrides: list[str]) -> tuple[RunConfig | None
 
         if latest_run_checkpoint(run_dir) is None:
             raise JobError(f"--resume {run_dir}: no complete checkpoint under {Path(run_dir) / 'checkpoints'}")
-        return resolve_config([str(saved)], [*extra, f"output_dir={run_dir}"]), extra
+        # as ``aisrl train --resume`` will on the cluster: the saved config, the overrides, what must not change
+        return resume_config(Path(run_dir), [], extra), extra
     resolve_config([], extra)
     return None, extra
 

@@ -13,8 +13,10 @@ Codec per tensor (``E = W - R`` in float32):
 * 2-D ``[m, n]`` with ``rank * (m + n) < m * n``: one power iteration warm-started from the
   previous ``Q`` (PowerSGD): ``P = orth(E Q)``, ``Q = E^T P``, ``D = P Q^T``; ``P`` and ``Q`` go
   as float16 (``2 r (m + n)`` bytes instead of ``2 m n`` for bf16);
-* anything else: int8 with one float32 scale per row (last dimension),
-  ``s = max|E_row| / 127``, ``D = round(E / s) * s``.
+* any other floating tensor: int8 with one float32 scale per row (last dimension),
+  ``s = max|E_row| / 127``, ``D = round(E / s) * s``;
+* a tensor that is not floating point (an integer buffer) goes exactly, as it is, every version
+  (float32 would round integers above 2**24, and a quantized delta would be off by some units).
 
 On the wire a delta is a ``WeightPayload`` whose dtypes say ``delta/lowrank`` or ``delta/int8``
 per tensor (arrays ``name::p``, ``name::q`` or ``name::q8``, ``name::scale``), and a full
@@ -27,6 +29,11 @@ import torch
 from system.weight_payload import WeightPayload, decode_weights, encode_weights
 
 LOWRANK, INT8 = "delta/lowrank", "delta/int8"
+
+
+def _reference_copy(t: torch.Tensor) -> torch.Tensor:
+    """What a reconstruction holds of a tensor: float32 for a floating one, the exact tensor otherwise."""
+    return t.to(torch.float32).clone() if t.is_floating_point() else t.clone()
 
 
 def is_delta(payload: WeightPayload) -> bool:
@@ -69,13 +76,17 @@ class DeltaEncoder:
     def encode(self, payload: WeightPayload) -> WeightPayload:
         state = dict(decode_weights(payload))
         if self.reference is None or self._since_full + 1 >= self.full_every:
-            self.reference = {k: v.to(torch.float32).clone() for k, v in state.items()}
+            self.reference = {k: _reference_copy(v) for k, v in state.items()}
             self._since_full, self.rel_error = 0, 0.0
             return payload
         self._since_full += 1
         arrays, dtypes = {}, {}
         residual_sq, weight_sq = 0.0, 0.0
         for name, w in state.items():
+            if not w.is_floating_point():  # exactly, as the full payload carries it
+                arrays[name], dtypes[name] = payload.arrays[name], payload.dtypes[name]
+                self.reference[name] = w.clone()
+                continue
             w32 = w.to(torch.float32)
             e = w32 - self.reference[name]
             if e.dim() == 2 and self.rank * sum(e.shape) < e.numel():
@@ -111,14 +122,17 @@ class DeltaDecoder:
 
     def decode(self, wire: WeightPayload) -> WeightPayload:
         if not is_delta(wire):
-            self.reference = {k: v.to(torch.float32).clone() for k, v in decode_weights(wire)}
+            self.reference = {k: _reference_copy(v) for k, v in decode_weights(wire)}
             self._dtypes = dict(wire.dtypes)
             return wire
         if self.reference is None:
             raise ValueError(f"a delta for policy version {wire.policy_version} reached a receiver without "
                              "the full weights it applies to")
         for name in self.reference:
-            if f"{name}::p" in wire.arrays:
+            if name in wire.arrays:  # a tensor that goes exactly (not floating point)
+                exact = WeightPayload(wire.policy_version, {name: wire.arrays[name]}, {name: wire.dtypes[name]})
+                self.reference[name] = dict(decode_weights(exact))[name].clone()
+            elif f"{name}::p" in wire.arrays:
                 p = torch.from_numpy(np.asarray(wire.arrays[f"{name}::p"])).to(torch.float32)
                 q = torch.from_numpy(np.asarray(wire.arrays[f"{name}::q"])).to(torch.float32)
                 self.reference[name] += p @ q.T

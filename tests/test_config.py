@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from system.config import (
     resolve_config,
 )
 from system.config.correction import IcePop, SeqMIS, TokenTIS
+from system.config.loading import read_preset
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(CONFIGS.rglob("*.yaml"))
@@ -258,3 +260,43 @@ def test_the_tiny_model_cannot_use_a_chat_template():
     with pytest.raises(ConfigError, match="chat_template needs a model whose tokenizer has a chat template"):
         resolve_config([], ["data.task.type=gsm8k", "data.task.path=x.jsonl", "data.reward.type=math-answer",
                             "data.task.chat_template=true"])
+
+
+@pytest.mark.parametrize("text, reads_as", [("1:30", "base-60 number (90)"), ("017", "octal number (15)"),
+                                            ("1:30.5", "base-60 number (90.5)")])
+def test_yaml_11_octal_and_base_60_numbers_are_refused_not_read(tmp_path, text, reads_as):
+    """Found by a probe: ``max_steps=1:30`` silently became 90 (YAML 1.1 base 60), ``017`` 15 (octal)."""
+    with pytest.raises(ConfigError, match=rf"max_steps={text}'.*'{text}' is a YAML 1.1 {re.escape(reads_as)}"):
+        resolve_config([], [f"max_steps={text}"])
+    preset = tmp_path / "p.yaml"
+    preset.write_text(f"max_steps: {text}\n")
+    with pytest.raises(ConfigError, match=rf"p\.yaml.*{re.escape(reads_as)}: write it in decimal"):
+        resolve_config([preset])
+    # quoted it is text; plain decimals, 0, underscores and hex still read as before
+    assert resolve_config([], [f"report.wandb.run_name='{text}'"]).report.wandb.run_name == text
+    assert [resolve_config([], [f"max_steps={v}"]).max_steps for v in ("90", "0x10", "1_000")] == [90, 16, 1000]
+
+
+def test_yaml_merge_keys_work_and_may_be_overridden(tmp_path):
+    """Found by a probe: ``<<: *anchor`` was refused as invalid YAML by the duplicate-key check."""
+    preset = tmp_path / "merge.yaml"
+    preset.write_text("_base: &eng {type: vllm, kv_cache_gib: 0.5, enforce_eager: true}\n"
+                      "rollout:\n  engine:\n    <<: *eng\n    kv_cache_gib: 0.25\n")
+    data = read_preset(preset)
+    assert data["rollout"]["engine"] == {"type": "vllm", "kv_cache_gib": 0.25, "enforce_eager": True}
+
+
+@pytest.mark.parametrize("override, field", [
+    ("weight_sync={type: collective, timeout_s: 8.0e9}", "weight_sync.timeout_s"),
+    ("rollout.worker_timeout_s=1e11", "rollout.worker_timeout_s"),
+    ("report.wandb.init_timeout_s=1e7", "report.wandb.init_timeout_s"),
+    ("rollout.engine.kv_cache_gib=1e-300", "rollout.engine.kv_cache_gib"),
+    ("rollout.engine.kv_cache_gib=1e300", "rollout.engine.kv_cache_gib"),
+    ("ray.object_store_gib=0.01", "ray.object_store_gib"),
+])
+def test_timeouts_and_memory_sizes_have_bounds(override, field):
+    """Found by a probe: ``weight_sync.timeout_s`` from ~8e9 s made a broadcast spin forever or fail at
+    once (torch's store counts milliseconds), 9e13 overflowed ``timedelta``; absurd sizes reached vLLM."""
+    with pytest.raises(ConfigError, match=rf"{re.escape(field)}: Input should be (less|greater) than or equal"):
+        resolve_config([], [override])
+    assert resolve_config([], ["weight_sync={type: collective, timeout_s: 1.0e6}"]).weight_sync.timeout_s == 1e6

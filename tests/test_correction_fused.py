@@ -111,6 +111,9 @@ def cases():
     yield "all_far_below", mu[:, :50].repeat(2, 1)[:4], mu[:, :50].repeat(2, 1)[:4] + far, torch.ones(4, 50, dtype=torch.bool)
     yield "one_at_the_clamp", torch.zeros(1, 1, dtype=torch.float64), torch.full((1, 1), -20.0, dtype=torch.float64), \
         torch.ones(1, 1, dtype=torch.bool)
+    # log-probs near float64's range (found by a probe: the pass's ``sum ** 2`` raised OverflowError)
+    huge = -torch.rand(4, 8, generator=g, dtype=torch.float64) * 1e300
+    yield "huge_logps", huge, huge.clone(), torch.ones(4, 8, dtype=torch.bool)
 
 
 @pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "3-threads"])

@@ -350,3 +350,21 @@ def test_a_relative_data_path_is_flagged_with_where_it_would_be_read(tmp_path):
     assert "uploaded with the job" in shipped
     absolute = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=/app/data/gsm8k/train.jsonl"])
     assert jobs.placement_warnings(absolute) == []
+
+
+def test_a_resume_submission_refuses_here_what_the_cluster_would_refuse(tmp_path):
+    """Found by a probe: ``aisrl submit --resume`` accepted ``seed=5`` (which ``aisrl train --resume``
+    refuses), so the job failed only once it reached the cluster."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"max_steps": 5, "prompts_per_step": 4}))
+    ckpt = run / "checkpoints" / "step_00000002"
+    (ckpt / "learner").mkdir(parents=True)
+    for name in ("controller.pkl", "learner/.metadata", "learner/trainer.json"):
+        (ckpt / name).write_text("")
+    for override, named in (("seed=5", "seed"), ("model.hidden_size=128", "model.hidden_size"),
+                            ("data.task.num_digits=3", "data.task.num_digits")):
+        with pytest.raises(ConfigError, match=f"{named} cannot change on a resume"):
+            jobs.resolve_resume(str(run), ["max_steps=9", override])
+    cfg, _ = jobs.resolve_resume(str(run), ["max_steps=9", "learner.lr=1e-4"])  # not fixed by the checkpoint
+    assert cfg.learner.lr == 1e-4 and cfg.seed == 0  # the saved config has no seed: the default, unchanged

@@ -2,6 +2,7 @@
 strings decoded, a directory named, report files written all or none, and which dump a run's
 fallback report takes. (The report's values are in ``test_report.py``.)"""
 
+import json
 import pickle
 from pathlib import Path
 
@@ -226,3 +227,34 @@ def test_padding_may_hold_any_token_id(tmp_path):
     arrays["response_ids"][:, -1] = -100
     result, _ = _report(tmp_path, arrays)
     assert result.exit_code == 0, result.output
+
+
+def test_text_that_utf_8_cannot_hold_is_replaced_not_a_traceback(tmp_path):
+    """Found by a probe: a dump file name that is not UTF-8 (a lone surrogate in Python) or a lone
+    surrogate in prompt_text ended the report in ``UnicodeEncodeError`` with a traceback."""
+    arrays = make_demo_dump(6, 4, seed=1)
+    arrays["prompt_text"] = np.array(["ok", "\ud800 lone", "c", "d", "e", "f"])
+    name = b"step_\xff.npz".decode("utf-8", "surrogateescape")  # what Python makes of such a file name
+    result, out = _report(tmp_path, arrays, name=name)
+    assert result.exit_code == 0, result.output
+    _, samples, page = _outputs(out)
+    assert "step_?.npz" in page and "? lone" in page  # the undecodable byte, the surrogate: replaced
+    # samples.json is ASCII JSON: the surrogate stays an escape there, and reads back as it was
+    assert "\ud800 lone" in json.dumps(samples, ensure_ascii=False), json.dumps(samples)[:300]
+
+
+def test_large_finite_values_neither_overflow_the_reward_mean_nor_warn(tmp_path, recwarn):
+    """Found by a probe: rewards of 3e38 (finite float32) summed in float32 to inf, so reward_mean was
+    null while reward_nonfinite said 0; float64 log-probs beyond float32 printed numpy's overflow
+    warning (they become +-inf: non-finite, excluded and counted)."""
+    arrays = make_demo_dump(6, 4, seed=2)
+    arrays["reward"] = np.full(6, 3e38, np.float32)
+    arrays["rollout_logp"] = arrays["rollout_logp"].astype(np.float64)
+    arrays["rollout_logp"][0, 0] = -1e300
+    mask_00 = bool(arrays["response_mask"][0, 0])
+    result, out = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output
+    summary, _, _ = _outputs(out)
+    assert summary["reward_mean"] == pytest.approx(float(np.float32(3e38)), rel=1e-6) and summary["reward_nonfinite"] == 0
+    assert summary["nonfinite_tokens"] == int(mask_00)
+    assert "overflow" not in result.output and not [w for w in recwarn if "overflow" in str(w.message)]

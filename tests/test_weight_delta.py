@@ -100,3 +100,18 @@ def test_a_version_without_change_does_not_spoil_the_next_low_rank_delta():
     enc.encode(encode_weights({"w": w0 + change}, policy_version=2))
     residual = (w0 + change - enc.reference["w"]).norm() / change.norm()
     assert residual < 0.01, float(residual)
+
+
+def test_integer_tensors_go_exactly_in_every_delta_version():
+    """Found by a probe: an int64 buffer went through the float32 / int8 delta path and came back off
+    by 3-4 units from the second version on (float32 holds integers exactly only up to 2**24)."""
+    enc, dec = DeltaEncoder(rank=2, full_every=100), DeltaDecoder()
+    w = torch.randn(8, 16)
+    for version in range(5):
+        counts = torch.tensor([120_000_001 + 7 * version, -3, 2**40 + version], dtype=torch.int64)
+        state = {"w": (w + 0.01 * version).to(torch.bfloat16), "counts": counts}
+        wire = enc.encode(encode_weights(state, version))
+        assert is_delta(wire) == (version > 0)
+        got = dict(decode_weights(dec.decode(wire)))
+        assert got["counts"].dtype == torch.int64 and torch.equal(got["counts"], counts), version
+        assert got["w"].dtype == torch.bfloat16

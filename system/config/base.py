@@ -15,6 +15,11 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 INT64_MAX = 2**63 - 1
 
+MAX_TIMEOUT_S = 1e6
+"""The longest timeout a config takes (about 11.6 days): torch's stores count milliseconds and
+``timedelta`` days, and far above this (from ~8e9 s) a broadcast spun or failed at once, and
+``timedelta`` overflows; a user wanting no limit in practice writes 1e6."""
+
 
 def _is_number_type(annotation: Any) -> bool:
     """True for ``int``, ``float`` and unions / ``Annotated`` wrappers holding one (not ``bool``)."""

@@ -21,8 +21,8 @@ class RayConfig(StrictModel):
     """Cluster to join (``auto`` or ``ray://...``); unset = start a private local cluster bound to 127.0.0.1."""
     num_cpus: int | None = Field(default=None, ge=1)
     """Logical CPUs of a local cluster (unset = enough for every actor)."""
-    object_store_gib: float = Field(default=1.0, gt=0.0)
-    """Object-store memory of a local cluster."""
+    object_store_gib: float = Field(default=1.0, ge=0.1, le=65536.0)
+    """Object-store memory of a local cluster, 0.1 GiB (Ray needs at least 75 MiB) to 64 TiB."""
     include_dashboard: bool = False
     """Start the dashboard of a local cluster (on loopback)."""
     rollout_resource: str = "rollout"

@@ -40,13 +40,37 @@ def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_YAML11_SURPRISE = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
+"""YAML 1.1 numbers that read as something else than they look: ``017`` is octal 15, ``1:30`` base 60
+(90). YAML 1.2 dropped both; PyYAML still reads them so."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
-    silently, so a preset's earlier value would vanish without a word)."""
+    silently, so a preset's earlier value would vanish without a word), and YAML 1.1's octal and
+    base-60 numbers (``max_steps=1:30`` became 90). Merge keys (``<<: *anchor``) work as in YAML."""
+
+    def _refuse_yaml11_number(self, node, kind: str):
+        if _YAML11_SURPRISE.fullmatch(node.value):
+            value = (super().construct_yaml_int if kind == "int" else super().construct_yaml_float)(node)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} is a YAML 1.1 {'octal' if ':' not in node.value else 'base-60'} "
+                f"number ({value}): write it in decimal, or quote it if it is text", node.start_mark)
+
+    def construct_yaml_int(self, node):
+        self._refuse_yaml11_number(node, "int")
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        self._refuse_yaml11_number(node, "float")
+        return super().construct_yaml_float(node)
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:  # ``<<``: the merged keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 first = seen.setdefault(key, key_node.start_mark)
@@ -59,6 +83,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     f"line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1})",
                     key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader.construct_yaml_float)
 
 
 def _load_yaml(text: str):
@@ -166,7 +194,7 @@ def _describe(exc: ValidationError, merged: dict, layers: list[tuple[str, dict]]
         if tags and err["type"] == "extra_forbidden":  # a key of another member of the union
             line += f" ({', '.join(tags)})"
         value = err.get("input")
-        if err["type"] == "string_type" and (isinstance(value, bool | int | float)
+        if err["type"] == "string_type" and (isinstance(value, bool | int | float | dict | list)
                                              or type(value).__name__ in ("date", "datetime")):
             line += (f" (YAML read the value as {type(value).__name__} {value!r}: quote the text, "
                      f"\"{'.'.join(path)}='...'\")")
@@ -177,11 +205,18 @@ def _describe(exc: ValidationError, merged: dict, layers: list[tuple[str, dict]]
     return "invalid config:\n" + "\n".join(lines)
 
 
-def resolve_config(presets: list[str | Path] = (), overrides: list[str] = ()) -> RunConfig:
-    """Compose presets and overrides into a validated RunConfig (raises ConfigError)."""
+def resolve_config(presets: list[str | Path] = (), overrides: list[str] = (),
+                   fixed: tuple[str, dict[str, Any]] | None = None) -> RunConfig:
+    """Compose presets and overrides into a validated RunConfig (raises ConfigError).
+
+    ``fixed``: ``(source, mapping)``, a last layer of values that are not YAML text (a path given
+    to a flag: ``("--resume", {"output_dir": "2024-01-01"})`` stays that string); errors in it are
+    attributed to ``source``."""
     merged: dict[str, Any] = RunConfig().model_dump(mode="json", by_alias=True)
     layers = [(f"preset {str(path)!r}", read_preset(path)) for path in presets]
     layers.append(("the overrides", combine_overrides(list(overrides))))
+    if fixed is not None:
+        layers.append(fixed)
     for _, layer in layers:
         merged = _merge(merged, layer)
     try:
@@ -196,8 +231,16 @@ def dump_config(config: RunConfig) -> str:
 
 
 def load_resolved(path: str | Path) -> RunConfig:
-    """Read back a ``config.json`` written by :func:`dump_config`."""
+    """Read back a ``config.json`` written by :func:`dump_config` (raises ConfigError naming the file)."""
     try:
-        return RunConfig.model_validate_json(Path(path).read_text())
+        text = Path(path).read_text()
+    except (OSError, ValueError) as exc:  # missing, unreadable, not UTF-8
+        raise ConfigError(f"{path}: cannot read it: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON: {exc}") from None
+    try:
+        return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {_describe(exc)}") from None
+        raise ConfigError(f"{path}: {_describe(exc, data, [(repr(str(path)), data)])}") from None

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from system.config.base import StrictModel
+from system.config.base import MAX_TIMEOUT_S, StrictModel
 
 
 class WandbConfig(StrictModel):
@@ -16,7 +16,7 @@ class WandbConfig(StrictModel):
     """W&B entity (team or user); unset = the key's default."""
     run_name: str | None = None
     """Run name; unset = the run directory's name."""
-    init_timeout_s: float = Field(default=30.0, gt=0.0)
+    init_timeout_s: float = Field(default=30.0, gt=0.0, le=MAX_TIMEOUT_S)
     """Give up starting W&B after this long (training goes on without it)."""
 
 

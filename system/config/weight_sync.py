@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from system.config.base import StrictModel
+from system.config.base import MAX_TIMEOUT_S, StrictModel
 
 
 class ObjectStoreSyncConfig(StrictModel):
@@ -23,7 +23,7 @@ class CollectiveSyncConfig(StrictModel):
 
     type: Literal["collective"] = "collective"
     """Selects this transport."""
-    timeout_s: float = Field(default=60.0, gt=0.0)
+    timeout_s: float = Field(default=60.0, gt=0.0, le=MAX_TIMEOUT_S)
     """A version's transfer (and a generation's forming) that does not complete in this time fails (the
     group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
     chunk_mb: int = Field(default=64, ge=1)
@@ -42,7 +42,7 @@ class DeltaSyncConfig(StrictModel):
 
     type: Literal["delta"] = "delta"
     """Selects this transport."""
-    timeout_s: float = Field(default=60.0, gt=0.0)
+    timeout_s: float = Field(default=60.0, gt=0.0, le=MAX_TIMEOUT_S)
     """A version's transfer (and a generation's forming) that does not complete in this time fails (the
     group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
     chunk_mb: int = Field(default=64, ge=1)

@@ -293,8 +293,9 @@ def _diagnostics(sums: FusedSums, g: dict, n: int, out: np.ndarray) -> dict:
         return diag
     lower, upper = out.tolist()
     # centred sums from the shifted ones (x = mu - mu_0): exactly 0 for a constant input
-    xx = max(g["sum_mu2"] - g["sum_mu"] ** 2 / n, 0.0)
-    yy = max(g["sum_old2"] - g["sum_old"] ** 2 / n, 0.0)
+    # products, not ``** 2``: Python's float power raises OverflowError where a product gives inf
+    xx = max(g["sum_mu2"] - g["sum_mu"] * g["sum_mu"] / n, 0.0)
+    yy = max(g["sum_old2"] - g["sum_old"] * g["sum_old"] / n, 0.0)
     xy = g["sum_mu_old"] - g["sum_mu"] * g["sum_old"] / n
     pearson = None if xx == 0.0 or yy == 0.0 else max(-1.0, min(1.0, xy / (math.sqrt(xx) * math.sqrt(yy))))
     log_rho_seq_B = sums.seq_logratio_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -308,7 +309,7 @@ def _diagnostics(sums: FusedSums, g: dict, n: int, out: np.ndarray) -> dict:
         abs_diff_mean=g["sum_abs"] / n, abs_diff_median=lower if n % 2 == 1 else (lower + upper) / 2,
         abs_diff_max=g["max_abs"], prob_abs_diff_mean=g["sum_gap"] / n,
         frac_outside_2x=g["out2"] / n, frac_outside_5x=g["out5"] / n,
-        ess_token=min(g["sum_rho"] ** 2 / (n * g["sum_rho2"]), 1.0), ess_seq=ess_fraction(rho_seq_B, n_seq),
+        ess_token=min(g["sum_rho"] * g["sum_rho"] / (n * g["sum_rho2"]), 1.0), ess_seq=ess_fraction(rho_seq_B, n_seq),
     )
     return diag
 

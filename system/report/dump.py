@@ -179,13 +179,19 @@ def load_dump(path: str | Path) -> BatchDump:
     lag = arrays.get("lag")
     if lag is not None:
         _check_lag(lag, p)
+    # float64 values beyond float32's range become +-inf: non-finite, excluded and counted like any
+    # other (spec section 0), without numpy's overflow warning on the console
+    with np.errstate(over="ignore"):
+        mu32, old32 = mu.astype(np.float32, copy=False), arrays["train_logp"].astype(np.float32, copy=False)
+        reward = arrays["reward"].astype(np.float32) if "reward" in arrays else None
+        advantage = arrays["advantage"].astype(np.float32) if "advantage" in arrays else None
     return BatchDump(
-        rollout_logp=mu.astype(np.float32, copy=False),
-        train_logp=arrays["train_logp"].astype(np.float32, copy=False),
+        rollout_logp=mu32,
+        train_logp=old32,
         response_mask=mask.astype(bool, copy=False),
         lag=(lag if lag is not None else np.zeros(n)).astype(np.int32),
-        reward=arrays["reward"].astype(np.float32) if "reward" in arrays else None,
-        advantage=arrays["advantage"].astype(np.float32) if "advantage" in arrays else None,
+        reward=reward,
+        advantage=advantage,
         uid=arrays.get("uid"),
         prompt_text=arrays.get("prompt_text"),
         response_text=arrays.get("response_text"),

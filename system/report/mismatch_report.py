@@ -99,7 +99,7 @@ def write_all_or_none(out: Path, texts: dict[str, str]) -> None:
         for name, text in texts.items():
             temp = out / f".{name}.partial"
             temps[temp] = out / name
-            temp.write_text(text, encoding="utf-8")
+            temp.write_text(text, encoding="utf-8", errors="replace")  # a lone surrogate (a non-UTF-8 file name) -> ?
         for temp, target in temps.items():
             os.replace(temp, target)
     finally:

@@ -39,5 +39,5 @@ def dumps(value, *, sanitize: bool = True, **kwargs) -> str:
 def write(path: str | Path, value, *, sanitize: bool = True, **kwargs) -> Path:
     """Write ``dumps(value)`` to ``path`` (UTF-8)."""
     out = Path(path)
-    out.write_text(dumps(value, sanitize=sanitize, **kwargs), encoding="utf-8")
+    out.write_text(dumps(value, sanitize=sanitize, **kwargs), encoding="utf-8", errors="replace")
     return out

@@ -49,7 +49,8 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
     # estimate null (``ais_estimate``): counted, so the report says why
     if dump.reward is not None:
         finite = np.isfinite(dump.reward)
-        summary["reward_mean"] = float(np.mean(dump.reward[finite])) if finite.any() else None
+        # float64: a float32 sum of large finite rewards would overflow to inf (then null, uncounted)
+        summary["reward_mean"] = float(np.mean(dump.reward[finite], dtype=np.float64)) if finite.any() else None
         summary["reward_nonfinite"] = int((~finite).sum())
     if dump.advantage is not None:
         summary["advantage_nonfinite"] = int((~np.isfinite(dump.advantage)).sum())

@@ -1,0 +1,95 @@
+"""``aisrl train --resume`` and ``--dry-run`` at the command line (found by a bad-input probe, 2026-11-27):
+the directory name is a path, not YAML; a config written before a field existed resumes; a dry run
+refuses what the run itself would refuse."""
+
+import json
+
+import pytest
+from test_run_state import make_checkpoint
+from typer.testing import CliRunner
+
+from actors.cli import app
+from system.config import ConfigError, RunConfig, dump_config
+from system.config.loading import load_resolved
+
+
+@pytest.fixture(autouse=True)
+def _plain_console(monkeypatch):
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+
+
+def _run_dir(parent, name: str, max_steps: int = 3, **fields):
+    run = parent / name
+    run.mkdir()
+    cfg = json.loads(dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": max_steps, **fields})))
+    (run / "config.json").write_text(json.dumps(cfg))
+    make_checkpoint(run, 2)
+    return run, cfg
+
+
+def _train(*args, cwd=None, monkeypatch=None):
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    result = CliRunner().invoke(app, ["train", *args])
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("name", ["2024-01-01", "123", "exp: 1", "[a]", "'q'", "q "])
+def test_the_resumed_directory_is_the_one_named_whatever_its_name(tmp_path, monkeypatch, name):
+    """``--resume 2024-01-01`` used to become the override ``output_dir=2024-01-01``, which YAML reads as
+    a date (refused, pointing at an override nobody typed); ``'q'`` and ``q `` resolved to ``q``."""
+    _run_dir(tmp_path, name)
+    rc, out = _train("--dry-run", "--resume", name, "max_steps=9", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert rc == 0, out
+    printed = json.loads(CliRunner().invoke(app, ["train", "--dry-run", "--resume", name, "max_steps=9"]).output)
+    assert printed["config"]["output_dir"] == name
+
+
+def test_a_config_written_before_a_field_existed_resumes(tmp_path, monkeypatch):
+    """``data.task.chat_template`` (added 2026-11-25) missing from an older run's config.json was taken
+    for a change ("cannot change on a resume"): the saved parts are compared with today's defaults."""
+    task = {"type": "gsm8k", "path": str(tmp_path / "train.jsonl")}
+    run, cfg = _run_dir(tmp_path, "old", data={"task": task, "reward": {"type": "math-answer"}})
+    del cfg["data"]["task"]["chat_template"]
+    del cfg["model"]["warm_start_label_smoothing"]  # not compared: left out to show the rest still reads
+    (run / "config.json").write_text(json.dumps(cfg))
+    rc, out = _train("--dry-run", "--resume", str(run), "max_steps=9")
+    assert rc == 0, out
+    # a real change is still refused
+    rc, out = _train("--dry-run", "--resume", str(run), "max_steps=9", "data.task.prompt_template='Q {question}'")
+    assert rc == 2 and "data.task.prompt_template cannot change on a resume" in out, out
+
+
+def test_a_dry_run_refuses_what_the_run_would(tmp_path):
+    # --resume of a directory with no checkpoint: the run says "no usable checkpoint"
+    run = tmp_path / "bare"
+    run.mkdir()
+    (run / "config.json").write_text(dump_config(RunConfig.model_validate({"output_dir": str(run)})))
+    rc, out = _train("--dry-run", "--resume", str(run))
+    assert rc == 2 and "no usable checkpoint under" in out, out
+    # --resume past max_steps
+    done, _ = _run_dir(tmp_path, "done", max_steps=2)
+    rc, out = _train("--dry-run", "--resume", str(done))
+    assert rc == 2 and "nothing to train" in out, out
+    # .replaced/ (an interrupted --overwrite) refuses a resume and an overwrite alike
+    held, _ = _run_dir(tmp_path, "held")
+    (held / ".replaced").mkdir()
+    for args in (("--resume", str(held), "max_steps=9"), ("--overwrite", f"output_dir={held}")):
+        rc, out = _train("--dry-run", *args)
+        assert rc == 2 and "holds .replaced/" in out, (args, out)
+    assert (held / ".replaced").is_dir() and (held / "config.json").is_file()  # nothing moved
+
+
+def test_load_resolved_names_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"seed": -1}')
+    with pytest.raises(ConfigError, match=r"bad.json: invalid config:\s+seed: Input should be greater"):
+        load_resolved(bad)
+    with pytest.raises(ConfigError, match="missing.json: cannot read it"):
+        load_resolved(tmp_path / "missing.json")
+    bad.write_text("{")
+    with pytest.raises(ConfigError, match="bad.json: not JSON"):
+        load_resolved(bad)
+    good = tmp_path / "good.json"
+    good.write_text(dump_config(RunConfig(seed=7)))
+    assert load_resolved(good).seed == 7
