@@ -160,3 +160,15 @@ def test_method_classes_alone_still_build_any_band():
     assert SeqMIS(lo=1.2, hi=3.0).lo == 1.2 and IcePop(lo=4.0, hi=5.0).lo == 4.0
     with pytest.raises(ValidationError, match=r"method\.lo"):
         CorrectionConfig(method=SeqMIS(lo=1.2, hi=3.0))
+
+
+def test_prompt_pools_are_bounded_and_gsm8k_is_scored_by_math_answer():
+    """Found by a probe: num_prompts=1e15 passed --dry-run, then the sampler's permutation asked for
+    7 PiB; gsm8k with digit-match scored exact answers below 1 ('#### 72' against 72: 0)."""
+    for task in ("arithmetic", "addition-scratchpad"):
+        reward = "scratchpad" if task == "addition-scratchpad" else "digit-match"
+        with pytest.raises(ConfigError, match=r"data.task.num_prompts: Input should be less than or equal to 10000000"):
+            resolve_config([], [f"data.task.type={task}", f"data.reward.type={reward}", "data.task.num_prompts=1000000000000000"])
+    with pytest.raises(ConfigError, match="data.task.type gsm8k needs data.reward.type math-answer, got digit-match"):
+        resolve_config([], ["data.task={type: gsm8k, path: x.jsonl}", "data.reward.type=digit-match"])
+    assert resolve_config([], ["data.task={type: gsm8k, path: x.jsonl}", "data.reward.type=math-answer"]).data.task.type == "gsm8k"

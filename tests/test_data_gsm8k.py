@@ -115,3 +115,24 @@ def test_a_chat_prompt_needs_a_tokenizer_with_a_template():
         chat_prompt_ids(Base(), "q")
     assert as_engine_prompts(["a", [1, 2]]) == ["a", {"prompt_token_ids": [1, 2]}]
     assert JsonlTaskConfig(path="x.jsonl").chat_template is False
+
+
+def test_rows_no_tokenizer_can_encode_or_json_beyond_the_parser_are_refused_naming_the_line(tmp_path):
+    """Found by a probe: a question with a lone surrogate (JSON's "\\ud83d") loaded, and the run failed
+    at its first checkpoint; a 5000-digit integer or deep nesting raised without the file and line."""
+    path = tmp_path / "odd.jsonl"
+    good = json.dumps({"question": "ok", "answer": "#### 1"})
+    for bad, needle in (('{"question": "what is \\ud83d 2+3", "answer": "#### 5"}', "lone UTF-16 surrogate"),
+                        ('{"question": "q", "answer": "#### 5", "n": ' + "9" * 5000 + "}", "beyond the parser's limits"),
+                        ("[" * 100_000, "beyond the parser's limits")):
+        path.write_text(good + "\n" + bad + "\n")
+        with pytest.raises(ValueError, match=rf"odd\.jsonl: line 2: .*{re.escape(needle)}"):
+            load_gsm8k(path)
+
+
+@pytest.mark.parametrize("template", ["Q: {question:>{width}}", "Q: {question:d}", "Q: {question!x}", "Q: {question!r}"])
+def test_a_placeholder_with_a_format_spec_or_conversion_is_refused(template):
+    """Found by a probe: these passed the config and --dry-run, then failed (KeyError / ValueError) when
+    the first prompt was made, without naming data.task.prompt_template."""
+    with pytest.raises(ValueError, match=r"prompt_template: write the placeholder as plain \{question\}"):
+        JsonlTaskConfig(path="x.jsonl", prompt_template=template)

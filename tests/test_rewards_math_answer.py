@@ -63,3 +63,16 @@ def test_number_finders():
     assert number_after_marker("x #### 1,234 and 5") == "1,234"
     assert last_number("1 then 2.5 then -3") == "-3"
     assert last_number("none") is None
+
+
+@pytest.mark.parametrize("completion, reference, expected", [
+    # found by a probe: the first digits after '####' were taken from a fraction, exponent, hex or list
+    ("#### 3/4", "3", 0.0), ("#### 5e3", "5", 0.0), ("#### 0x10", "0", 0.0), ("the list 1,2,3", "123", 0.0),
+    ("#### 1000,000", "1000000", 0.0),
+    # the typographic minus (U+2212) is a minus
+    ("#### \u22125", "5", 0.0), ("#### \u22125", "-5", 1.0),
+    # still read: thousands in groups of three, a full stop or comma after, a dollar before
+    ("#### $1,234.50.", "1234.5", 1.0), ("so the answer is 42.", "42", 1.0), ("x = 12, y = 7", "7", 1.0),
+])
+def test_a_number_stands_alone(completion, reference, expected):
+    assert math_answer(completion, reference) == expected

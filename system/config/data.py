@@ -14,8 +14,9 @@ class ArithmeticTaskConfig(StrictModel):
     """Synthetic multi-digit addition prompts generated from a seed (the embedded default)."""
     num_digits: int = Field(default=2, ge=1, le=9)
     """Digits of each operand."""
-    num_prompts: int = Field(default=100_000, ge=1)
-    """Size of the prompt pool; an epoch ends after this many prompts."""
+    num_prompts: int = Field(default=100_000, ge=1, le=10_000_000)
+    """Size of the prompt pool (at most 10 M: the sampler holds a permutation of it, 8 bytes a prompt);
+    an epoch ends after this many prompts."""
 
 
 class ScratchpadAdditionTaskConfig(StrictModel):
@@ -25,8 +26,9 @@ class ScratchpadAdditionTaskConfig(StrictModel):
     num_digits: int = Field(default=4, ge=1, le=9)
     """Digits of each operand; the reference is ``3 n^2 + 6 n + 1`` characters (= tokens of the tiny
     model's character tokenizer): 73 for 4 digits, 106 for 5, 145 for 6."""
-    num_prompts: int = Field(default=100_000, ge=1)
-    """Size of the prompt pool; an epoch ends after this many prompts."""
+    num_prompts: int = Field(default=100_000, ge=1, le=10_000_000)
+    """Size of the prompt pool (at most 10 M: the sampler holds a permutation of it, 8 bytes a prompt);
+    an epoch ends after this many prompts."""
 
 
 class JsonlTaskConfig(StrictModel):
@@ -50,12 +52,19 @@ class JsonlTaskConfig(StrictModel):
         if not self.path.endswith((".jsonl", ".parquet")):
             raise ValueError(f"path must end in .jsonl or .parquet, got {self.path!r}")
         try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(self.prompt_template) if name is not None}
+            parsed = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(self.prompt_template)
+                      if name is not None]
         except ValueError as exc:  # an unmatched brace
             raise ValueError(f"prompt_template: {exc} (write a literal brace as {{{{ or }}}})") from None
+        fields = {name for name, _, _ in parsed}
         if fields != {"question"}:
             raise ValueError(f"prompt_template must hold the placeholder {{question}} and no other, got "
                              f"{sorted(fields) or 'none'} (write a literal brace as {{{{ or }}}})")
+        for name, spec, conversion in parsed:
+            if spec or conversion:  # "{question:>{width}}" / "{question!x}" fail only when a prompt is made
+                raise ValueError(f"prompt_template: write the placeholder as plain {{question}}, got "
+                                 f"{{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}} "
+                                 "(no format spec or conversion)")
         return self
 
 

@@ -95,6 +95,10 @@ class RunConfig(StrictModel):
 
     def _task_and_reward_agree(self) -> None:
         task, reward = self.data.task.type, self.data.reward.type
+        if task == "gsm8k" and reward == "digit-match":
+            raise ValueError(
+                "data.task.type gsm8k needs data.reward.type math-answer, got digit-match: digit-match scores "
+                "the digits of a synthetic sum position by position ('#### 72' or -3.5 against 72 or -3.5 scores 0)")
         if (task == "addition-scratchpad") != (reward == "scratchpad"):
             raise ValueError(
                 f"data.task.type {task} needs data.reward.type "

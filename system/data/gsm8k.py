@@ -30,9 +30,13 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
             if not line.strip():
                 continue
             try:
-                yield f"line {line_no}", json.loads(line)
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {line_no}: not valid JSON ({e.msg})") from None
+            except (ValueError, RecursionError) as e:  # JSON the parser will not hold: 5000-digit ints, deep nesting
+                raise ValueError(f"{path}: line {line_no}: JSON beyond the parser's limits ({type(e).__name__}: "
+                                 f"{str(e)[:80]})") from None
+            yield f"line {line_no}", row
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, object]]:
@@ -50,6 +54,11 @@ def _prompt_of(row: object, where: str, path: Path, template: str) -> Prompt:
     for key in ("question", "answer"):
         if not isinstance(row.get(key), str) or not row[key].strip():
             raise ValueError(f"{path}: {where}: missing or empty string field {key!r}")
+        try:  # JSON's \ud83d escapes can make a lone surrogate, which no tokenizer or checkpoint can encode
+            row[key].encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{path}: {where}: field {key!r} holds {row[key][e.start]!r} at character "
+                             f"{e.start + 1}, which is not text (a lone UTF-16 surrogate)") from None
     _, marker, tail = row["answer"].rpartition(MARKER)
     final = tail.strip().removeprefix("$").removesuffix(".")
     reference = normalise_number(final) if marker and NUMBER.fullmatch(final) else None

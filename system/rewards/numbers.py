@@ -1,16 +1,22 @@
 """Finding and comparing numeric answers in free text (GSM8K's ``#### <number>`` convention).
 
-A number is an optional minus sign, digits with optional thousands commas, and an optional
-decimal part: ``-1,234.50``. Two numbers are equal when their values are, so ``"1,000"``,
-``"1000"`` and ``"1000.0"`` are one answer.
+A number is an optional minus sign (``-`` or the typographic ``\u2212``), digits (thousands
+commas only between groups of three: ``1,234``), and an optional decimal part: ``-1,234.50``. It
+stands alone: not inside a fraction (``3/4``), an exponent (``5e3``), a hex literal (``0x10``), a
+list (``1,2,3``) or a word (``x2``), none of which is a number here. Two numbers are equal when
+their values are, so ``"1,000"``, ``"1000"`` and ``"1000.0"`` are one answer.
 """
 
 import decimal
 import re
 from decimal import Decimal
 
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-"""A number in text; commas are allowed anywhere after the first digit."""
+MINUS = "\u2212"
+"""The typographic minus sign, read as ``-``."""
+
+NUMBER = re.compile(r"(?<![\w.,/\-\u2212])[-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w/]|[.,]\d)")
+"""A number standing alone in text (module docstring): nothing of a word, fraction, list or longer
+number right before or after it; a sentence's full stop or comma after it is fine."""
 
 MARKER = "####"
 """GSM8K's final-answer marker."""
@@ -21,7 +27,7 @@ def normalise_number(text: str) -> str | None:
 
     Exact at any length (the context's precision covers every digit: a degenerate completion's
     run of 30 digits is a number, not an ``InvalidOperation`` that would fail the rollout)."""
-    cleaned = text.strip().replace(",", "")
+    cleaned = text.strip().replace(",", "").replace(MINUS, "-")
     with decimal.localcontext() as ctx:
         ctx.prec = max(28, len(cleaned) + 2)
         try:
