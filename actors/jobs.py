@@ -60,27 +60,52 @@ def find_auth_token() -> tuple[str | None, str]:
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         return None, "no token sent: RAY_AUTH_MODE=disabled"
     if os.environ.get("RAY_AUTH_TOKEN", "").strip():
-        return os.environ["RAY_AUTH_TOKEN"].strip(), "token from $RAY_AUTH_TOKEN"
+        return _one_token(os.environ["RAY_AUTH_TOKEN"], "$RAY_AUTH_TOKEN"), "token from $RAY_AUTH_TOKEN"
     path = os.environ.get("RAY_AUTH_TOKEN_PATH")
     if path:
-        try:
-            token = Path(path).read_text().strip()
-        except OSError as exc:
-            raise JobError(f"RAY_AUTH_TOKEN_PATH={path}: cannot read the token file: {exc}") from None
+        token = _read_token(Path(path), f"RAY_AUTH_TOKEN_PATH={path}")
         if not token:
             raise JobError(f"RAY_AUTH_TOKEN_PATH={path}: the token file is empty")
         return token, f"token from {path}"
     default = Path.home() / ".ray" / "auth_token"
-    if default.is_file() and default.read_text().strip():
-        return default.read_text().strip(), f"token from {default}"
+    if default.is_file():
+        token = _read_token(default, str(default))
+        if token:
+            return token, f"token from {default}"
     return None, "no token found: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+
+
+def _read_token(path: Path, where: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # never shows the file's content
+        raise JobError(f"{where}: cannot read the token file ({type(exc).__name__}: "
+                       f"{exc.strerror if isinstance(exc, OSError) else 'not UTF-8 text'})") from None
+    return _one_token(text, where) if text.strip() else ""
+
+
+def _one_token(text: str, where: str) -> str:
+    """The token, stripped; refused (never echoed) when it is not one printable line: an HTTP header
+    cannot carry it, and the HTTP library's error would print it."""
+    token = text.strip()
+    if not token.isprintable() or any(c.isspace() for c in token):
+        raise JobError(f"{where}: the token must be one line without spaces (it holds {len(token.splitlines())} "
+                       "lines or white space); the token itself is not shown")
+    return token
 
 
 def check_address(address: str) -> str:
     """The dashboard URL of the cluster (``http(s)://host:port``), without a trailing slash."""
-    parsed = urlparse(address)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise JobError(f"--address {address!r}: expected the cluster's dashboard URL, e.g. http://127.0.0.1:8265")
+    example = "expected the cluster's dashboard URL, e.g. http://127.0.0.1:8265"
+    try:
+        parsed = urlparse(address)
+        port = parsed.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError as exc:
+        raise JobError(f"--address {address!r}: {exc}; {example}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise JobError(f"--address {address!r}: {example}")
+    if port == 0:
+        raise JobError(f"--address {address!r}: port 0; {example}")
     return address.rstrip("/")
 
 
@@ -177,7 +202,14 @@ def stage_working_dir(cfg: RunConfig | None, staging: Path, project: Path = PROJ
     (none for a ``--resume`` job, whose preset is the run's own ``config.json``)."""
     if not (project / "pyproject.toml").is_file():
         raise JobError(f"{project}: not an aisrl source checkout (no pyproject.toml); submit from a checkout")
-    shutil.copytree(project, staging, ignore=_ignore(project), symlinks=True, dirs_exist_ok=True)
+    try:
+        shutil.copytree(project, staging, ignore=_ignore(project), symlinks=True, dirs_exist_ok=True)
+    except (shutil.Error, OSError) as exc:  # an unreadable file, a FIFO or socket in the checkout
+        errors = exc.args[0] if isinstance(exc, shutil.Error) and isinstance(exc.args[0], list) else [exc]
+        first = errors[0]
+        what = f"{first[0]}: {first[2]}" if isinstance(first, tuple) and len(first) == 3 else str(first)
+        raise JobError(f"cannot copy the checkout {project} to ship it with the job ({len(errors)} file(s); "
+                       f"first: {what}); remove or fix that file, or add it to .gitignore") from None
     if cfg is not None:
         (staging / SHIPPED_CONFIG).write_text(dump_config(cfg))
     return staging

@@ -178,7 +178,7 @@ def trim_metrics(run_dir: str | Path, step: int) -> int:
         try:
             record = json.loads(line)
             keep = isinstance(record, dict) and int(record.get("step", step + 1)) <= step
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # not JSON, no number, a step of Infinity
             keep = False
         if keep:
             kept.append(line)

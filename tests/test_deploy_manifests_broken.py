@@ -124,6 +124,13 @@ CLUSTER_BREAKS = [
          r"^worker group learner initContainer fetch: securityContext\.(allowPrivilegeEscalation|capabilities)"),
     case("host-network", lambda s: _set(pod(worker(s, "rollout")), "hostNetwork", True),
          r"^worker group rollout: hostNetwork must not be true"),
+    # found by a probe (2026-11-27): passed the validator, each against Pod Security baseline or the policy
+    case("host-port", lambda s: _set(container(head(s))["ports"][0], "hostPort", 8265),
+         r"^headGroupSpec container ray-head: port \S+ has hostPort 8265"),
+    case("host-path", lambda s: pod(worker(s, "learner")).setdefault("volumes", []).append(
+        {"name": "root", "hostPath": {"path": "/"}}), r"^worker group learner: volume root is a hostPath"),
+    case("auth-off-by-env", lambda s: container(worker(s, "rollout"))["env"].append({"name": "RAY_AUTH_MODE", "value": "disabled"}),
+         r"^worker group rollout container ray-worker: env RAY_AUTH_MODE='disabled' turns"),
 ]
 
 

@@ -258,3 +258,27 @@ def test_large_finite_values_neither_overflow_the_reward_mean_nor_warn(tmp_path,
     assert summary["reward_mean"] == pytest.approx(float(np.float32(3e38)), rel=1e-6) and summary["reward_nonfinite"] == 0
     assert summary["nonfinite_tokens"] == int(mask_00)
     assert "overflow" not in result.output and not [w for w in recwarn if "overflow" in str(w.message)]
+
+
+def test_a_member_declaring_more_data_than_it_holds_is_refused_before_allocating(tmp_path):
+    """Found by a probe: an .npy header declaring shape (10**7, 10**6) made numpy try to allocate 36 TiB
+    (MemoryError traceback). The declared size is checked against the member's bytes first."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**7, 10**6)})
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("rollout_logp.npy", header.getvalue() + b"\0" * 64)
+    with pytest.raises(DumpError, match=r"key 'rollout_logp' declares shape \(10000000, 1000000\) of float32 "
+                                        r"\(40000000000000 bytes\) but holds 64 bytes"):
+        load_dump(path)
+    result = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "declares shape" in said(result), result.output
+    # an honest archive (compressed too) still loads
+    good = save_dump(tmp_path / "good.npz", **make_demo_dump(4, 3, seed=1))
+    assert load_dump(good).shape == (4, 3)
+    arrays = make_demo_dump(4, 3, seed=1)
+    np.savez_compressed(tmp_path / "z.npz", **arrays)
+    assert load_dump(tmp_path / "z.npz").shape == (4, 3)

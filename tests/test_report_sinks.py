@@ -25,6 +25,20 @@ def test_jsonl_sink_writes_null_for_non_finite(tmp_path):
     assert json.loads((tmp_path / "m.jsonl").read_text()) == {"step": 3, "a": 1.5, "b": None, "c": 2.0, "d": None}
 
 
+def test_jsonl_sink_writes_strict_json_at_any_depth(tmp_path):
+    """Found by a probe: nested non-finite values were written as NaN / Infinity (not JSON), and a 0-d
+    array or a tensor raised TypeError."""
+    import torch
+
+    sink = JsonlSink(tmp_path / "m.jsonl")
+    sink.log(2, {"nested": {"x": float("nan"), "y": [1.0, float("inf")]}, "zero_d": np.float32(0.5) * np.ones(()),
+                 "tensor": torch.tensor(2.5), "vector": torch.tensor([1.0, float("-inf")])})
+    sink.close()
+    line = (tmp_path / "m.jsonl").read_text().strip()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) == {
+        "step": 2, "nested": {"x": None, "y": [1.0, None]}, "zero_d": 0.5, "tensor": 2.5, "vector": [1.0, None]}
+
+
 def test_run_logger_merges_streamed_and_final_metrics_into_one_record(tmp_path):
     cfg = ReportConfig(dump_every=2, wandb=WandbConfig(mode="disabled"))
     logger = RunLogger(tmp_path, cfg, {"seed": 0})

@@ -61,8 +61,9 @@ def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):
 
 def test_resume_trims_records_past_the_checkpoint(tmp_path):
     lines = [json.dumps({"step": s, "loss": 0.1 * s}) for s in (1, 2, 3, 4)] + ['{"step": 5, "lo']  # cut by a kill
+    lines.insert(1, '{"step": Infinity}')  # not a step (found by a probe: OverflowError)
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    assert run_state.trim_metrics(tmp_path, 2) == 3  # steps 3, 4 and the cut line
+    assert run_state.trim_metrics(tmp_path, 2) == 4  # the Infinity record, steps 3, 4 and the cut line
     kept = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept == [1, 2]
     assert run_state.trim_metrics(tmp_path, 2) == 0

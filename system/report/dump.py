@@ -1,5 +1,6 @@
 """Batch dumps (``CORRECTION_SPEC.md`` section 6): one ``.npz`` per dumped step, validated on load."""
 
+import math
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -50,6 +51,27 @@ LOGP_TOLERANCE = 1e-3
 """A masked-in log-prob above this (a probability > 1 beyond rounding) refuses the dump."""
 
 
+def _check_declared_size(zf: zipfile.ZipFile, key: str, p: str) -> None:
+    """Refuse a member whose .npy header declares more data than the member holds (a corrupt or hostile
+    header would otherwise make numpy allocate its declared size first: 36 TiB for one probe's file)."""
+    name = f"{key}.npy" if f"{key}.npy" in zf.namelist() else key
+    try:
+        info = zf.getinfo(name)
+        with zf.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            header = f.tell()
+    except (KeyError, ValueError):  # not a .npy member: reported by the caller
+        return
+    if dtype.hasobject:
+        return
+    declared = math.prod(shape) * dtype.itemsize
+    if declared > info.file_size - header:
+        raise DumpError(f"{p}: key {key!r} declares shape {tuple(shape)} of {dtype} ({declared} bytes) but holds "
+                        f"{info.file_size - header} bytes: a corrupt archive")
+
+
 def _read_npz(p: str) -> dict[str, np.ndarray]:
     """Every array of the archive, never unpickling (``allow_pickle=False``)."""
     if not zipfile.is_zipfile(p):
@@ -59,6 +81,7 @@ def _read_npz(p: str) -> dict[str, np.ndarray]:
     try:
         with np.load(p, allow_pickle=False) as npz:
             for key in npz.files:
+                _check_declared_size(npz.zip, key, p)
                 try:
                     arrays[key] = npz[key]
                     if not isinstance(arrays[key], np.ndarray):  # a member not stored as .npy: its bytes
@@ -74,8 +97,8 @@ def _read_npz(p: str) -> dict[str, np.ndarray]:
                                     ) from None
     except DumpError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise DumpError(f"{p}: not a readable .npz batch dump ({exc})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError) as exc:
+        raise DumpError(f"{p}: not a readable .npz batch dump ({type(exc).__name__}: {exc})") from None
     return arrays
 
 

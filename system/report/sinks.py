@@ -3,13 +3,13 @@
 Core code returns metrics as flat ``{name: number}`` dicts; only sinks write them anywhere.
 """
 
-import json
-import math
 import os
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from system.report import strict_json
 
 
 class MetricSink(Protocol):
@@ -17,15 +17,6 @@ class MetricSink(Protocol):
     def log_histogram(self, step: int, name: str, values: np.ndarray) -> None: ...
     def log_table(self, step: int, name: str, columns: list[str], rows: list[list]) -> None: ...
     def close(self) -> None: ...
-
-
-def json_safe(value):
-    """Non-finite floats become None (JSON has no NaN); numpy scalars become Python numbers."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 class NullSink:
@@ -46,10 +37,11 @@ class JsonlSink(NullSink):
         self._fh = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, **{k: json_safe(v) for k, v in metrics.items()}}
+        # strict JSON at any depth: non-finite numbers as null, numpy / torch values as plain ones
+        line = strict_json.dumps({"step": step, **metrics})
         if self._fh is None:
             self._fh = self.path.open("a", buffering=1)
-        self._fh.write(json.dumps(record) + "\n")
+        self._fh.write(line + "\n")
 
     def sync(self) -> None:
         """Make every record written so far durable (``fsync``): called when a checkpoint is taken, so a

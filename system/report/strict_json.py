@@ -27,6 +27,8 @@ def jsonable(value):
     if isinstance(value, (float, np.floating)):
         value = float(value)
         return value if math.isfinite(value) else None
+    if callable(getattr(value, "tolist", None)):  # a torch tensor (0-d too), a numpy scalar of another kind
+        return jsonable(value.tolist())
     return value
 
 

@@ -104,10 +104,18 @@ def pod_security_errors(doc: dict) -> list[str]:
             continue
         errors += [f"{label}: {key} must not be true (it shares the node's namespace)"
                    for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key) is True]
+        errors += [f"{label}: volume {v.get('name')} is a hostPath (the node's files; Pod Security baseline forbids it)"
+                   for v in pod.get("volumes") or [] if "hostPath" in v]
         for key in ("initContainers", "containers"):
             for c in pod.get(key) or []:
                 where = f"{label} {'initContainer' if key == 'initContainers' else 'container'} {c.get('name')}"
                 errors += container_security_errors(where, c, pod.get("securityContext") or {})
+                errors += [f"{where}: port {p.get('name') or p.get('containerPort')} has hostPort {p['hostPort']} "
+                           "(published on the node's address, outside the NetworkPolicy)"
+                           for p in c.get("ports") or [] if p.get("hostPort")]
+                errors += [f"{where}: env RAY_AUTH_MODE={e.get('value')!r} turns the cluster's token authentication off"
+                           for e in c.get("env") or [] if e.get("name") == "RAY_AUTH_MODE"
+                           and str(e.get("value", "")).lower() == "disabled"]
     return errors
 
 
