@@ -33,6 +33,7 @@ from actors.weight_sync import build_transport
 from system import run_state
 from system.config import RunConfig, dump_config
 from system.data.buffer import TrajectoryBuffer
+from system.data.context_fit import fit_dataset_prompts
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
 from system.learner.batch import LearnerBatch, collate_groups
@@ -139,8 +140,11 @@ class Trainer:
 
     def _build(self, saved: dict) -> None:
         cfg = self.cfg
-        # the prompts first: a data file that cannot be read is said before the cluster and the model load
-        self.sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
+        # the prompts first: a data file that cannot be read, or prompts the model's context cannot hold,
+        # are said before the cluster and the model load
+        fitted = fit_dataset_prompts(build_prompt_source(cfg.data.task, cfg.seed), self.model_dir, cfg)
+        self._skipped_prompts = {"skipped_overlong": len(fitted.skipped)} if fitted.skipped else {}
+        self.sampler = PromptSampler(fitted.source, cfg.seed)
         plan = plan_placement(cfg, None)
         cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
         short = private_cluster_shortfall(cfg, ray.cluster_resources())
@@ -276,7 +280,7 @@ class Trainer:
         self.state.finished(sub.step)
         with self.state.cond:
             self.sampler.mark_trained([g.prompt.prompt_id for g in sub.groups])
-            ledger = self.sampler.counts()
+            ledger = {**self.sampler.counts(), **self._skipped_prompts}
         self.step = sub.step
         batch = sub.batch
         lags = batch.lag_B(sub.step - 1)

@@ -1,0 +1,126 @@
+"""Dataset prompts that the model's context cannot hold, found before anything starts.
+
+vLLM refuses a prompt of ``max_model_len`` tokens or more (no room for one generated token); at
+run time that is an error inside a generate call, which ends the run, and the prompt would be
+issued first again on every resume. So at start every prompt of a dataset task (``gsm8k``) is
+tokenised as the rollout workers will send it (the chat template when ``data.task.chat_template``),
+and with ``data.overlong_prompts``:
+
+* ``error`` (default, as verl's ``truncation: error``): the run is refused, naming the file, how
+  many prompts and the longest ones;
+* ``skip``: they are left out of the prompt pool and counted (``OverlongPrompts.skipped``).
+
+The context is ``max_model_len`` as vLLM derives it from the model's config: the smallest of the
+length keys it reads, times the RoPE scaling factor for the linear / dynamic / YaRN kinds. The
+synthetic tasks' prompts are a few characters; the tiny model's own check is in the config.
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from system.data.prompt_source import PromptSource
+from system.types import Prompt
+
+log = logging.getLogger(__name__)
+
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+               "max_seq_length", "seq_len")
+"""The config keys vLLM takes the model's context from (the smallest present wins)."""
+
+
+def context_length(hf_config) -> int | None:
+    """``max_model_len`` as vLLM derives it from a Hugging Face config; None when none of its keys is set."""
+    found = [int(v) for k in LENGTH_KEYS if isinstance(v := getattr(hf_config, k, None), int) and v > 0]
+    if not found:
+        return None
+    length = min(found)
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in ("linear", "dynamic", "yarn") and isinstance(scaling.get("factor"), int | float):
+        length = int(length * scaling["factor"])
+    return length
+
+
+@dataclass(frozen=True)
+class OverlongPrompts:
+    """The prompts a run samples from, and those left out (``data.overlong_prompts=skip``)."""
+
+    source: PromptSource
+    skipped: tuple[tuple[str, int], ...] = ()
+    """``(prompt_id, tokens)`` of each prompt left out."""
+
+
+class KeptPrompts:
+    """``source`` without some indices, re-indexed from 0 (the same prompts at the same index on every run)."""
+
+    def __init__(self, source: PromptSource, kept: Sequence[int]) -> None:
+        self._source, self._kept = source, list(kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __getitem__(self, index: int) -> Prompt:
+        return self._source[self._kept[index]]
+
+
+def fit_to_context(source: PromptSource, count_tokens: Callable[[list[Prompt]], list[int]], limit: int,
+                   policy: str, where: str, batch: int = 1024) -> OverlongPrompts:
+    """Every prompt of ``source`` with at least ``limit`` tokens (``count_tokens`` of a batch of prompts):
+    ValueError naming ``where`` under ``policy`` ``error``, left out and counted under ``skip``."""
+    if policy not in ("error", "skip"):
+        raise ValueError(f"data.overlong_prompts must be error or skip, got {policy!r}")
+    kept, over = [], []
+    for start in range(0, len(source), batch):
+        prompts = [source[i] for i in range(start, min(start + batch, len(source)))]
+        for offset, (prompt, tokens) in enumerate(zip(prompts, count_tokens(prompts), strict=True)):
+            (over if tokens >= limit else kept).append((start + offset, prompt.prompt_id, tokens))
+    if not over:
+        return OverlongPrompts(source)
+    longest = ", ".join(f"{pid} ({tokens})" for _, pid, tokens in sorted(over, key=lambda o: -o[2])[:3])
+    said = (f"{where}: {len(over)} of {len(source)} prompts have at least {limit} tokens, the model's context "
+            f"(vLLM cannot sample from them); the longest: {longest}")
+    if policy == "error":
+        raise ValueError(f"{said}. Shorten them, use a model with a longer context, or set "
+                         "data.overlong_prompts=skip to leave them out (counted)")
+    if not kept:
+        raise ValueError(f"{said}: every prompt is too long, none is left to train on")
+    return OverlongPrompts(KeptPrompts(source, [i for i, _, _ in kept]), tuple((pid, t) for _, pid, t in over))
+
+
+def token_counter(model_dir: str, chat_template: bool, trust_remote_code: bool = False):
+    """``(count_tokens, context)`` for the model in ``model_dir``: prompts tokenised as the rollout
+    workers send them (text with the tokenizer's special tokens, as vLLM adds them; or the chat
+    template's ids), and the context vLLM will give it."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from system.rollout.chat import chat_prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    context = context_length(AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code))
+
+    def count_tokens(prompts: list[Prompt]) -> list[int]:
+        if chat_template:
+            return [len(chat_prompt_ids(tokenizer, p.text)) for p in prompts]
+        return [len(ids) for ids in tokenizer([p.text for p in prompts], add_special_tokens=True)["input_ids"]]
+
+    return count_tokens, context
+
+
+def fit_dataset_prompts(source: PromptSource, model_dir: str, cfg) -> OverlongPrompts:
+    """A dataset task's prompts checked against the model's context (``fit_to_context`` under
+    ``data.overlong_prompts``); the synthetic tasks' prompts as they are."""
+    task = cfg.data.task
+    if task.type != "gsm8k":
+        return OverlongPrompts(source)
+    count_tokens, context = token_counter(model_dir, task.chat_template,
+                                          getattr(cfg.model, "trust_remote_code", False))
+    if context is None:
+        log.warning("the model's config names no context length; prompts are not checked against it")
+        return OverlongPrompts(source)
+    fitted = fit_to_context(source, count_tokens, context, cfg.data.overlong_prompts, f"data.task.path {task.path}")
+    if fitted.skipped:
+        log.warning("data.overlong_prompts=skip: %d prompts of %s have at least %d tokens and are left out "
+                    "(ledger/skipped_overlong); the longest: %s", len(fitted.skipped), task.path, context,
+                    ", ".join(f"{pid} ({n})" for pid, n in sorted(fitted.skipped, key=lambda s: -s[1])[:3]))
+    return fitted

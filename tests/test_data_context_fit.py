@@ -1,0 +1,72 @@
+"""Dataset prompts the model's context cannot hold are found at start (``system.data.context_fit``).
+
+Found by a probe (2026-11-27): a GSM8K prompt longer than the model's context reached vLLM, which
+refuses it inside a generate call; the run ended, and every resume issued that prompt first again."""
+
+import pytest
+from transformers import Qwen2Config
+
+from system.config import ConfigError, resolve_config
+from system.data.context_fit import (
+    KeptPrompts,
+    context_length,
+    fit_dataset_prompts,
+    fit_to_context,
+    token_counter,
+)
+from system.models.tokenizer import train_char_tokenizer
+from system.types import Prompt
+
+
+def test_context_length_as_vllm_derives_it():
+    assert context_length(Qwen2Config(max_position_embeddings=4096)) == 4096
+    assert context_length(Qwen2Config(max_position_embeddings=4096, rope_scaling={"rope_type": "yarn", "factor": 4.0})) == 16384
+    cfg = Qwen2Config(max_position_embeddings=4096)
+    cfg.seq_length = 2048  # the smallest of the length keys wins
+    assert context_length(cfg) == 2048
+    assert context_length(object()) is None
+
+
+def _prompts(*lengths: int) -> list[Prompt]:
+    return [Prompt(f"p{i}", "x" * n, "1") for i, n in enumerate(lengths)]
+
+
+def count_chars(prompts):
+    return [len(p.text) for p in prompts]
+
+
+def test_overlong_prompts_are_refused_or_left_out_and_counted():
+    source = _prompts(5, 12, 9, 10, 3, 30)  # limit 10: 12, 10 and 30 cannot leave room for one token
+    with pytest.raises(ValueError, match=r"data\.task\.path d\.jsonl: 3 of 6 prompts have at least 10 tokens.*"
+                                         r"the longest: p5 \(30\), p1 \(12\), p3 \(10\)\. .*data\.overlong_prompts=skip"):
+        fit_to_context(source, count_chars, 10, "error", "data.task.path d.jsonl", batch=4)
+    fitted = fit_to_context(source, count_chars, 10, "skip", "data.task.path d.jsonl", batch=4)
+    assert [fitted.source[i].prompt_id for i in range(len(fitted.source))] == ["p0", "p2", "p4"]
+    assert sorted(fitted.skipped) == [("p1", 12), ("p3", 10), ("p5", 30)]
+    assert fit_to_context(source, count_chars, 31, "error", "w").source is source  # all fit: the source itself
+    with pytest.raises(ValueError, match="every prompt is too long"):
+        fit_to_context(_prompts(20, 30), count_chars, 10, "skip", "w")
+    assert len(KeptPrompts(source, [])) == 0
+
+
+def test_a_gsm8k_run_on_a_small_context_model_is_refused_at_start(tmp_path):
+    model_dir = tmp_path / "m"
+    tok = train_char_tokenizer(["Qabcx"], 16)  # one token per known character
+    tok.save_pretrained(model_dir)
+    Qwen2Config(max_position_embeddings=16, vocab_size=len(tok)).save_pretrained(model_dir)
+    count, context = token_counter(str(model_dir), chat_template=False)
+    assert context == 16 and count(_prompts(3, 0)) == [3, 0]  # one token a character: 3 and none
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "ab", "answer": "#### 1"}\n{"question": "' + "c" * 40 + '", "answer": "#### 2"}\n')
+    cfg = resolve_config([], [f"data.task={{type: gsm8k, path: {data}, prompt_template: 'Q{{question}}'}}",
+                              "data.reward.type=math-answer", "model={type: pretrained, path: x}"])
+    from system.data.prompt_source import build_prompt_source
+
+    source = build_prompt_source(cfg.data.task, cfg.seed)
+    with pytest.raises(ValueError, match=r"d\.jsonl: 1 of 2 prompts have at least 16 tokens.*d-line2 \(41\)"):
+        fit_dataset_prompts(source, str(model_dir), cfg)
+    skip = cfg.model_copy(update={"data": cfg.data.model_copy(update={"overlong_prompts": "skip"})})
+    fitted = fit_dataset_prompts(source, str(model_dir), skip)
+    assert len(fitted.source) == 1 and fitted.source[0].prompt_id == "d-line1" and fitted.skipped == (("d-line2", 41),)
+    with pytest.raises(ConfigError, match="data.overlong_prompts"):
+        resolve_config([], ["data.overlong_prompts=truncate"])
