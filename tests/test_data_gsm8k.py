@@ -136,3 +136,18 @@ def test_a_placeholder_with_a_format_spec_or_conversion_is_refused(template):
     the first prompt was made, without naming data.task.prompt_template."""
     with pytest.raises(ValueError, match=r"prompt_template: write the placeholder as plain \{question\}"):
         JsonlTaskConfig(path="x.jsonl", prompt_template=template)
+
+
+def test_a_key_twice_in_a_row_and_loose_labels_are_refused(tmp_path):
+    """Found by a probe: a row with two "answer" keys kept the last silently; '#### 1,,,,2' was read as 12
+    and '#### 5,' as 5."""
+    path = tmp_path / "loose.jsonl"
+    path.write_text('{"question": "q", "answer": "#### 1", "answer": "#### 2"}\n')
+    with pytest.raises(ValueError, match=r"loose\.jsonl: line 1: key 'answer' appears twice in one object"):
+        load_gsm8k(path)
+    for label in ("1,,,,2", "5,", "1000,000"):
+        path.write_text(json.dumps({"question": "q", "answer": f"#### {label}"}) + "\n")
+        with pytest.raises(ValueError, match=r"line 1: answer must end in '#### <number>'"):
+            load_gsm8k(path)
+    path.write_text(json.dumps({"question": "q", "answer": "so #### 1,234,567"}) + "\n")
+    assert [p.reference for p in load_gsm8k(path)] == ["1234567"]

@@ -19,6 +19,17 @@ from system.rewards.numbers import MARKER, NUMBER, normalise_number
 from system.types import Prompt
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are unique (``json`` keeps the last of two silently: a row's first
+    ``answer`` would vanish without a word)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -30,12 +41,12 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line, object_pairs_hook=_unique_keys)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {line_no}: not valid JSON ({e.msg})") from None
-            except (ValueError, RecursionError) as e:  # JSON the parser will not hold: 5000-digit ints, deep nesting
-                raise ValueError(f"{path}: line {line_no}: JSON beyond the parser's limits ({type(e).__name__}: "
-                                 f"{str(e)[:80]})") from None
+            except (ValueError, RecursionError) as e:  # a key twice; JSON beyond the parser: 5000-digit ints, deep nesting
+                what = str(e) if "appears twice" in str(e) else f"JSON beyond the parser's limits ({type(e).__name__}: {str(e)[:80]})"
+                raise ValueError(f"{path}: line {line_no}: {what}") from None
             yield f"line {line_no}", row
 
 
