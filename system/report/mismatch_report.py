@@ -121,6 +121,8 @@ def summary_line(summary: dict) -> str:
     bad = [f"{summary[key]} non-finite {what}" for key, what in
            (("reward_nonfinite", "reward(s), left out of reward_mean"),
             ("advantage_nonfinite", "advantage(s): the ais estimate is null")) if summary.get(key)]
+    bad += [f"{n} masked-in {key} value(s) above 0 (a probability above 1; kept as valid tokens)"
+            for key, n in (summary.get("logp_above_zero") or {}).items() if n]
     return (f"{summary['n_sequences']} of {summary.get('n_rows', summary['n_sequences'])} sequences with a valid "
             f"token, {summary['n_tokens']} tokens, "
             f"kl_k1 {'n/a' if kl is None else format(kl, '.3g')}, "

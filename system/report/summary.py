@@ -14,7 +14,7 @@ from system.correction import (
     diagnostics_by_lag_of,
     method_statistics,
 )
-from system.report.dump import BatchDump
+from system.report.dump import BatchDump, count_positive_logp
 
 
 def dump_ratios(dump: BatchDump) -> LogRatios:
@@ -54,6 +54,9 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
         summary["reward_nonfinite"] = int((~finite).sum())
     if dump.advantage is not None:
         summary["advantage_nonfinite"] = int((~np.isfinite(dump.advantage)).sum())
+    # log-probs above 0 stay valid tokens (spec section 0: validity is finiteness), counted and said
+    summary["logp_above_zero"] = {key: count_positive_logp(getattr(dump, key), dump.response_mask)
+                                  for key in ("rollout_logp", "train_logp")}
     summary["n_rows"] = int(dump.shape[0])  # every response of the dump (n_sequences: those with a valid token)
     if dump.ignored_keys:
         summary["ignored_keys"] = list(dump.ignored_keys)
