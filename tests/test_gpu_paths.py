@@ -5,8 +5,9 @@ rest of the device check: ``bash benchmarks/gpu_check.sh`` (see ``benchmarks/REA
 
 - Correction: every method's weights and keep mask, section 1's diagnostics (also per lag), the
   method statistics and one AIS update, on CUDA and on CPU from the same float64 batch. They must
-  agree to 1e-12 relative: both compute in float64 and differ only in the order of their sums
-  (the selection of the exact median is exact on both).
+  agree to 1e-10 relative: both compute in float64 and differ only in the order of their sums (a
+  GPU reduces in a tree), where a mean of d near 0 cancels to a few 1e-13 relative at worst; the
+  selection of the exact median is exact on both, and the keep masks must be equal.
 - Learner: ``LearnerCore`` on one CUDA rank (NCCL, FSDP2, float32 parameters, TF32 off) trains two
   updates on the tiny model of ``test_learner_step``; loss and gradient norm must match that
   test's naive one-process CPU reference to float32 rounding over a different summation order
@@ -48,7 +49,7 @@ def _assert_same(cpu, gpu, path="") -> None:
         for key in cpu:
             _assert_same(cpu[key], gpu[key], f"{path}/{key}")
     elif isinstance(cpu, float) and isinstance(gpu, float) and not (math.isnan(cpu) and math.isnan(gpu)):
-        assert gpu == pytest.approx(cpu, rel=1e-12, abs=1e-300), path
+        assert gpu == pytest.approx(cpu, rel=1e-10, abs=1e-300), path
     else:
         assert cpu == gpu, path
 
@@ -68,9 +69,9 @@ def test_correction_core_on_cuda_matches_cpu(method_type):
                         "by_lag": diagnostics_by_lag_of(ratios, lag.to(device)),
                         "statistics": method_statistics(ratios, w_BT), "ais": ais.metrics},
         }  # fmt: skip
-    torch.testing.assert_close(out[DEVICE]["w"], out["cpu"]["w"], rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(out[DEVICE]["w"], out["cpu"]["w"], rtol=1e-10, atol=0.0)
     assert torch.equal(out[DEVICE]["keep"], out["cpu"]["keep"])
-    torch.testing.assert_close(out[DEVICE]["alpha_B"], out["cpu"]["alpha_B"], rtol=1e-12, atol=1e-300)
+    torch.testing.assert_close(out[DEVICE]["alpha_B"], out["cpu"]["alpha_B"], rtol=1e-10, atol=1e-300)
     _assert_same(out["cpu"]["scalars"], out[DEVICE]["scalars"])
 
 
