@@ -10,12 +10,29 @@ import typer
 from rich.console import Console
 
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
+from system.config.advice import config_warnings
 from system.config.resume import resume_config
+from system.config.rollout import MAX_ROLLOUT_WORKERS
 from system.report.demo_dump import make_demo_dump
 from system.report.dump import DumpError, save_dump
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="aisrl: asynchronous RL with measured train-inference mismatch.")
 console = Console(stderr=True)
+
+
+def failure_text(exc: BaseException) -> str:
+    """What went wrong, for the console: a remote task's own error in one line (``RayTaskError``'s
+    text is the whole remote traceback, ~60 lines), which actor method raised it; everything with
+    ``--verbose``."""
+    if os.environ.get("AISRL_VERBOSE", "") not in ("", "0"):
+        return str(exc)
+    where, cause = None, exc
+    while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
+        where, cause = getattr(cause, "function_name", None) or where, cause.cause
+    text = " ".join(str(cause).split())
+    if len(text) > 400:
+        text = text[:400] + " ..."
+    return (f"{type(cause).__name__}: {text}" if cause is not exc else text) + (f" (in {where})" if where else "")
 
 
 def _fail(message: str) -> None:
@@ -80,6 +97,8 @@ def train(
             offered = {cfg.ray.rollout_resource: 1.0, cfg.ray.learner_resource: 1.0}
             plan = [{**role, "resources": None, "resources_if_the_cluster_offers_them": role["resources"]}
                     for role in describe_plan(plan_placement(cfg, offered))]
+        for warning in config_warnings(cfg):  # on stderr: stdout stays one JSON document
+            console.print(f"[yellow]warning:[/] {warning}")
         print(json.dumps({"config": cfg.model_dump(mode="json", by_alias=True), "placement": plan}, indent=2))
         return
     if verbose:
@@ -95,8 +114,15 @@ def train(
         last = trainer.run()
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM before the loop started (stop_signals.Terminated)
+        from actors.stop_signals import Terminated, sigterm_received
+
+        sigterm = isinstance(exc, Terminated) or sigterm_received()
+        console.print(f"[bold red]stopped[/] by {'SIGTERM' if sigterm else 'Ctrl-C'}"
+                      + ("" if trainer is not None else " during start-up: nothing was trained"))
+        raise typer.Exit(code=143 if sigterm else 130) from None
     except (RuntimeError, ray.exceptions.RayError) as exc:
-        console.print(f"[bold red]training failed:[/] {exc}")
+        console.print(f"[bold red]training failed:[/] {failure_text(exc)}")
         from system.run_state import latest_run_checkpoint
 
         if latest_run_checkpoint(cfg.output_dir) is not None:  # else --resume would only be refused
@@ -113,7 +139,8 @@ def train(
 @app.command()
 def scale(
     run_dir: Path = typer.Argument(..., help="The running job's output_dir (holds control.json)."),
-    workers: int = typer.Option(..., "--workers", min=0, help="Rollout workers to run from now on."),
+    workers: int = typer.Option(..., "--workers", min=0, max=MAX_ROLLOUT_WORKERS,
+                                help="Rollout workers to run from now on (at most rollout.max_workers, or 4096)."),
     address: str = typer.Option(None, "--address", help="Cluster address (default: the one in control.json)."),
 ) -> None:
     """Change the number of rollout workers of a running job; training continues."""
@@ -123,8 +150,8 @@ def scale(
         control = find_control(run_dir, address)
         ray.get(control.set_workers.remote(workers))
         status = ray.get(control.status.remote())
-    except ValueError as exc:
-        _fail(str(exc))
+    except ValueError as exc:  # a RayTaskError of the board's ValueError is one too
+        _fail(failure_text(exc))
     console.print(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
                   f"{status.get('workers_ready', '?')} ready now")
 

@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.cluster import join
 from actors.ray_internals import reload_config
+from system.config.rollout import MAX_ROLLOUT_WORKERS
 
 NAMESPACE = "aisrl"
 
@@ -29,13 +30,16 @@ def control_name(run_dir: str | Path) -> str:
 
 @ray.remote(num_cpus=0)
 class RunControl:
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, ceiling: int = MAX_ROLLOUT_WORKERS) -> None:
         self.desired_workers = num_workers
+        self.ceiling = ceiling
+        """The most workers ``aisrl scale`` may ask for: ``rollout.max_workers``, else ``MAX_ROLLOUT_WORKERS``."""
         self.progress: dict = {}
 
     def set_workers(self, count: int) -> int:
-        if count < 0:
-            raise ValueError(f"--workers must be >= 0, got {count}")
+        if not 0 <= count <= self.ceiling:
+            raise ValueError(f"--workers must be in 0 .. {self.ceiling} (rollout.max_workers, or at most "
+                             f"{MAX_ROLLOUT_WORKERS}), got {count}")
         self.desired_workers = count
         return count
 
@@ -49,11 +53,11 @@ class RunControl:
         return {"desired_workers": self.desired_workers, **self.progress}
 
 
-def create_control(run_dir: Path, num_workers: int) -> ray.actor.ActorHandle:
+def create_control(run_dir: Path, num_workers: int, ceiling: int = MAX_ROLLOUT_WORKERS) -> ray.actor.ActorHandle:
     name = control_name(run_dir)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     handle = RunControl.options(name=name, namespace=NAMESPACE, get_if_exists=True,
-                                scheduling_strategy=here).remote(num_workers)  # dies only with the driver's node
+                                scheduling_strategy=here).remote(num_workers, ceiling)  # dies only with the driver's node
     ctx = ray.get_runtime_context()
     info = {"gcs_address": ctx.gcs_address, "actor": name, "auth_mode": os.environ.get("RAY_AUTH_MODE", "disabled")}
     (run_dir / "control.json").write_text(json.dumps(info, indent=1))
@@ -87,7 +91,10 @@ def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHan
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = info.get("auth_mode", "disabled")
         reload_config()  # Ray caches its config at import; refresh it (as ray.init does)
-    join(target, namespace=NAMESPACE)
+    # a board lookup, not a driver of the run: Ray's INFO lines ("Connecting to existing Ray cluster")
+    # only with --verbose
+    verbose = os.environ.get("AISRL_VERBOSE", "") not in ("", "0")
+    join(target, namespace=NAMESPACE, logging_level="INFO" if verbose else "WARNING")
     try:
         return ray.get_actor(info["actor"], namespace=NAMESPACE)
     except ValueError:

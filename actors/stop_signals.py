@@ -32,3 +32,35 @@ def stop_on_signals(stop: threading.Event):
         for sig, old in before.items():
             signal.signal(sig, old)
     return restore
+
+
+_TERMINATED: list[int] = []
+"""SIGTERMs taken by ``terminate_raises``' handler (a ``ray.get`` it interrupts re-raises a plain
+KeyboardInterrupt, so the exception alone does not say which signal it was)."""
+
+
+def sigterm_received() -> bool:
+    """Whether start-up was stopped by SIGTERM (not Ctrl-C)."""
+    return bool(_TERMINATED)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM before the run's loop started (start-up: model build, cluster, actors): raised in the main
+    thread like Ctrl-C's KeyboardInterrupt, so a start that is stopped cleans up as one that failed."""
+
+
+def terminate_raises():
+    """Until ``stop_on_signals`` takes over, make SIGTERM raise :class:`Terminated` in the main thread
+    (Ctrl-C already raises KeyboardInterrupt). Call it again after ``ray.init``, whose failure-signal
+    handler replaces it (it dumps a stack and aborts, leaving the start's actors behind). Only in the
+    main thread (elsewhere a no-op). Returns a function that restores the handler before the first call."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    before = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        _TERMINATED.append(signum)
+        raise Terminated("SIGTERM during start-up")
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)

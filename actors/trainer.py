@@ -12,7 +12,6 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,41 +23,29 @@ from actors import cluster
 from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
-from actors.learner_worker import LearnerGroup, LearnerRank, PendingStep
+from actors.learner_worker import LearnerGroup, LearnerRank
 from actors.placement import plan_placement, private_cluster_shortfall, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
-from actors.stop_signals import stop_on_signals
+from actors.step_records import RecordsInFlight, SubmittedStep
+from actors.stop_signals import stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
 from system import run_state
 from system.config import RunConfig, dump_config
+from system.config.advice import config_warnings
+from system.config.rollout import MAX_ROLLOUT_WORKERS
 from system.data.buffer import TrajectoryBuffer
 from system.data.context_fit import fit_dataset_prompts
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
-from system.learner.batch import LearnerBatch, collate_groups
+from system.learner.batch import collate_groups
 from system.learner.divergence import DivergenceGuard
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
 from system.report.console_sink import ConsoleSink
-from system.types import RolloutGroup, StepRecord
+from system.types import StepRecord
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SubmittedStep:
-    """A step handed to the learner group, and what its record needs once it completes."""
-
-    step: int
-    """The step it completes (= the policy version it produces)."""
-    groups: list[RolloutGroup]
-    batch: LearnerBatch
-    waited: float
-    """Seconds the learner sat idle waiting for this batch (0 when it was queued ahead)."""
-    queued_ahead: bool
-    """Submitted while the previous step ran (so the learners went on without a pause)."""
-    pending: PendingStep
 
 
 class Trainer:
@@ -75,6 +62,8 @@ class Trainer:
         self._accepted_new = False  # a new run accepted into an empty directory (or one overwritten)
         self._replaced: Path | None = None  # --overwrite: the old run, set aside until this one has started
         self.stop_requested = threading.Event()  # SIGTERM / Ctrl-C during run(): stop after the step
+        self.records = RecordsInFlight()
+        self._restore_signals = terminate_raises()  # start-up: SIGTERM cleans up as a failed start
         try:
             self._start(resume, overwrite)
         except BaseException:
@@ -91,6 +80,7 @@ class Trainer:
                         log.error("--overwrite: could not put the replaced run back from %s (%s)",
                                   self._replaced, exc)
             self._release_lock()  # a refused or failed start leaves the directory free
+            self._restore_signals()
             raise
 
     def _release_lock(self) -> None:
@@ -100,11 +90,8 @@ class Trainer:
 
     def _start(self, resume: bool, overwrite: bool) -> None:
         cfg, saved = self.cfg, {}
-        method = cfg.correction.method
-        if method.type == "geo-rs" and (method.lo, method.hi) == (0.999, 1.001) and cfg.rollout.quantization == "fp8":
-            log.warning("correction.method geo-rs at its BF16 band [0.999, 1.001] with FP8 rollouts rejects nearly "
-                        "every sequence (0.2 %% kept on the default run): set correction.method.lo / hi for FP8 "
-                        "(configs/correction/geo-rs.yaml)")
+        for warning in config_warnings(cfg):
+            log.warning("%s", warning)
         if not resume:
             self._replaced = run_state.check_new_run_dir(self.run_dir, overwrite)
             self._accepted_new = True
@@ -147,13 +134,10 @@ class Trainer:
         self.sampler = PromptSampler(fitted.source, cfg.seed)
         plan = plan_placement(cfg, None)
         cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
+        terminate_raises()  # again: ray.init replaced the handler with its stack-dumping one
         short = private_cluster_shortfall(cfg, ray.cluster_resources())
         if short:
             raise ValueError("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))
-        if cfg.rollout.num_workers == 0:
-            log.warning("rollout.num_workers=0: nothing generates until workers are added "
-                        "(aisrl scale %s --workers N%s)", cfg.output_dir,
-                        "" if cfg.rollout.follow_cluster else "; or rollout.follow_cluster on a cluster")
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
@@ -178,7 +162,8 @@ class Trainer:
         self._write_rollout_workers()
         self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
-        self.control = create_control(self.run_dir, cfg.rollout.num_workers)
+        self.control = create_control(self.run_dir, cfg.rollout.num_workers,
+                                      cfg.rollout.max_workers or MAX_ROLLOUT_WORKERS)
         self.rollout.control = self.control
 
     def _write_rollout_workers(self) -> None:
@@ -298,7 +283,8 @@ class Trainer:
             weight_sync=outcome.weight_sync,
             lag_counts={int(lag): int(n) for lag, n in zip(*np.unique(lags, return_counts=True), strict=True)},
             queued_ahead=sub.queued_ahead, workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
-        self.service.finish_step.remote(record)  # not awaited: the sinks write while the next step runs
+        self.records.check()  # the earlier records the service could not write stop the run
+        self.records.sent(self.step, self.service.finish_step.remote(record))  # the sinks write meanwhile
         self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,
                                     "workers_ready": record.workers_ready, "reward/mean": record.reward_mean})
         # after its record (the step that stops a run is in metrics.jsonl); its weights were offered when
@@ -332,6 +318,7 @@ class Trainer:
             return ckpt
         # a controller half left from an abandoned attempt must not pair with the learner half written now
         (ckpt / run_state.CONTROLLER_FILE).unlink(missing_ok=True)
+        self.records.check(wait=True)  # every record up to this step written, or no checkpoint
         self.learners.save_checkpoint(run_state.learner_dir(ckpt))
         # the service's state before the lock: the rollout loop waits on that lock, and these calls
         # queue behind the step records the service is still writing
@@ -376,6 +363,7 @@ class Trainer:
             self._stop_parts()
         finally:
             self._release_lock()
+            self._restore_signals()
 
     def _stop_parts(self) -> None:
         rollout = getattr(self, "rollout", None)

@@ -156,6 +156,7 @@ def checkpoint_to_resume(run_dir: str | Path, max_steps: int) -> tuple[Path, dic
     when there is none (``CheckpointError``, naming what was skipped) or nothing is left to train
     (``ValueError``, naming ``max_steps``)."""
     run_dir = Path(run_dir)
+    check_run_parts(run_dir)
     ckpt, saved, skipped = usable_run_checkpoint(run_dir)
     if ckpt is None:
         raise CheckpointError(f"--resume: no usable checkpoint under {run_dir / 'checkpoints'}"
@@ -308,6 +309,21 @@ def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
         aside.rmdir()
         raise
     return aside
+
+
+RUN_PARTS = {"config.json": "file", "metrics.jsonl": "file", "ledger.json": "file", "checkpoints": "directory",
+             "dumps": "directory", "report": "directory"}
+"""What a run directory holds, and of which kind (``check_run_parts``)."""
+
+
+def check_run_parts(run_dir: str | Path) -> None:
+    """Refuse a run directory whose parts are of the wrong kind (``dumps`` a file, ``metrics.jsonl`` a
+    directory: the run would start its cluster and fail at the first write, or lose its records)."""
+    for name, kind in RUN_PARTS.items():
+        path = Path(run_dir) / name
+        if path.exists() and path.is_dir() != (kind == "directory"):
+            raise ValueError(f"{path} is a {'directory' if path.is_dir() else 'file'}, not a {kind}: a run "
+                             f"directory's {name} must be a {kind}; move it away and start again")
 
 
 def check_no_replaced_run(run_dir: str | Path) -> None:

@@ -125,8 +125,9 @@ def test_async_overlaps_generation_with_training_and_sync_never_does(runs):
 
 def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, monkeypatch):
     """Counted, not declared: every actor method call the driver's train thread issues (a wrapper
-    around ``ActorMethod.remote``) and every reference it blocks on (``ray.get``, or ``ray.wait``
-    with a timeout other than 0). Per step the driver calls ``step`` once on every learner rank and
+    around ``ActorMethod.remote``) and every reference it blocks on (``ray.get`` or ``ray.wait`` with
+    a timeout other than 0; with 0 they only read what has finished, as the check of the step records
+    sent earlier does). Per step the driver calls ``step`` once on every learner rank and
     blocks on those calls only (a step queued ahead is submitted while the previous one runs, and
     polled with ``ray.wait(timeout=0)``); the step record (``finish_step``) and the progress report
     go out without a wait, and the correction service's ``process`` is called by rank 0, never by
@@ -150,7 +151,7 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
         return ref
 
     def counting_get(refs, *args, **kwargs):
-        if threading.current_thread() is main and inside[0]:
+        if threading.current_thread() is main and inside[0] and kwargs.get("timeout") != 0:
             blocked.extend(refs_of(refs))
         return get(refs, *args, **kwargs)
 

@@ -39,6 +39,26 @@ def test_jsonl_sink_writes_strict_json_at_any_depth(tmp_path):
         "step": 2, "nested": {"x": None, "y": [1.0, None]}, "zero_d": 0.5, "tensor": 2.5, "vector": [1.0, None]}
 
 
+def test_jsonl_sink_refuses_to_write_on_once_its_file_is_removed_or_replaced(tmp_path):
+    """Found by a probe: metrics.jsonl deleted mid-run, the sink went on writing into the unlinked
+    file, and every later record was lost without a word."""
+    path = tmp_path / "m.jsonl"
+    sink = JsonlSink(path)
+    sink.log(1, {"a": 1.0})
+    path.unlink()
+    with pytest.raises(FileNotFoundError, match=r"m\.jsonl was removed or replaced while the run wrote it: the "
+                                                r"records from step 2 on have no file"):
+        sink.log(2, {"a": 2.0})
+    sink.close()
+    replaced = JsonlSink(path)
+    replaced.log(1, {"a": 1.0})
+    path.rename(tmp_path / "old.jsonl")
+    path.write_text("")
+    with pytest.raises(FileNotFoundError, match="removed or replaced"):
+        replaced.log(2, {"a": 2.0})
+    replaced.close()
+
+
 def test_run_logger_merges_streamed_and_final_metrics_into_one_record(tmp_path):
     cfg = ReportConfig(dump_every=2, wandb=WandbConfig(mode="disabled"))
     logger = RunLogger(tmp_path, cfg, {"seed": 0})

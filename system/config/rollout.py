@@ -23,15 +23,20 @@ class VLLMEngineConfig(StrictModel):
 EngineConfig = Annotated[VLLMEngineConfig, Field(discriminator="type")]
 
 
+MAX_ROLLOUT_WORKERS = 4096
+"""The most rollout workers a run takes (``num_workers``, ``max_workers``, ``aisrl scale``): a typo's
+10**20 would have the controller launch actors until the driver's memory ran out."""
+
+
 class RolloutConfig(StrictModel):
-    num_workers: int = Field(default=1, ge=0)
+    num_workers: int = Field(default=1, ge=0, le=MAX_ROLLOUT_WORKERS)
     """Rollout workers (one engine each); can change while a job runs (``aisrl scale``)."""
     follow_cluster: bool = False
     """Also grow to one worker per unit of the rollout resource in the cluster (``ray.rollout_resource``):
     nodes the Ray autoscaler (or an operator) adds are used as they join, and workers on nodes
     that leave are not replaced. ``num_workers`` (or ``aisrl scale``) stays the floor."""
-    max_workers: int | None = Field(default=None, ge=1)
-    """Upper bound on rollout workers when ``follow_cluster`` is on (unset = no bound)."""
+    max_workers: int | None = Field(default=None, ge=1, le=MAX_ROLLOUT_WORKERS)
+    """Upper bound on rollout workers when ``follow_cluster`` is on, and on ``aisrl scale`` (unset: 4096)."""
     quantization: Literal["fp8", "bf16"] = "fp8"
     """Rollout weights: ``fp8`` (``fp8_per_channel`` on CPU, ``fp8`` on GPU) or unquantized ``bf16``."""
     fp8_kernel: Literal["auto", "vllm", "rowwise", "upcast"] = "auto"

@@ -41,7 +41,17 @@ class JsonlSink(NullSink):
         line = strict_json.dumps({"step": step, **metrics})
         if self._fh is None:
             self._fh = self.path.open("a", buffering=1)
+        elif not self._still_the_file():  # written on, the records would go to a file no one can open
+            raise FileNotFoundError(f"{self.path} was removed or replaced while the run wrote it: the records "
+                                    f"from step {step} on have no file")
         self._fh.write(line + "\n")
+
+    def _still_the_file(self) -> bool:
+        try:
+            here, open_ = os.stat(self.path), os.fstat(self._fh.fileno())
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (open_.st_dev, open_.st_ino)
 
     def sync(self) -> None:
         """Make every record written so far durable (``fsync``): called when a checkpoint is taken, so a

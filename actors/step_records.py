@@ -1,0 +1,57 @@
+"""What the driver holds of a step: the step in flight (``SubmittedStep``), and the step records sent
+to the correction service (``RecordsInFlight``; not awaited: its sinks write while the next step
+runs), checked as the run goes: a record the service could not write fails the run, naming the cause,
+instead of every later record being lost while checkpoints are still published."""
+
+from dataclasses import dataclass
+
+import ray
+
+from actors.learner_worker import PendingStep
+from system.learner.batch import LearnerBatch
+from system.types import RolloutGroup
+
+
+@dataclass(frozen=True)
+class SubmittedStep:
+    """A step handed to the learner group, and what its record needs once it completes."""
+
+    step: int
+    """The step it completes (= the policy version it produces)."""
+    groups: list[RolloutGroup]
+    batch: LearnerBatch
+    waited: float
+    """Seconds the learner sat idle waiting for this batch (0 when it was queued ahead)."""
+    queued_ahead: bool
+    """Submitted while the previous step ran (so the learners went on without a pause)."""
+    pending: PendingStep
+
+
+class RecordsLostError(RuntimeError):
+    """The correction service could not write a step's record (``metrics.jsonl``, W&B, a dump)."""
+
+
+class RecordsInFlight:
+    def __init__(self) -> None:
+        self._sent: list[tuple[int, ray.ObjectRef]] = []
+
+    def sent(self, step: int, ref: ray.ObjectRef) -> None:
+        self._sent.append((step, ref))
+
+    def check(self, wait: bool = False) -> None:
+        """Raise :class:`RecordsLostError` for the first record the service failed to write; the records
+        still being written are left (``wait``: waited for, as before a checkpoint is published)."""
+        if not self._sent:
+            return
+        refs = [ref for _, ref in self._sent]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
+        finished = set(done)
+        for step, ref in self._sent:
+            if ref in finished:
+                try:
+                    ray.get(ref, timeout=0)  # finished: reads its outcome, never waits
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.cause if exc.cause is not None else exc
+                    raise RecordsLostError(f"the record of step {step} could not be written ("
+                                           f"{type(cause).__name__}: {cause}); the run stops") from None
+        self._sent = [(step, ref) for step, ref in self._sent if ref not in finished]

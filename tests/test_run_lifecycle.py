@@ -1,0 +1,105 @@
+"""The run's lifecycle at its edges (found by a probe of real runs, 2026-11-27): a step record the
+correction service cannot write stops the run; SIGTERM during start-up cleans up like Ctrl-C; a
+remote failure is one line on the console; ``aisrl scale`` has a ceiling; a run directory whose parts
+are of the wrong kind is refused before anything starts."""
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+from typer.testing import CliRunner
+
+from actors.cli import app, failure_text
+from actors.control import RunControl
+from actors.step_records import RecordsInFlight, RecordsLostError
+from actors.stop_signals import Terminated, terminate_raises
+from system import run_state
+from system.config import ConfigError, resolve_config
+from system.config.rollout import MAX_ROLLOUT_WORKERS
+
+
+@ray.remote(num_cpus=0)
+class _Sink:
+    def write(self, step: int) -> int:
+        if step == 3:
+            raise IsADirectoryError(21, "Is a directory", "/run/metrics.jsonl")
+        return step
+
+
+def test_a_record_the_service_cannot_write_stops_the_run(loopback_ray):
+    """The probe's run with metrics.jsonl replaced by a directory wrote no record, published
+    checkpoints 4, 6, 8 and exited 0; Ray only printed 'Unhandled error' blocks."""
+    sink, records = _Sink.remote(), RecordsInFlight()
+    for step in (1, 2):
+        records.sent(step, sink.write.remote(step))
+    records.check(wait=True)  # both written: nothing raised, nothing left
+    records.sent(3, sink.write.remote(3))
+    records.sent(4, sink.write.remote(4))
+    with pytest.raises(RecordsLostError, match=r"the record of step 3 could not be written \(IsADirectoryError: .*"
+                                               r"metrics\.jsonl"):
+        records.check(wait=True)
+
+
+def test_sigterm_during_start_up_raises_like_ctrl_c_and_the_cli_says_so(monkeypatch):
+    """SIGTERM before the loop started ran Ray's stack-dumping handler: exit 134, actors orphaned."""
+    before = signal.getsignal(signal.SIGTERM)
+    restore = terminate_raises()
+    try:
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at the next bytecode, long before this ends
+    finally:
+        restore()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+    import actors.trainer as trainer_module
+
+    def stopped_at_start(*args, **kwargs):
+        raise Terminated("SIGTERM during start-up")
+
+    monkeypatch.setattr(trainer_module, "Trainer", stopped_at_start)
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+    result = CliRunner().invoke(app, ["train", "max_steps=1", "output_dir=/tmp/never-made-by-this-test"])
+    assert result.exit_code == 143
+    assert "stopped by SIGTERM during start-up: nothing was trained" in " ".join(result.output.split())
+
+
+def test_a_remote_failure_is_one_line_naming_the_actor_method(monkeypatch):
+    monkeypatch.delenv("AISRL_VERBOSE", raising=False)
+    inner = ray.exceptions.RayTaskError("LearnerRank.step", "Traceback ...\n" * 60,
+                                        FileExistsError(17, "File exists", "/run/dumps"))
+    outer = ray.exceptions.RayTaskError("LearnerGroup.step", "Traceback ...\n" * 60, inner)
+    assert failure_text(outer) == "FileExistsError: [Errno 17] File exists: '/run/dumps' (in LearnerRank.step)"
+    assert failure_text(RuntimeError("plain")) == "plain"
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+    assert failure_text(outer) == str(outer)  # everything with --verbose
+
+
+def test_scale_and_the_worker_count_have_a_ceiling(tmp_path):
+    """``aisrl scale DIR --workers 99999999999999999999`` was accepted: the rollout loop launched
+    actors until the driver and the GCS held 6 GB each, and SIGTERM could no longer stop the run."""
+    board = RunControl.__ray_metadata__.modified_class(1, ceiling=8)
+    assert board.set_workers(8) == 8 and board.desired() == 8
+    for bad in (9, -1, 10**20):
+        with pytest.raises(ValueError, match=r"--workers must be in 0 \.\. 8 \(rollout\.max_workers"):
+            board.set_workers(bad)
+    result = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "99999999999999999999"])
+    assert result.exit_code == 2 and str(MAX_ROLLOUT_WORKERS) in result.output
+    for key in ("rollout.num_workers", "rollout.max_workers"):
+        with pytest.raises(ConfigError, match=rf"{key}: Input should be less than or equal to 4096"):
+            resolve_config([], [f"{key}=5000"])
+
+
+@pytest.mark.parametrize("name, make", [("dumps", lambda p: p.write_text("x")),
+                                        ("metrics.jsonl", lambda p: p.mkdir()),
+                                        ("checkpoints", lambda p: p.write_text("x"))])
+def test_a_run_directory_with_a_part_of_the_wrong_kind_is_refused_before_anything_starts(tmp_path, name, make):
+    """The probe's resume with ``dumps`` a file passed --dry-run, started the cluster and failed at the
+    first dump with a 60-line remote traceback."""
+    make(tmp_path / name)
+    with pytest.raises(ValueError, match=rf"{name} is a (file|directory), not a (directory|file)"):
+        run_state.check_run_parts(tmp_path)
+    with pytest.raises(ValueError, match=rf"{name} is a"):
+        run_state.checkpoint_to_resume(tmp_path, max_steps=10)
