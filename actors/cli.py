@@ -17,7 +17,7 @@ from system.report.demo_dump import make_demo_dump
 from system.report.dump import DumpError, save_dump
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="aisrl: asynchronous RL with measured train-inference mismatch.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # off a terminal rich would wrap at 80 columns mid-field
 
 
 def failure_text(exc: BaseException) -> str:

@@ -28,7 +28,7 @@ class ConsoleSink(NullSink):
     """One progress bar over ``max_steps``; on a non-terminal it prints one line per step instead."""
 
     def __init__(self, max_steps: int, start_step: int = 0, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)  # a log line stays one line (no 80-column wrap off a terminal)
         self.live = self.console.is_terminal
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
