@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import ray
@@ -28,11 +29,24 @@ def failure_text(exc: BaseException) -> str:
         return str(exc)
     where, cause = None, exc
     while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
-        where, cause = getattr(cause, "function_name", None) or where, cause.cause
+        # ray.get raises a "RayTaskError(ValueError)" that has no function_name: its text names the task
+        named = re.search(r"ray::([\w.]+)\(", str(cause))
+        where = getattr(cause, "function_name", None) or (named.group(1) if named else None) or where
+        cause = cause.cause
     text = " ".join(str(cause).split())
     if len(text) > 400:
         text = text[:400] + " ..."
     return (f"{type(cause).__name__}: {text}" if cause is not exc else text) + (f" (in {where})" if where else "")
+
+
+def _training_failed(exc: BaseException, run_dir: str) -> None:
+    """Exit 1 with the failure in one line and, when there is a checkpoint to continue from, the resume command."""
+    console.print(f"[bold red]training failed:[/] {failure_text(exc)}")
+    from system.run_state import latest_run_checkpoint
+
+    if latest_run_checkpoint(run_dir) is not None:  # else --resume would only be refused
+        console.print(f"resume from the last complete checkpoint: aisrl train --resume {run_dir}")
+    raise typer.Exit(code=1) from None
 
 
 def _fail(message: str) -> None:
@@ -112,6 +126,8 @@ def train(
     try:
         trainer = Trainer(cfg, resume=resume is not None, overwrite=overwrite)
         last = trainer.run()
+    except ray.exceptions.RayError as exc:  # before ValueError: a remote ValueError is both
+        _training_failed(exc, cfg.output_dir)
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM before the loop started (stop_signals.Terminated)
@@ -121,13 +137,8 @@ def train(
         console.print(f"[bold red]stopped[/] by {'SIGTERM' if sigterm else 'Ctrl-C'}"
                       + ("" if trainer is not None else " during start-up: nothing was trained"))
         raise typer.Exit(code=143 if sigterm else 130) from None
-    except (RuntimeError, ray.exceptions.RayError) as exc:
-        console.print(f"[bold red]training failed:[/] {failure_text(exc)}")
-        from system.run_state import latest_run_checkpoint
-
-        if latest_run_checkpoint(cfg.output_dir) is not None:  # else --resume would only be refused
-            console.print(f"resume from the last complete checkpoint: aisrl train --resume {cfg.output_dir}")
-        raise typer.Exit(code=1) from None
+    except RuntimeError as exc:
+        _training_failed(exc, cfg.output_dir)
     finally:
         if trainer is not None:
             trainer.shutdown()

@@ -49,13 +49,16 @@ class Terminated(KeyboardInterrupt):
     thread like Ctrl-C's KeyboardInterrupt, so a start that is stopped cleans up as one that failed."""
 
 
-def terminate_raises():
+def terminate_raises(start: bool = True):
     """Until ``stop_on_signals`` takes over, make SIGTERM raise :class:`Terminated` in the main thread
-    (Ctrl-C already raises KeyboardInterrupt). Call it again after ``ray.init``, whose failure-signal
-    handler replaces it (it dumps a stack and aborts, leaving the start's actors behind). Only in the
-    main thread (elsewhere a no-op). Returns a function that restores the handler before the first call."""
+    (Ctrl-C already raises KeyboardInterrupt). Call it again (``start=False``) after ``ray.init``,
+    whose own handler replaces it (``sys.exit``, or a stack dump and abort, leaving the start's actors
+    behind); during ``ray.init`` a SIGTERM ends in ``SystemExit(15)``: ``as_terminated``. Only in the
+    main thread (elsewhere a no-op). Returns a function that restores the handler before the call."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+    if start:
+        _TERMINATED.clear()
     before = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):
@@ -64,3 +67,25 @@ def terminate_raises():
 
     signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+
+def as_terminated(exc: SystemExit) -> BaseException:
+    """``ray.init``'s SIGTERM handler exits (``SystemExit(15)``) while it starts the cluster: that is a
+    :class:`Terminated` too. Any other exit is returned as it is."""
+    if exc.code == signal.SIGTERM:
+        _TERMINATED.append(signal.SIGTERM)
+        return Terminated("SIGTERM during start-up")
+    return exc
+
+
+def defer_sigterm():
+    """While a shutdown or a failed start cleans up, a SIGTERM is noted and the cleanup goes on (raised
+    in the middle, it would leave actors, the W&B run or the replaced run's files behind; a scheduler
+    follows with SIGKILL after its grace period anyway). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        log.warning("SIGTERM: finishing the shutdown first")
+
+    signal.signal(signal.SIGTERM, handler)

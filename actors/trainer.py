@@ -28,7 +28,7 @@ from actors.placement import plan_placement, private_cluster_shortfall, required
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.step_records import RecordsInFlight, SubmittedStep
-from actors.stop_signals import stop_on_signals, terminate_raises
+from actors.stop_signals import as_terminated, defer_sigterm, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
 from system import run_state
 from system.config import RunConfig, dump_config
@@ -67,6 +67,7 @@ class Trainer:
         try:
             self._start(resume, overwrite)
         except BaseException:
+            defer_sigterm()  # the cleanup below runs to its end
             if self._accepted_new:  # a new run that failed to start: what it wrote is not a run
                 removed = run_state.remove_run_artefacts(self.run_dir)
                 if removed:
@@ -133,8 +134,11 @@ class Trainer:
         self._skipped_prompts = {"skipped_overlong": len(fitted.skipped)} if fitted.skipped else {}
         self.sampler = PromptSampler(fitted.source, cfg.seed)
         plan = plan_placement(cfg, None)
-        cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
-        terminate_raises()  # again: ray.init replaced the handler with its stack-dumping one
+        try:
+            cluster.connect(cfg.ray, num_cpus=required_cpus(plan))
+        except SystemExit as exc:  # ray.init's own SIGTERM handler exits while it starts the cluster
+            raise as_terminated(exc) from None
+        terminate_raises(start=False)  # again: ray.init replaced it
         short = private_cluster_shortfall(cfg, ray.cluster_resources())
         if short:
             raise ValueError("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))
@@ -347,7 +351,8 @@ class Trainer:
             self.buffer.restore([])
             self.sampler.drop_in_flight("in_flight_at_end")  # lost or still running at the drain's end
         # the ledger first: closing the service finishes W&B, which may wait for uploads
-        (self.run_dir / "ledger.json").write_text(json.dumps(self.sampler.counts(), indent=1))
+        (self.run_dir / "ledger.json").write_text(json.dumps({**self.sampler.counts(), **self._skipped_prompts}, indent=1))
+        self.records.check(wait=True)  # the last records too (no checkpoint may have waited for them)
         self.report_path = ray.get(self.service.write_report.remote(self.step))
         self._close_service()
 
@@ -359,6 +364,7 @@ class Trainer:
             ray.get(self.service.close.remote(), timeout=timeout_s)
 
     def shutdown(self) -> None:
+        defer_sigterm()
         try:
             self._stop_parts()
         finally:

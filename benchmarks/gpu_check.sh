@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The device check: every GPU measurement of the Ray-free core in one short run (~4 min on one
-# H100/H200), for a machine with torch and CUDA but no network, no Ray and no vLLM.
+# The device check: every GPU measurement of the Ray-free core in one short run (expected ~4 min on
+# one H100/H200; the parts' limits add up to 560 s, inside the device tool's 600 s a call), for a
+# machine with torch and CUDA but no network, no Ray and no vLLM.
 #
 #   make gpu-wheels                      # here, once: pydantic's wheels for the GPU machine's Python
 #   bash benchmarks/gpu_check.sh [OUT]   # there, from the repository root, carrying .whl/
 #
-# 1. tests/test_gpu_paths.py: the correction core on CUDA against the CPU (1e-12), a learner rank on
+# 1. tests/test_gpu_paths.py: the correction core on CUDA against the CPU (1e-10), a learner rank on
 #    NCCL against the naive CPU reference;
 # 2. bench_correction.py --device cuda: the correction core's full path against the memory floor;
 # 3. bench_learner_step.py --size 0.5b and 1.5b: the learner's tokens/s, MFU and export GB/s.
@@ -49,10 +50,11 @@ part() {  # part NAME SECONDS COMMAND...: run with a limit, log everything, coun
     [ "$rc" = 0 ] || failed=$((failed + 1))
 }
 
-part tests 240 "$py" -m pytest -q -p no:cacheprovider --noconftest "${tests[@]}"
-part correction 180 "$py" benchmarks/bench_correction.py "${corr_args[@]}"
+part tests 120 "$py" -m pytest -q -p no:cacheprovider --noconftest "${tests[@]}"
+part correction 90 "$py" benchmarks/bench_correction.py "${corr_args[@]}"
 for size in "${learner_sizes[@]}"; do
-    part "learner $size" 240 "$py" benchmarks/bench_learner_step.py --size "$size" "${learner_args[@]}"
+    part "learner $size" "$([ "$size" = 1.5b ] && echo 200 || echo 150)" "$py" benchmarks/bench_learner_step.py \
+        --size "$size" "${learner_args[@]}"
 done
 for f in benchmarks/results/correction_core_cuda.json benchmarks/results/learner_step_cuda_*.json; do
     [ -f "$f" ] && cp "$f" "$out/"

@@ -19,11 +19,18 @@ from system.types import Prompt
 
 
 def test_context_length_as_vllm_derives_it():
+    """vLLM 0.32's rule (``vllm/config/model.py``, ``_get_and_verify_max_len``), case by case."""
     assert context_length(Qwen2Config(max_position_embeddings=4096)) == 4096
-    assert context_length(Qwen2Config(max_position_embeddings=4096, rope_scaling={"rope_type": "yarn", "factor": 4.0})) == 16384
+    # YaRN's max_position_embeddings already counts the scaling; a linear factor multiplies it
+    assert context_length(Qwen2Config(max_position_embeddings=4096, rope_scaling={"rope_type": "yarn", "factor": 4.0})) == 4096
+    assert context_length(Qwen2Config(max_position_embeddings=4096, rope_scaling={"rope_type": "linear", "factor": 4.0})) == 16384
     cfg = Qwen2Config(max_position_embeddings=4096)
     cfg.seq_length = 2048  # the smallest of the length keys wins
     assert context_length(cfg) == 2048
+    assert context_length(cfg, tokenizer_max_length=1000) == 1000  # and the tokenizer's model_max_length
+    assert context_length(cfg, tokenizer_max_length=int(1e30)) == 2048  # transformers' "unset"
+    cfg.model_max_length = 3000  # set in the model's config, it overrides the keys
+    assert context_length(cfg) == 3000
     assert context_length(object()) is None
 
 

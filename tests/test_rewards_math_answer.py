@@ -73,6 +73,10 @@ def test_number_finders():
     ("#### \u22125", "5", 0.0), ("#### \u22125", "-5", 1.0),
     # still read: thousands in groups of three, a full stop or comma after, a dollar before
     ("#### $1,234.50.", "1234.5", 1.0), ("so the answer is 42.", "42", 1.0), ("x = 12, y = 7", "7", 1.0),
+    # a unit or a word in any script after it, any script but Latin before it (a review of the first
+    # version: Python's Unicode \w had '答案是42' and '#### 42km' read as no number)
+    ("答案是42", "42", 1.0), ("所以一共是42个。", "42", 1.0), ("#### 42km", "42", 1.0), ("#### 42nd", "42", 1.0),
+    ("#### \u0664\u0662", "42", 1.0), ("5eggs", "5", 1.0), ("H2O weighs 18", "18", 1.0),
 ])
 def test_a_number_stands_alone(completion, reference, expected):
     assert math_answer(completion, reference) == expected

@@ -25,6 +25,8 @@ class _Sink:
     def write(self, step: int) -> int:
         if step == 3:
             raise IsADirectoryError(21, "Is a directory", "/run/metrics.jsonl")
+        if step == 5:
+            raise ValueError("bad shard")
         return step
 
 
@@ -64,6 +66,42 @@ def test_sigterm_during_start_up_raises_like_ctrl_c_and_the_cli_says_so(monkeypa
     result = CliRunner().invoke(app, ["train", "max_steps=1", "output_dir=/tmp/never-made-by-this-test"])
     assert result.exit_code == 143
     assert "stopped by SIGTERM during start-up: nothing was trained" in " ".join(result.output.split())
+
+
+def test_sigterm_inside_ray_init_and_during_cleanup(caplog):
+    """A review: ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``) while it starts the
+    cluster, so a SIGTERM then ended the CLI with exit 15 and no word; and after the loop the start-up
+    handler raised inside the shutdown, leaving actors and the W&B run behind."""
+    from actors.stop_signals import as_terminated, defer_sigterm, sigterm_received
+
+    terminate_raises()  # a fresh start: no SIGTERM noted
+    assert not sigterm_received()
+    assert isinstance(as_terminated(SystemExit(signal.SIGTERM)), Terminated) and sigterm_received()
+    other = SystemExit(2)
+    assert as_terminated(other) is other
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        defer_sigterm()
+        os.kill(os.getpid(), signal.SIGTERM)  # noted, nothing raised: the cleanup goes on
+        time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert "SIGTERM: finishing the shutdown first" in caplog.text
+
+
+def test_a_remote_value_error_is_a_training_failure_in_one_line(loopback_ray, monkeypatch):
+    """A review: a remote ValueError (what ray.get raises is a RayTaskError that is also a ValueError)
+    was taken for a config error: exit 2, the 60-line remote traceback, no resume hint."""
+    import actors.trainer as trainer_module
+
+    def remote_value_error(*args, **kwargs):
+        ray.get(_Sink.remote().write.remote(5))
+
+    monkeypatch.setattr(trainer_module, "Trainer", remote_value_error)
+    monkeypatch.delenv("AISRL_VERBOSE", raising=False)
+    result = CliRunner().invoke(app, ["train", "max_steps=1", "output_dir=/tmp/never-made-by-this-test"])
+    assert result.exit_code == 1
+    assert "training failed: ValueError: bad shard (in _Sink.write)" in " ".join(result.output.split())
 
 
 def test_a_remote_failure_is_one_line_naming_the_actor_method(monkeypatch):

@@ -10,9 +10,9 @@ and with ``data.overlong_prompts``:
   many prompts and the longest ones;
 * ``skip``: they are left out of the prompt pool and counted (``OverlongPrompts.skipped``).
 
-The context is ``max_model_len`` as vLLM derives it from the model's config: the smallest of the
-length keys it reads, times the RoPE scaling factor for the linear / dynamic / YaRN kinds. The
-synthetic tasks' prompts are a few characters; the tiny model's own check is in the config.
+The context is ``max_model_len`` as vLLM (0.32) derives it from the model's config and tokenizer
+(``context_length``). The synthetic tasks' prompts are a few characters; the tiny model's own check
+is in the config.
 """
 
 import logging
@@ -24,22 +24,45 @@ from system.types import Prompt
 
 log = logging.getLogger(__name__)
 
-LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
-               "max_seq_length", "seq_len")
-"""The config keys vLLM takes the model's context from (the smallest present wins)."""
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+"""The config keys vLLM takes the model's context from (the smallest present wins; ``model_max_length``,
+when set, overrides them)."""
+
+UNSCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+"""RoPE kinds whose ``max_position_embeddings`` already counts the scaling (vLLM does not apply their
+``factor`` again)."""
 
 
-def context_length(hf_config) -> int | None:
-    """``max_model_len`` as vLLM derives it from a Hugging Face config; None when none of its keys is set."""
-    found = [int(v) for k in LENGTH_KEYS if isinstance(v := getattr(hf_config, k, None), int) and v > 0]
+def _rope_parameter_sets(hf_config) -> list[dict]:
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
+    if not isinstance(params, dict) or not params:
+        return []
+    nested = [p for p in params.values() if isinstance(p, dict) and p]  # one set per layer type
+    return nested if nested and len(nested) == len(params) else [params]
+
+
+def context_length(hf_config, tokenizer_max_length: int | None = None) -> int | None:
+    """``max_model_len`` as vLLM 0.32 derives it when none is given (``_get_and_verify_max_len``), None
+    when the config names no length: the smallest of ``LENGTH_KEYS`` (``model_max_length`` overriding),
+    at most the tokenizer's ``model_max_length``, times the RoPE ``factor`` unless the kind already
+    counts it (``UNSCALED_ROPE``; none for Gemma 3), and for LongRoPE ``original_max_position_embeddings``."""
+    found = [v for k in LENGTH_KEYS if isinstance(v := getattr(hf_config, k, None), int | float) and v > 0]
     if not found:
         return None
-    length = min(found)
-    scaling = getattr(hf_config, "rope_scaling", None) or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind in ("linear", "dynamic", "yarn") and isinstance(scaling.get("factor"), int | float):
-        length = int(length * scaling["factor"])
-    return length
+    length = getattr(hf_config, "model_max_length", None) or min(found)
+    if tokenizer_max_length:
+        length = min(length, tokenizer_max_length)
+    rope = _rope_parameter_sets(hf_config)
+    if rope and "gemma3" not in str(getattr(hf_config, "model_type", "")):
+        factor = 1.0
+        for params in rope:
+            if params.get("rope_type", params.get("type")) not in UNSCALED_ROPE:
+                factor = params.get("factor", factor)
+        length *= factor if factor is not None else 1.0
+    if any(p.get("rope_type", p.get("type")) == "longrope" for p in rope):
+        length = getattr(hf_config, "original_max_position_embeddings", None) or length
+    return int(length)
 
 
 @dataclass(frozen=True)
@@ -97,7 +120,9 @@ def token_counter(model_dir: str, chat_template: bool, trust_remote_code: bool =
     from system.rollout.chat import chat_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    context = context_length(AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code))
+    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    context = context_length(getattr(hf_config, "text_config", None) or hf_config,
+                             getattr(tokenizer, "model_max_length", None))
 
     def count_tokens(prompts: list[Prompt]) -> list[int]:
         if chat_template:

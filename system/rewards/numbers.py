@@ -3,7 +3,8 @@
 A number is an optional minus sign (``-`` or the typographic ``\u2212``), digits (thousands
 commas only between groups of three: ``1,234``), and an optional decimal part: ``-1,234.50``. It
 stands alone: not inside a fraction (``3/4``), an exponent (``5e3``), a hex literal (``0x10``), a
-list (``1,2,3``) or a word (``x2``), none of which is a number here. Two numbers are equal when
+list (``1,2,3``) or after a Latin letter (``x2``), none of which is a number here; a unit after it
+is fine (``42km``). Two numbers are equal when
 their values are, so ``"1,000"``, ``"1000"`` and ``"1000.0"`` are one answer.
 """
 
@@ -14,9 +15,12 @@ from decimal import Decimal
 MINUS = "\u2212"
 """The typographic minus sign, read as ``-``."""
 
-NUMBER = re.compile(r"(?<![\w.,/\-\u2212])[-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w/]|[.,]\d)")
-"""A number standing alone in text (module docstring): nothing of a word, fraction, list or longer
-number right before or after it; a sentence's full stop or comma after it is fine."""
+NUMBER = re.compile(r"(?<![A-Za-z0-9_.,/\-\u2212])[-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+                    r"(?![0-9/]|[.,]\d|[eE][-+]?\d|[xX][0-9A-Fa-f])")
+"""A number standing alone in text (module docstring): no ASCII letter, digit, fraction bar, list or
+longer number right before it; after it no digit, fraction bar, decimal or list continuation,
+exponent or hex digits. A unit or a word in any script may follow (``42km``, ``42个``), any script
+but Latin may precede (``答案是42``); a sentence's full stop or comma after it is fine."""
 
 MARKER = "####"
 """GSM8K's final-answer marker."""
