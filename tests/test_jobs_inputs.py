@@ -1,0 +1,72 @@
+"""``aisrl submit`` / ``aisrl job``: input checked before anything reaches a cluster (found by a bad-input
+probe, 2026-11-27): a resume that the cluster would refuse, malformed addresses, token files that are
+not one line of text (never echoed), a checkout file that cannot be shipped. No cluster is started."""
+
+import json
+import os
+import re
+
+import pytest
+
+from actors import jobs
+from system.config import ConfigError
+
+
+def test_a_resume_submission_refuses_here_what_the_cluster_would_refuse(tmp_path):
+    """Found by a probe: ``aisrl submit --resume`` accepted ``seed=5`` (which ``aisrl train --resume``
+    refuses), so the job failed only once it reached the cluster."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"max_steps": 5, "prompts_per_step": 4}))
+    ckpt = run / "checkpoints" / "step_00000002"
+    (ckpt / "learner").mkdir(parents=True)
+    for name in ("controller.pkl", "learner/.metadata", "learner/trainer.json"):
+        (ckpt / name).write_text("")
+    for override, named in (("seed=5", "seed"), ("model.hidden_size=128", "model.hidden_size"),
+                            ("data.task.num_digits=3", "data.task.num_digits")):
+        with pytest.raises(ConfigError, match=f"{named} cannot change on a resume"):
+            jobs.resolve_resume(str(run), ["max_steps=9", override])
+    cfg, _ = jobs.resolve_resume(str(run), ["max_steps=9", "learner.lr=1e-4"])  # not fixed by the checkpoint
+    assert cfg.learner.lr == 1e-4 and cfg.seed == 0  # the saved config has no seed: the default, unchanged
+
+
+@pytest.mark.parametrize("address, needle", [
+    ("http://[::1", "Invalid IPv6 URL"), ("http://127.0.0.1:abc", "Port could not be cast"),
+    ("http://127.0.0.1:99999", "Port out of range"), ("http://:8265", "expected the cluster's dashboard URL"),
+    ("https://h:0", "port 0"),
+])
+def test_a_malformed_address_is_refused_naming_the_flag(address, needle):
+    """Found by a probe: these reached ``requests`` and ended in a traceback (InvalidURL, ValueError)."""
+    with pytest.raises(jobs.JobError, match=rf"--address '{re.escape(address)}': .*{re.escape(needle)}"):
+        jobs.check_address(address)
+    assert jobs.check_address("http://[::1]:8265/") == "http://[::1]:8265"
+
+
+def test_a_token_file_that_is_not_one_line_of_text_is_refused_without_showing_it(tmp_path, monkeypatch):
+    """Found by a probe: a token file of two lines put the secret into requests' InvalidHeader error on
+    the terminal; a file that is not UTF-8 ended in a UnicodeDecodeError traceback."""
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    path = tmp_path / "token"
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(path))
+    path.write_text("a1b2c3d4e5f6SECRET\nsecond-line\n")
+    with pytest.raises(jobs.JobError, match="one line without spaces") as info:
+        jobs.find_auth_token()
+    assert "SECRET" not in str(info.value)
+    path.write_bytes(b"\xff\xfe secret")
+    with pytest.raises(jobs.JobError, match=r"cannot read the token file \(UnicodeDecodeError: not UTF-8 text\)") as info:
+        jobs.find_auth_token()
+    assert "secret" not in str(info.value)
+    path.write_text("  a1b2c3  \n")
+    assert jobs.find_auth_token() == ("a1b2c3", f"token from {path}")
+
+
+def test_a_checkout_file_that_cannot_be_copied_is_named(tmp_path):
+    """Found by a probe: a FIFO in the checkout made ``aisrl submit`` end in shutil.Error's traceback."""
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    os.mkfifo(project / "pipe")
+    with pytest.raises(jobs.JobError, match=r"cannot copy the checkout .*pipe.*remove or fix that file"):
+        jobs.stage_working_dir(None, tmp_path / "staging", project=project)
