@@ -3,13 +3,13 @@
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 import ray
 import typer
 from rich.console import Console
 
+from actors.remote_errors import remote_error
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
 from system.config.advice import config_warnings
 from system.config.resume import resume_config
@@ -27,16 +27,7 @@ def failure_text(exc: BaseException) -> str:
     ``--verbose``."""
     if os.environ.get("AISRL_VERBOSE", "") not in ("", "0"):
         return str(exc)
-    where, cause = None, exc
-    while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
-        # ray.get raises a "RayTaskError(ValueError)" that has no function_name: its text names the task
-        named = re.search(r"ray::([\w.]+)\(", str(cause))
-        where = getattr(cause, "function_name", None) or (named.group(1) if named else None) or where
-        cause = cause.cause
-    text = " ".join(str(cause).split())
-    if len(text) > 400:
-        text = text[:400] + " ..."
-    return (f"{type(cause).__name__}: {text}" if cause is not exc else text) + (f" (in {where})" if where else "")
+    return remote_error(exc)
 
 
 def _training_failed(exc: BaseException, run_dir: str) -> None:

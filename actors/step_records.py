@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import ray
 
 from actors.learner_worker import PendingStep
+from actors.remote_errors import remote_error
 from system.learner.batch import LearnerBatch
 from system.types import RolloutGroup
 
@@ -51,7 +52,6 @@ class RecordsInFlight:
                 try:
                     ray.get(ref, timeout=0)  # finished: reads its outcome, never waits
                 except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause if exc.cause is not None else exc
-                    raise RecordsLostError(f"the record of step {step} could not be written ("
-                                           f"{type(cause).__name__}: {cause}); the run stops") from None
+                    raise RecordsLostError(f"the record of step {step} could not be written ({remote_error(exc)}); "
+                                           "the run stops") from None
         self._sent = [(step, ref) for step, ref in self._sent if ref not in finished]

@@ -25,6 +25,7 @@ from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
 from actors.placement import plan_placement, private_cluster_shortfall, required_cpus
+from actors.remote_errors import remote_error
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.step_records import RecordsInFlight, SubmittedStep
@@ -178,11 +179,8 @@ class Trainer:
         try:
             version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
         except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            message = " ".join(str(cause).split())[-300:]
-            raise run_state.CheckpointError(
-                f"{run_state.learner_dir(self.ckpt)}: the learner half failed to load "
-                f"({type(cause).__name__}: {message})") from None
+            raise run_state.CheckpointError(f"{run_state.learner_dir(self.ckpt)}: the learner half failed to load "
+                                            f"({remote_error(exc)})") from None
         if version != saved["step"]:
             raise ValueError(f"{self.ckpt}: learner at version {version} but controller at step {saved['step']}")
         self.sampler.load_state_dict(saved["sampler"])
