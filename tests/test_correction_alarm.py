@@ -42,7 +42,17 @@ def test_none_and_missing_values_are_not_checked():
     empty = {"mismatch/kl_k1": None, "mismatch/ess_seq": None, "correction/keep_seq_frac": None}
     assert drift_alarm(empty, CFG) == (0, None)
     assert drift_alarm({}, CFG) == (0, None)
-    assert drift_alarm({"mismatch/kl_k1": float("nan")}, CFG) == (0, None)
+
+
+def test_non_finite_values_fire():
+    """A NaN or infinite reading with tokens present is a mismatch beyond float range (e.g. log-probs
+    of +-1e308 whose difference overflows): it fires, naming the value, never passes as 'fine'."""
+    fired, message = drift_alarm({"mismatch/kl_k1": float("nan")}, CFG)
+    assert fired == 1 and message.startswith("drift alarm: kl_k1 nan (not finite); likely cause: undetermined")
+    fired, message = drift_alarm(metrics(kl=float("inf"), ess=float("nan"), keep=0.9, by_lag={0: 0.6}), CFG)
+    assert fired == 1
+    assert message.startswith("drift alarm: kl_k1 inf (not finite), ess_seq nan (not finite); likely cause: "
+                              "lag-0 mismatch")
 
 
 def test_lag0_mismatch_is_quantization():

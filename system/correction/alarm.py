@@ -11,7 +11,8 @@ It fires (1) when any of
 
     kl > alarm.kl_k1_max        ess < alarm.ess_seq_min        keep < alarm.keep_seq_frac_min
 
-holds; a value that is None (empty batch) or missing is not checked. The likely cause comes from
+holds; a value that is None (empty batch) or missing is not checked, and a value that is NaN or
+infinite (a mismatch beyond float range) counts as crossed. The likely cause comes from
 the lag split, with ``K = alarm.kl_k1_max``:
 
     lag-0 high    kl_0 exists and (kl_0 > K / 2, or kl > 0 and kl_0 >= 0.5 * kl): the policy that
@@ -57,6 +58,23 @@ def _number(metrics: dict, key: str) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _reading(metrics: dict, key: str) -> float | None:
+    """The value of ``key`` as a float, NaN and infinities kept; None when missing, None or a bool."""
+    value = metrics.get(key)
+    if value is None or isinstance(value, bool):
+        return None
+    return float(value)
+
+
+def _crossed(name: str, value: float | None, bad, bound: float, sign: str) -> str | None:
+    """``"name value sign bound"`` when ``bad(value)`` or the value is not finite; None otherwise."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        return f"{name} {value} (not finite)"
+    return f"{name} {value:.4g} {sign} {bound:g}" if bad(value) else None
 
 
 def kl_by_lag(metrics: dict) -> dict[int, float]:
@@ -107,16 +125,14 @@ def drift_alarm(metrics: dict, cfg: AlarmConfig, kl0_before: float | None = None
     ``cfg.enabled`` is false. Pure: reads ``metrics`` only (rules in the module docstring)."""
     if not cfg.enabled:
         return 0, None
-    kl = _number(metrics, "mismatch/kl_k1")
-    ess = _number(metrics, "mismatch/ess_seq")
-    keep = _number(metrics, "correction/keep_seq_frac")
-    crossed = []
-    if kl is not None and kl > cfg.kl_k1_max:
-        crossed.append(f"kl_k1 {kl:.4g} > {cfg.kl_k1_max:g}")
-    if ess is not None and ess < cfg.ess_seq_min:
-        crossed.append(f"ess_seq {ess:.4g} < {cfg.ess_seq_min:g}")
-    if keep is not None and keep < cfg.keep_seq_frac_min:
-        crossed.append(f"keep_seq_frac {keep:.4g} < {cfg.keep_seq_frac_min:g}")
+    checks = (
+        _crossed("kl_k1", _reading(metrics, "mismatch/kl_k1"), lambda v: v > cfg.kl_k1_max, cfg.kl_k1_max, ">"),
+        _crossed("ess_seq", _reading(metrics, "mismatch/ess_seq"), lambda v: v < cfg.ess_seq_min,
+                 cfg.ess_seq_min, "<"),
+        _crossed("keep_seq_frac", _reading(metrics, "correction/keep_seq_frac"),
+                 lambda v: v < cfg.keep_seq_frac_min, cfg.keep_seq_frac_min, "<"),
+    )
+    crossed = [text for text in checks if text is not None]
     if not crossed:
         return 0, None
     cause = likely_cause(metrics, cfg, kl0_before)
