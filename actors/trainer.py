@@ -1,8 +1,11 @@
 """The job: build every role, run the train loop against the rollout loop, checkpoint, report.
 
 Each step (drawn in ``actors.controller``): take a batch -> put it -> one call to the learner
-group (proximal log-probs, the correction service, the update, the export; version + 1) ->
-publish the weights -> the step record to the service, not awaited -> checkpoint when due.
+group (proximal log-probs, the correction service, the update, the export; version + 1), and
+publish at once the reference its weights will have (offered while the step runs) -> wait for the
+step (the one blocking call) -> check, without waiting, that the earlier records were written ->
+the step record to the service and the progress to the control board, neither awaited ->
+checkpoint when due (after waiting for every record sent).
 When the next batch is ready before the running step ends, the next step is submitted then and
 waits in the learners' queue (``SubmittedStep.queued_ahead``).
 """

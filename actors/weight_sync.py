@@ -1,8 +1,9 @@
 """Weight transport from the learner ranks to the rollout workers, behind one interface.
 
-``ObjectStoreTransport`` (CPU, and the portable default): rank 0 exports the full bf16
-weights as numpy arrays (bf16 as an int16 view, ``lm_head.weight`` included) into Ray's
-object store; every worker receives the same object reference and reads it zero-copy on its
+``ObjectStoreTransport`` (CPU, and the portable default): each version's full bf16 weights are
+the result of learner rank 0's ``weights(version)`` call (numpy arrays, bf16 as an int16 view,
+``lm_head.weight`` included), which the driver submits with the step, so they land in Ray's
+object store (``publish`` puts them there itself only on a resume); every worker receives the same object reference and reads it zero-copy on its
 node. The driver never copies the weights.
 
 ``CollectiveTransport`` (``weight_sync.type=collective``): rank 0 also broadcasts each version,

@@ -1,4 +1,4 @@
-"""Correction ablation, version 2: the long-response task under two mismatch regimes, seven arms.
+"""Correction ablation, version 2: the long-response task under two mismatch regimes, eight arms.
 
 Every run is a real ``aisrl train configs/long_cpu.yaml`` (vLLM FP8 rollout worker, 2-rank
 FSDP2 learner, correction service) in a subprocess, shortened by ``--steps`` and
