@@ -31,7 +31,12 @@ def failure_text(exc: BaseException) -> str:
 
 
 def _training_failed(exc: BaseException, run_dir: str) -> None:
-    """Exit 1 with the failure in one line and, when there is a checkpoint to continue from, the resume command."""
+    """Exit 1 with the failure in one line and, when there is a checkpoint to continue from, the resume command.
+    The calls the failure abandoned (the other ranks' steps, generate calls) end in errors of their
+    own during the shutdown; Ray would print each as an "Unhandled error" traceback, so without
+    ``--verbose`` those are silenced from here on (Ray reads the variable at every such error)."""
+    if os.environ.get("AISRL_VERBOSE", "") in ("", "0"):
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
     console.print(f"[bold red]training failed:[/] {failure_text(exc)}")
     from system.run_state import latest_run_checkpoint
 

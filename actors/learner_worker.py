@@ -8,6 +8,7 @@ weights once the step has exported them, so their copy into the object store ove
 step (``actors.export_handoff``).
 """
 
+import re
 import threading
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ import torch
 
 from actors.export_handoff import ExportHandoff
 from actors.placement import RoleOptions
+from actors.remote_errors import remote_error
 from system.config import RunConfig
 from system.learner.core import LearnerCore
 from system.learner.distributed import find_free_port
@@ -123,6 +125,23 @@ class LearnerLostError(RuntimeError):
     """A learner rank died: FSDP2 cannot go on with fewer ranks, so the run stops (resume from a checkpoint)."""
 
 
+class StepPartLostError(RuntimeError):
+    """An actor the learner ranks call during a step (the correction service) died: the step cannot finish."""
+
+
+_CLASS_NAME = re.compile(r"class_name:\s*(\w+)")
+_ROLE = {"CorrectionService": "the correction service"}
+
+
+def _part_lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> StepPartLostError:
+    """A live rank's task failed because an actor it called died (``RayTaskError(ActorDiedError)``)."""
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
+    named = _CLASS_NAME.search(str(cause))
+    who = _ROLE.get(named.group(1), f"the {named.group(1)} actor") if named else "an actor the learners call"
+    return StepPartLostError(f"{who} died during the step (learner rank {refs.index(ref)} was calling it), so "
+                             f"the step cannot finish and the run stops ({remote_error(exc, limit=200)})")
+
+
 def _lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> LearnerLostError:
     cause = " ".join(str(exc).split())[:400] or type(exc).__name__
     return LearnerLostError(f"learner rank {refs.index(ref)} of {len(refs)} was lost ({type(exc).__name__}: {cause}); "
@@ -134,7 +153,8 @@ def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0) -> list:
     would otherwise wait in a collective for the dead one until the process-group timeout.
 
     A dead rank raises :class:`LearnerLostError` naming it (with Ray's reason, e.g. the error of
-    a failed constructor). A rank's death can surface first as its peer's collective error
+    a failed constructor); a live rank whose call to another actor (the correction service) hit
+    that actor's death raises :class:`StepPartLostError` naming that actor. A rank's death can surface first as its peer's collective error
     (gloo fails at once), so on any error the other ranks get ``settle_s`` to show a death
     before the error is re-raised as it came.
     """
@@ -143,19 +163,32 @@ def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0) -> list:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(done)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc, ray.exceptions.RayActorError):  # the rank lives; an actor it called died
+                raise _part_lost(refs, done[0], exc) from exc
+            _settle(refs, pending, settle_s)
+            raise
         except ray.exceptions.RayActorError as exc:
             raise _lost(refs, done[0], exc) from exc
         except ray.exceptions.RayError:
-            late, _ = ray.wait(pending, num_returns=len(pending), timeout=settle_s) if pending else ([], [])
-            for ref in late:
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    raise _lost(refs, ref, exc) from exc
-                except ray.exceptions.RayError:
-                    pass
+            _settle(refs, pending, settle_s)
             raise
     return ray.get(refs)
+
+
+def _settle(refs: list[ray.ObjectRef], pending: list[ray.ObjectRef], settle_s: float) -> None:
+    """After one rank's error: give the others ``settle_s`` to show a dead rank (raised as
+    :class:`LearnerLostError`, the real cause); their other errors are read and dropped."""
+    late, _ = ray.wait(pending, num_returns=len(pending), timeout=settle_s) if pending else ([], [])
+    for ref in late:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayTaskError:
+            pass
+        except ray.exceptions.RayActorError as exc:
+            raise _lost(refs, ref, exc) from exc
+        except ray.exceptions.RayError:
+            pass
 
 
 class PendingStep:

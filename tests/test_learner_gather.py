@@ -1,0 +1,74 @@
+"""``gather``: how a step's failure is named (a dead rank, a dead actor a rank was calling, a rank's own error).
+
+Found by a probe: killing the correction service mid-step was reported as "learner rank 0 of 2 was
+lost" (a live rank's call to the dead service surfaces as ``RayTaskError(ActorDiedError)``, which
+is also a ``RayActorError``). Tiny actors on a private loopback cluster stand in for the ranks and
+the service (the real stack's version of this is the probe's; it takes a minute per run).
+"""
+
+import time
+
+import pytest
+import ray
+
+from actors.learner_worker import LearnerLostError, StepPartLostError, gather
+
+pytestmark = pytest.mark.ray
+
+
+@ray.remote(num_cpus=0)
+class CorrectionService:  # named as the real one: the error names the actor by its class
+    def process(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "weights"
+
+
+@ray.remote(num_cpus=0)
+class Rank:
+    def step(self, service=None, seconds: float = 0.0, fail: bool = False) -> str:
+        if fail:
+            raise ValueError("a rank's own error")
+        if service is not None:
+            return ray.get(service.process.remote(seconds))
+        time.sleep(seconds)
+        return "done"
+
+    def ready(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def ranks(loopback_ray):
+    made = [Rank.remote(), Rank.remote()]
+    ray.get([r.ready.remote() for r in made])
+    yield made
+    for r in made:
+        ray.kill(r)
+
+
+def test_a_dead_service_is_named_not_taken_for_a_lost_rank(ranks):
+    service = CorrectionService.remote()
+    refs = [ranks[0].step.remote(service, 30.0), ranks[1].step.remote(None, 30.0)]
+    time.sleep(1.0)  # rank 0 is inside its call to the service
+    ray.kill(service, no_restart=True)
+    with pytest.raises(StepPartLostError) as info:
+        gather(refs)
+    message = str(info.value)
+    assert message.startswith("the correction service died during the step (learner rank 0 was calling it)")
+    assert "was lost" not in message and "\n" not in message and "\x1b[" not in message  # one plain line
+
+
+def test_a_dead_rank_is_a_lost_rank(ranks):
+    refs = [ranks[0].step.remote(None, 30.0), ranks[1].step.remote(None, 30.0)]
+    time.sleep(1.0)
+    ray.kill(ranks[1], no_restart=True)
+    with pytest.raises(LearnerLostError, match="^learner rank 1 of 2 was lost"):
+        gather(refs)
+
+
+def test_a_rank_error_comes_through_as_it_came(ranks):
+    refs = [ranks[0].step.remote(fail=True), ranks[1].step.remote()]
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        gather(refs, settle_s=5.0)
+    assert isinstance(info.value, ValueError) and "a rank's own error" in str(info.value)
+    assert gather([ranks[0].step.remote(), ranks[1].step.remote()]) == ["done", "done"]  # both still serve
