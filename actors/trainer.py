@@ -112,7 +112,7 @@ class Trainer:
         self._queued: SubmittedStep | None = None  # a step submitted behind the running one
         self._checkpoint_owed = False  # a due checkpoint was skipped (a non-finite step): take the next one
         try:
-            self._build(saved)
+            saved = self._build(saved)
         except BaseException:
             self._stop_parts()  # whatever started before the failure (learner ranks, service, workers)
             raise
@@ -130,7 +130,9 @@ class Trainer:
         self._replaced = None
         (self.run_dir / "config.json").write_text(dump_config(cfg))
 
-    def _build(self, saved: dict) -> None:
+    def _build(self, saved: dict) -> dict:
+        """Start every role; returns the controller state restored (``saved``, or an older checkpoint's
+        when the learners could not load the chosen one)."""
         cfg = self.cfg
         # the prompts first: a data file that cannot be read, or prompts the model's context cannot hold,
         # are said before the cluster and the model load
@@ -151,7 +153,7 @@ class Trainer:
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
         self.transport = build_transport(cfg, self.learners)
         if self.ckpt is not None:  # every check of the checkpoint before the service opens the W&B run
-            self._restore(saved)
+            saved = self._restore(saved)
         # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): the
         # service writes the run directory (metrics, dumps, report, W&B files)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -173,25 +175,43 @@ class Trainer:
         self.control = create_control(self.run_dir, cfg.rollout.num_workers,
                                       cfg.rollout.max_workers or MAX_ROLLOUT_WORKERS)
         self.rollout.control = self.control
+        return saved
 
     def _write_rollout_workers(self) -> None:
         """``rollout_workers.json``: every worker that became ready so far, and the run's FP8 kernel pins."""
         run_state.write_rollout_workers(self.run_dir, self.pool.workers_record())
 
-    def _restore(self, saved: dict) -> None:
-        try:
-            version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
-        except ray.exceptions.RayTaskError as exc:
-            raise run_state.CheckpointError(f"{run_state.learner_dir(self.ckpt)}: the learner half failed to load "
-                                            f"({remote_error(exc)})") from None
-        if version != saved["step"]:
-            raise ValueError(f"{self.ckpt}: learner at version {version} but controller at step {saved['step']}")
+    def _restore(self, saved: dict) -> dict:
+        """Load the learner half of ``self.ckpt``, then the controller half ``saved``. A learner half
+        that fails to load (a foreign model, values DCP or the finiteness check refuse) or whose
+        version is not the controller's step is named, and the next older usable checkpoint is
+        tried, as a damaged file is before anything starts. Returns the controller state used."""
+        failed = []
+        while True:
+            problem = None
+            try:
+                version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
+                if version != saved["step"]:
+                    problem = f"learner at version {version} but controller at step {saved['step']}"
+            except ray.exceptions.RayTaskError as exc:
+                problem = f"the learner half failed to load ({remote_error(exc, limit=300)})"
+            if problem is None:
+                break
+            failed.append(f"{self.ckpt.name}: {problem}")
+            older, older_saved, skipped = run_state.usable_run_checkpoint(self.run_dir, below=self.ckpt)
+            failed += skipped
+            if older is None:
+                raise run_state.CheckpointError(f"--resume: no usable checkpoint under {self.run_dir / 'checkpoints'} "
+                                                f"({'; '.join(failed)})")
+            log.warning("checkpoint %s; falling back to %s", failed[-1 - len(skipped)], older.name)
+            self.ckpt, saved, self.step = older, older_saved, older_saved["step"]
         self.sampler.load_state_dict(saved["sampler"])
         self.sampler.requeue([pid for pid, s in self.sampler.state.items() if s == "issued"])
         self.buffer.restore(saved["buffer"])
         random.setstate(saved["rng"]["python"])
         np.random.set_state(saved["rng"]["numpy"])
         torch.set_rng_state(saved["rng"]["torch"])
+        return saved
 
     def run(self) -> dict:
         console = ConsoleSink(self.cfg.max_steps, self.step) if self.cfg.report.console else None

@@ -29,6 +29,7 @@ import os
 import pickle
 import re
 import shutil
+import zlib
 from pathlib import Path
 
 from system.data.sampler import check_cursor
@@ -52,11 +53,18 @@ def learner_dir(ckpt: str | Path) -> str:
     return str(Path(ckpt) / "learner")
 
 
+_SEALED = "aisrl_controller_crc32"
+"""The key of the envelope ``controller.pkl`` holds: ``{_SEALED: crc32(inner), "state": inner}``, where
+``inner`` is the pickled state; a file of an older run holds the state dict itself."""
+
+
 def save_controller_state(ckpt: str | Path, state: dict) -> None:
+    """``controller.pkl``: the state pickled, with the CRC-32 of those bytes, written then renamed."""
     path = Path(ckpt) / CONTROLLER_FILE
     tmp = path.with_suffix(".tmp")
+    inner = pickle.dumps(state)
     with open(tmp, "wb") as f:
-        pickle.dump(state, f)
+        pickle.dump({_SEALED: zlib.crc32(inner), "state": inner}, f)
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
@@ -72,7 +80,15 @@ def load_controller_state(ckpt: str | Path) -> dict:
     try:
         with open(path, "rb") as f:
             state = pickle.load(f)
+        if isinstance(state, dict) and _SEALED in state:
+            inner = state.get("state")
+            if not isinstance(inner, bytes) or zlib.crc32(inner) != state[_SEALED]:
+                raise CheckpointError(f"{path}: its bytes differ from those written (CRC-32 mismatch: damaged "
+                                      "or replaced)")
+            state = pickle.loads(inner)
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a controller state")
@@ -131,15 +147,19 @@ def latest_run_checkpoint(run_dir: str | Path) -> Path | None:
     return found[0] if found else None
 
 
-def usable_run_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict, list[str]]:
+def usable_run_checkpoint(run_dir: str | Path, below: Path | None = None) -> tuple[Path | None, dict, list[str]]:
     """The newest complete checkpoint whose two halves are whole: ``(path, controller state, skipped)``.
 
-    Newer checkpoints that fail (a truncated ``controller.pkl``, a shard of the wrong size, parts
-    that disagree) are skipped; ``skipped`` says which and why, newest first. ``(None, {}, skipped)``
-    when none is usable.
+    Newer checkpoints that fail (a truncated ``controller.pkl``, a shard of the wrong size or CRC,
+    parts that disagree) are skipped; ``skipped`` says which and why, newest first. ``(None, {},
+    skipped)`` when none is usable. ``below``: only checkpoints older than that one (the next one to
+    try when ``below`` failed to load).
     """
     skipped = []
-    for ckpt in complete_run_checkpoints(run_dir):
+    candidates = complete_run_checkpoints(run_dir)
+    if below is not None:
+        candidates = candidates[candidates.index(below) + 1:] if below in candidates else []
+    for ckpt in candidates:
         problems = checkpoint_problems(learner_dir(ckpt))
         if problems:
             skipped.append(f"{ckpt.name}: learner half: {'; '.join(problems)}")

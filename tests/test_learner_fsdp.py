@@ -360,3 +360,63 @@ def test_mini_batches_on_two_ranks_train_what_one_process_trains(model_dir, tmp_
     for name, value in v1_one.items():
         # bf16 exports of fp32 weights that agree to ~1e-7: equal, or one bf16 ulp apart
         np.testing.assert_allclose(v1_two[name], value, rtol=2**-7, atol=1e-3 * LR, err_msg=name)
+
+
+def _load_main(rank, world_size, port, model_dir, param_dtype, out_dir, checkpoint_dir):
+    """Load ``checkpoint_dir``; each rank writes what the load raised (or "loaded") to its own file."""
+    from system.learner.core import LearnerCore
+
+    torch.set_num_threads(1)
+    core = LearnerCore(_learner_cfg(world_size, param_dtype), model_dir, rank, world_size, port)
+    try:
+        core.load_checkpoint(checkpoint_dir)
+        outcome = "loaded"
+    except ValueError as exc:
+        outcome = f"ValueError: {exc}"
+    with open(os.path.join(out_dir, f"load_rank{rank}.txt"), "w") as f:
+        f.write(outcome)
+    core.close()
+
+
+def _largest_item(ckpt, prefix):
+    """(file, offset, length) of the largest stored item whose key starts with ``prefix`` (DCP's metadata)."""
+    import pickle
+
+    with open(os.path.join(ckpt, ".metadata"), "rb") as f:
+        meta = pickle.load(f)
+    items = [(info.length, info.relative_path, info.offset) for index, info in meta.storage_data.items()
+             if index.fqn.startswith(prefix)]
+    length, name, offset = max(items)
+    return os.path.join(ckpt, name), offset, length
+
+
+def test_damaged_checkpoint_bytes_are_found_by_crc_and_non_finite_values_refused_at_load(runs, model_dir, tmp_path):
+    """Found by a probe: bytes damaged in place (same size) loaded silently and the run trained from
+    them. Every file's CRC-32 is in trainer.json and checked before a resume; a load itself refuses
+    NaN / inf parameters or moments, on every rank at once (none is left waiting in a collective)."""
+    import shutil
+
+    from system.learner.checkpoint import checkpoint_problems
+
+    src = os.path.join(runs(2, "float32")[3], "ckpt", "step_00000001")
+    ckpt = str(tmp_path / "step_00000001")
+    shutil.copytree(src, ckpt)
+    with open(os.path.join(ckpt, "trainer.json")) as f:
+        recorded = json.load(f)
+    assert set(recorded["crc32"]) == set(recorded["files"]) == set(os.listdir(ckpt)) - {"trainer.json"}
+    assert checkpoint_problems(ckpt) == []
+
+    path, offset, length = _largest_item(ckpt, "model.")
+    middle = offset + length // 2
+    with open(path, "r+b") as f:  # 64 bytes of 0xFF: float32 NaNs in the middle of a weight
+        f.seek(middle)
+        f.write(b"\xff" * 64)
+    problems = checkpoint_problems(ckpt)
+    assert len(problems) == 1 and problems[0].startswith(path) and "bytes differ from those written" in problems[0]
+
+    out = tmp_path / "load"
+    out.mkdir()
+    _spawn(_load_main, 2, model_dir, "float32", str(out), ckpt)
+    outcomes = [(out / f"load_rank{r}.txt").read_text() for r in range(2)]
+    assert all(o.startswith(f"ValueError: {ckpt}: non-finite values in ") for o in outcomes), outcomes
+    assert any("non-finite values in model." in o for o in outcomes), outcomes  # the rank holding it names it

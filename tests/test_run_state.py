@@ -6,6 +6,7 @@ checkpoint, and a damaged checkpoint is refused by name with a fall-back to the 
 import json
 import pickle
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -30,8 +31,9 @@ def make_checkpoint(run_dir, step: int, shard: bytes = b"x" * 100):
     (learner / "__0_0.distcp").write_bytes(shard)
     (learner / ".metadata").write_bytes(b"meta")
     files = {"__0_0.distcp": len(shard), ".metadata": 4}
+    crc32 = {"__0_0.distcp": zlib.crc32(shard), ".metadata": zlib.crc32(b"meta")}  # as save_checkpoint records
     (learner / "trainer.json").write_text(json.dumps({"counters": {"policy_version": step}, "scheduler": {},
-                                                      "files": files}))
+                                                      "files": files, "crc32": crc32}))
     run_state.save_controller_state(ckpt, controller_state(step))
     return ckpt
 
@@ -114,6 +116,32 @@ def test_resume_falls_back_past_damaged_checkpoints(tmp_path):
     (run_state.checkpoint_dir(tmp_path, 2) / "learner" / "__0_0.distcp").unlink()
     ckpt, state, skipped = run_state.usable_run_checkpoint(tmp_path)
     assert ckpt is None and state == {} and "is missing" in skipped[2]
+
+
+def test_same_size_damage_is_found_by_the_crc_of_either_half(tmp_path):
+    """Found by a probe: bytes zeroed or flipped in place (the size unchanged) passed every check and the
+    resume trained from them. Both halves carry CRC-32s of what was written; damage falls back."""
+    make_checkpoint(tmp_path, 2)
+    c4, c6 = make_checkpoint(tmp_path, 4), make_checkpoint(tmp_path, 6)
+    shard = c6 / "learner" / "__0_0.distcp"
+    shard.write_bytes(b"x" * 50 + b"\0" * 10 + b"x" * 40)  # 100 bytes, as written, 10 of them zeroed
+    data = bytearray((c4 / "controller.pkl").read_bytes())
+    at = data.index(b"trained")  # inside the pickled state: a byte that still unpickles
+    data[at] = ord("T")
+    (c4 / "controller.pkl").write_bytes(bytes(data))
+    ckpt, state, skipped = run_state.usable_run_checkpoint(tmp_path)
+    assert ckpt.name == "step_00000002" and state["step"] == 2
+    assert skipped[0].startswith("step_00000006: learner half: ") and "bytes differ from those written" in skipped[0]
+    assert f"{zlib.crc32(b'x' * 100):08x} was written" in skipped[0]
+    assert skipped[1] == f"step_00000004: {c4 / 'controller.pkl'}: its bytes differ from those written " \
+                         "(CRC-32 mismatch: damaged or replaced)"
+
+
+def test_a_controller_half_written_before_the_crc_still_loads(tmp_path):
+    ckpt = make_checkpoint(tmp_path, 3)
+    state = controller_state(3)
+    (ckpt / "controller.pkl").write_bytes(pickle.dumps(state))  # the older format: the state dict itself
+    assert run_state.load_controller_state(ckpt)["step"] == 3
 
 
 def test_checkpoint_to_resume_refuses_none_and_nothing_to_train(tmp_path):
