@@ -13,6 +13,8 @@ waits in the learners' queue (``SubmittedStep.queued_ahead``).
 import json
 import logging
 import random
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -157,8 +159,13 @@ class Trainer:
         # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): the
         # service writes the run directory (metrics, dumps, report, W&B files)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.service = CorrectionService.options(num_cpus=0, scheduling_strategy=here).remote(
-            cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
+        # its own temporary directory, removed after it stops: W&B leaves one directory per logged
+        # table and its service's socket directory there, and removes them only at an interpreter
+        # exit a Ray actor never reaches (a probe counted 47 left in /tmp after one session's runs)
+        self._service_tmp = tempfile.mkdtemp(prefix="aisrl-service-")
+        self.service = CorrectionService.options(
+            num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": {"TMPDIR": self._service_tmp}},
+        ).remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
         published = (0, None)
         if self.ckpt is not None:
             ray.get(self.service.load_state_dict.remote(saved["correction"]))
@@ -411,4 +418,6 @@ class Trainer:
                 log.warning("the correction service did not close (%s); its last records may be lost",
                             type(exc).__name__)
             ray.kill(self.service, no_restart=True)
+        if getattr(self, "_service_tmp", None) is not None:
+            shutil.rmtree(self._service_tmp, ignore_errors=True)
 
