@@ -172,3 +172,14 @@ def test_prompt_pools_are_bounded_and_gsm8k_is_scored_by_math_answer():
     with pytest.raises(ConfigError, match="data.task.type gsm8k needs data.reward.type math-answer, got digit-match"):
         resolve_config([], ["data.task={type: gsm8k, path: x.jsonl}", "data.reward.type=digit-match"])
     assert resolve_config([], ["data.task={type: gsm8k, path: x.jsonl}", "data.reward.type=math-answer"]).data.task.type == "gsm8k"
+
+
+@pytest.mark.parametrize("project, found", [("a/b", "(found /)"), ("team:x", "(found :)"), ("p%?", "(found % ?)"),
+                                            ("x" * 129, "(it has 129)"), ("", "(it has 0)")])
+def test_a_w_and_b_project_name_w_and_b_refuses_is_refused_up_front(project, found):
+    """Found by a probe: ``report.wandb.project=a/b`` passed ``--dry-run``; the run then started without
+    its W&B record (W&B's ``UsageError: Invalid project name``)."""
+    with pytest.raises(ConfigError, match=r"report\.wandb\.project: .*1-128 characters") as info:
+        resolve_config([], [f"report.wandb.project='{project}'"])
+    assert found in str(info.value)
+    assert resolve_config([], ["report.wandb.project=my-project_2"]).report.wandb.project == "my-project_2"
