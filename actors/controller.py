@@ -356,8 +356,16 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
     (queueing a step ahead stops once the running step has ended; its end notifies the condition,
     ``SharedState.wake``; a stop request ends the wait for a batch that may never come)."""
     started = time.perf_counter()
+    stall_s = cfg.report.stall_warning_s
+    warn_at = started + stall_s
     with state.cond:
         while True:
+            if time.perf_counter() >= warn_at:
+                log.warning("no batch for step %d after %.0f s: %d of %d groups buffered, %d rollout worker(s) "
+                            "ready (a worker stuck in a generate call, or too few workers for the batch)",
+                            learner_version + 1, time.perf_counter() - started, len(buffer), cfg.prompts_per_step,
+                            len(rollout.pool.ready()))
+                warn_at += stall_s
             if rollout.error is not None:
                 raise RuntimeError(f"the rollout loop failed: {rollout.error!r}") from rollout.error
             groups, stale = buffer.take(cfg.prompts_per_step, learner_version)

@@ -8,8 +8,10 @@ weights once the step has exported them, so their copy into the object store ove
 step (``actors.export_handoff``).
 """
 
+import logging
 import re
 import threading
+import time
 from dataclasses import replace
 
 import ray
@@ -26,6 +28,8 @@ from system.weight_broadcast import GroupAddress
 from system.weight_delta import DeltaEncoder
 from system.weight_generations import BroadcastSender
 from system.weight_payload import WeightPayload
+
+log = logging.getLogger(__name__)
 
 
 @ray.remote(concurrency_groups={"export": 1})
@@ -148,7 +152,8 @@ def _lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> 
                             "the sharded learner cannot continue without it, so the run stops")
 
 
-def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0) -> list:
+def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0, stall_warning_s: float | None = None,
+           what: str = "the learner ranks' call") -> list:
     """``ray.get`` of every rank's result that fails as soon as ONE rank fails: the surviving ranks
     would otherwise wait in a collective for the dead one until the process-group timeout.
 
@@ -156,11 +161,17 @@ def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0) -> list:
     a failed constructor); a live rank whose call to another actor (the correction service) hit
     that actor's death raises :class:`StepPartLostError` naming that actor. A rank's death can surface first as its peer's collective error
     (gloo fails at once), so on any error the other ranks get ``settle_s`` to show a death
-    before the error is re-raised as it came.
+    before the error is re-raised as it came. With ``stall_warning_s``, a console warning says when
+    ``what`` has run that long (and again every that long): a hung rank or service is otherwise silent.
     """
-    pending = list(refs)
+    pending, started = list(refs), time.monotonic()
     while pending:
-        done, pending = ray.wait(pending, num_returns=1)
+        done, pending = ray.wait(pending, num_returns=1, timeout=stall_warning_s)
+        if not done:
+            log.warning("%s has run for %.0f s; %d of %d learner rank(s) not done (a hung rank, or the "
+                        "correction service rank 0 waits for)", what, time.monotonic() - started, len(pending),
+                        len(refs))
+            continue
         try:
             ray.get(done)
         except ray.exceptions.RayTaskError as exc:
@@ -215,11 +226,12 @@ class PendingStep:
         the rollout workers are offered it while the step runs."""
         return self._weights
 
-    def result(self) -> StepOutcome:
+    def result(self, stall_warning_s: float | None = None, what: str = "the step") -> StepOutcome:
         """Rank 0's outcome (the one blocking wait of a step), whose ``weights`` is the object-store
         reference of the new policy version's payload: the return value of a call the driver made,
-        so the driver owns it (it outlives a rank that dies after the step) and never reads it."""
-        outcome = gather(self.outcomes)[0]
+        so the driver owns it (it outlives a rank that dies after the step) and never reads it.
+        ``stall_warning_s``: warn when the step has run that long (:func:`gather`)."""
+        outcome = gather(self.outcomes, stall_warning_s=stall_warning_s, what=what)[0]
         return replace(outcome, weights=self._weights)
 
 

@@ -292,7 +292,7 @@ class Trainer:
         return SubmittedStep(version + 1, groups, batch, 0.0 if ahead else waited, ahead, pending)
 
     def _complete(self, sub: "SubmittedStep") -> dict:
-        outcome = sub.pending.result()
+        outcome = sub.pending.result(self.cfg.report.stall_warning_s, f"step {sub.step}")
         self.transport.step_done(outcome.weight_sync)
         self.state.finished(sub.step)
         with self.state.cond:

@@ -277,3 +277,22 @@ def test_workers_that_keep_failing_to_start_fail_the_run_with_the_error():
     loop.desired_workers = 3
     with pytest.raises(RuntimeError, match=r"3 rollout workers in a row failed to start.*no kernel for this CPU"):
         ticks(loop, 10)
+
+
+def test_a_batch_that_does_not_come_is_said_on_the_console(caplog):
+    """Found by a probe: a hung (SIGSTOPped) rollout worker stalled the run for 150 s without a word.
+    No tick here, so no batch: the wait warns after ``report.stall_warning_s`` and again after each."""
+    import logging
+    import time
+
+    cfg, cls, pool, sampler, buffer, state, loop = build()
+    cfg = cfg.model_copy(update={"report": cfg.report.model_copy(update={"stall_warning_s": 0.1})})
+    until = time.perf_counter() + 0.35
+    with caplog.at_level(logging.WARNING, logger="actors.controller"):
+        groups, waited = take_batch(cfg, buffer, sampler, state, 0, loop, give_up=lambda: time.perf_counter() > until,
+                                    poll_s=0.02)
+    assert groups == [] and waited >= 0.35
+    warnings = [r.getMessage() for r in caplog.records if r.name == "actors.controller"]
+    assert 3 <= len(warnings) <= 4, warnings  # at 0.1, 0.2, 0.3 s (0.4 s if the last poll came late)
+    assert warnings[0] == ("no batch for step 1 after 0 s: 0 of 2 groups buffered, 1 rollout worker(s) ready "
+                           "(a worker stuck in a generate call, or too few workers for the batch)")

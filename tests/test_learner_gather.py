@@ -72,3 +72,15 @@ def test_a_rank_error_comes_through_as_it_came(ranks):
         gather(refs, settle_s=5.0)
     assert isinstance(info.value, ValueError) and "a rank's own error" in str(info.value)
     assert gather([ranks[0].step.remote(), ranks[1].step.remote()]) == ["done", "done"]  # both still serve
+
+
+def test_a_step_that_runs_long_is_said_on_the_console(ranks, caplog):
+    """Found by a probe: a SIGSTOPped correction service stalled the run for 60 s without a word."""
+    import logging
+
+    refs = [ranks[0].step.remote(None, 1.6), ranks[1].step.remote(None, 0.1)]
+    with caplog.at_level(logging.WARNING, logger="actors.learner_worker"):
+        assert gather(refs, stall_warning_s=0.5, what="step 7") == ["done", "done"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "actors.learner_worker"]
+    assert 2 <= len(warnings) <= 3, warnings  # at 0.5 and 1.0 s (1.5 s too when rank 0 is a little late)
+    assert warnings[0].startswith("step 7 has run for ") and "1 of 2 learner rank(s) not done" in warnings[0]

@@ -39,5 +39,9 @@ class ReportConfig(StrictModel):
     trained a step has a dump and a report."""
     console: bool = True
     """Show the live progress display."""
+    stall_warning_s: float = Field(default=300.0, gt=0.0, le=MAX_TIMEOUT_S)
+    """Say on the console when the driver has waited this long for a step's batch or for the running
+    step (and again every this long): a hung rollout worker, learner rank or correction service
+    otherwise stalls a run without a word."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """Weights & Biases sink."""
