@@ -15,6 +15,7 @@ blocking anyone, whenever the set of ready workers changes or a broadcast failed
 ``weight_sync.type=delta`` is the same transport carrying lossy deltas (``system.weight_delta``).
 """
 
+import logging
 from typing import Protocol
 
 import ray
@@ -22,6 +23,8 @@ import ray
 from actors.learner_worker import LearnerGroup
 from actors.rollout_pool import RolloutPool
 from system.config import RunConfig
+
+log = logging.getLogger(__name__)
 
 
 class WeightTransport(Protocol):
@@ -103,6 +106,10 @@ class CollectiveTransport(ObjectStoreTransport):
         # failure of the one it replaces, which would otherwise tear the new one down as it forms
         if weight_sync_metrics.get("broadcast_failed"):
             failed = weight_sync_metrics.get("broadcast_generation", self.generation)
+            if failed > self.failed_generation:  # once per generation: the console, not only the metric
+                log.warning("weight broadcast generation %d failed (a receiver did not join or answer within "
+                            "weight_sync.timeout_s); its workers load the object store's copy while a new "
+                            "generation forms", failed)
             self.failed_generation = max(self.failed_generation, failed)
 
 

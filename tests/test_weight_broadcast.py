@@ -249,14 +249,17 @@ def test_a_receiver_does_not_wait_for_a_version_while_its_generation_forms():
     sender.close()
 
 
-def test_only_a_failure_of_the_newest_generation_re_forms_the_group():
+def test_only_a_failure_of_the_newest_generation_re_forms_the_group(caplog):
     """A step that ran before generation 3 was opened reports generation 2's failure after it: ignored
-    (3 is forming already); a failure of 3 itself, or one without a number, re-forms."""
+    (3 is forming already); a failure of 3 itself, or one without a number, re-forms. Each failed
+    generation is said once on the console (a probe found the failure only in the metrics)."""
+    import logging
     from types import SimpleNamespace
 
     from actors.weight_sync import CollectiveTransport
     from system.config.loading import resolve_config
 
+    caplog.set_level(logging.WARNING, logger="actors.weight_sync")
     transport = CollectiveTransport(resolve_config([], ["weight_sync.type=collective"]), SimpleNamespace(ranks=[None]))
     transport.generation = 3
     transport.step_done({"broadcast_failed": 1, "broadcast_generation": 2})
@@ -270,6 +273,8 @@ def test_only_a_failure_of_the_newest_generation_re_forms_the_group():
     assert not transport.reform
     transport.step_done({"broadcast_failed": 1})  # without a number: the current one
     assert transport.reform
+    said = [r.getMessage() for r in caplog.records if r.name == "actors.weight_sync"]
+    assert [m.split(" failed")[0] for m in said] == [f"weight broadcast generation {g}" for g in (2, 3, 4)]
 
 
 def test_a_pause_between_versions_longer_than_the_timeout_breaks_nothing():
