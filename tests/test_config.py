@@ -27,8 +27,25 @@ def test_presets_exist():
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_preset_validates(path):
-    # Overlays are validated on top of the defaults, the way users compose them.
-    resolve_config([path])
+    # Overlays are validated on top of the defaults, the way users compose them; every value the file
+    # sets is the resolved config's value there (read back from the file's own YAML, key by key)
+    cfg = resolve_config([path]).model_dump(mode="json", by_alias=True)
+    values = list(_leaves(read_preset(path)))
+    assert values, path
+    for dotted, value in values:
+        got = cfg
+        for key in dotted:
+            got = got[key]
+        assert got == (pytest.approx(value) if isinstance(value, float) else value), (".".join(dotted), got, value)
+
+
+def _leaves(tree: dict, prefix: tuple = ()):
+    """(dotted path, value) of every leaf of a nested mapping."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
 
 
 def test_default_is_seq_mis_hi_3_and_tiny_preset_equals_defaults():

@@ -145,7 +145,10 @@ def test_thresholds_that_reject_the_on_policy_ratio_are_refused(overrides, field
     ],
 )
 def test_thresholds_around_1_are_accepted(overrides):
-    resolve_config([], overrides)
+    method = resolve_config([], overrides).correction.method.model_dump()
+    for override in overrides:  # each value set is the resolved method's
+        field, value = override.removeprefix("correction.method.").split("=")
+        assert method[field] == (value if field == "type" else float(value)), override
 
 
 def test_lo_must_be_below_hi():

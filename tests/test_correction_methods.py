@@ -205,3 +205,47 @@ def test_empty_batch_statistics_and_weights():
         assert w.tolist() == [[0.0] * 3] * 2
         stats = method_statistics(r, w)
         assert stats["ess"] is None and stats["keep_seq_frac_by_len"]["<=128"] is None
+
+
+def _one_response(*d):
+    """One response whose tokens have exactly these log-ratios: mu = 0 and old = d give d = old - mu = d."""
+    old = torch.tensor([list(d)], dtype=torch.float64)
+    return compute_log_ratios(torch.zeros_like(old), old, torch.ones_like(old, dtype=torch.long))
+
+
+def _below(x):
+    return math.nextafter(x, -math.inf)
+
+
+def _above(x):
+    return math.nextafter(x, math.inf)
+
+
+def test_every_threshold_includes_its_boundary_and_the_veto_is_strict():
+    """Spec section 2 by its inequalities, at the boundary and one float64 ulp outside it (a review
+    found no test telling ``<=`` from ``<``): icepop keeps ``lo <= rho <= hi``; seq-mis keeps
+    ``log lo <= L <= log hi``; geo-rs keeps ``log lo <= L / T <= log hi``; the veto drops a response
+    with a token ``d < log veto``, so ``d = log veto`` stays."""
+    lo, hi = math.log(0.5), math.log(5.0)
+    kept = keep_mask(_one_response(lo, hi), IcePop()).tolist()
+    assert kept == [[True, True]]
+    np.testing.assert_allclose(compute_weights(_one_response(lo, hi), IcePop()).tolist(), [[0.5, 5.0]], rtol=1e-15)
+    assert keep_mask(_one_response(_below(lo), _above(hi)), IcePop()).tolist() == [[False, False]]
+
+    log3 = math.log(3.0)
+    assert keep_mask(_one_response(log3), SeqMIS()).tolist() == [[True]]
+    np.testing.assert_allclose(compute_weights(_one_response(log3), SeqMIS()).tolist(), [[3.0]], rtol=1e-15)
+    assert keep_mask(_one_response(_above(log3)), SeqMIS()).tolist() == [[False]]
+    assert keep_mask(_one_response(lo), SeqMIS(lo=0.5)).tolist() == [[True]]
+    assert keep_mask(_one_response(_below(lo)), SeqMIS(lo=0.5)).tolist() == [[False]]
+
+    g_lo, g_hi = math.log(0.999), math.log(1.001)  # one token: L / T = d exactly
+    assert keep_mask(_one_response(g_lo), GeoRS()).tolist() == keep_mask(_one_response(g_hi), GeoRS()).tolist() == [[True]]
+    assert keep_mask(_one_response(_below(g_lo)), GeoRS()).tolist() == [[False]]
+    assert keep_mask(_one_response(_above(g_hi)), GeoRS()).tolist() == [[False]]
+
+    # veto 0.5 on token-tis (C = 2): d = log 0.5 stays, w = min(0.5, 2); one ulp below drops the response
+    at = _one_response(lo, 0.0)
+    assert keep_mask(at, TokenTIS(veto=0.5)).tolist() == [[True, True]]
+    np.testing.assert_allclose(compute_weights(at, TokenTIS(veto=0.5)).tolist(), [[0.5, 1.0]], rtol=1e-15)
+    assert compute_weights(_one_response(_below(lo), 0.0), TokenTIS(veto=0.5)).tolist() == [[0.0, 0.0]]

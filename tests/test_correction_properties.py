@@ -151,3 +151,8 @@ def test_omega_lies_between_one_and_w_where_kept(batch, alpha):
         omega = mix_weights(w, k, alpha)
         assert (omega[~k] == 0).all() and not (k & ~r.valid_BT).any()
         assert (omega <= w.clamp(min=1.0)).all() and (omega[k] >= w[k].clamp(max=1.0)).all()
+        # the value itself, from numpy (the bounds above hold by the clamp; a review found a swapped
+        # alpha would pass them): omega = (1 - alpha) + alpha * w, to the rounding of w's dtype
+        w64 = w[k].double().numpy()
+        want = (1.0 - alpha) + alpha * w64
+        np.testing.assert_allclose(omega[k].double().numpy(), want, rtol=4 * torch.finfo(w.dtype).eps, atol=0)

@@ -64,6 +64,8 @@ def test_a_resumed_run_takes_its_configs_lr_warmup_and_weight_decay(tmp_path):
     weight decay, so ``--resume DIR learner.lr=...`` was silently ignored."""
     import copy
 
+    import torch
+
     from system.learner.checkpoint import keep_hyperparameters
 
     _, saved_opt, saved_sched = _trained(lr=1e-3, warmup=10, weight_decay=0.1, steps=3)
@@ -84,6 +86,9 @@ def test_a_resumed_run_takes_its_configs_lr_warmup_and_weight_decay(tmp_path):
     assert (group["lr"], group["initial_lr"], group["weight_decay"]) == (5e-4, 5e-4, 0.0)
     assert sched.last_epoch == 3 and sched.lr_lambdas[0].warmup_steps == 0 and sched.base_lrs == [5e-4]
     first = next(iter(opt.state.values()))
-    assert float(first["step"]) == 3.0 and first["exp_avg"].abs().sum() > 0
+    assert float(first["step"]) == 3.0
+    assert torch.equal(first["exp_avg"], saved[0]["state"][0]["exp_avg"])  # the saved moments, bit for bit
+    assert torch.equal(first["exp_avg_sq"], saved[0]["state"][0]["exp_avg_sq"])
+    assert first["exp_avg"].abs().sum() > 0  # (and not the zeros of a fresh optimiser)
     sched.step()  # the schedule goes on from the saved position under the new config
     assert group["lr"] == 5e-4 and sched.last_epoch == 4

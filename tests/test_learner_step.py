@@ -56,11 +56,14 @@ def make_weights(batch, seed=1):
     return w.astype(np.float32)
 
 
-def reference_step(model, optimizer, batch, old_BT, w_BT, grad_clip):
-    """Naive one-process step; returns (loss, pre-clip grad norm)."""
+def reference_step(model, optimizer, batch, old_BT, w_BT, grad_clip, stats: dict | None = None):
+    """Naive one-process step; returns (loss, pre-clip grad norm). ``stats``, when given, receives the
+    step's token means over valid tokens, written out token by token: ``entropy`` (of the tempered
+    next-token distribution), ``loss/ratio_mean``, ``loss/clip_frac`` (A > 0 and r > 1 + eps_hi, or
+    A < 0 and r < 1 - eps_lo), ``loss/approx_kl_k1`` (old - cur) and ``loss/approx_kl`` (r - 1 - log r)."""
     arrays = batch.response_arrays()
     valid_BT = arrays["response_mask"] & np.isfinite(arrays["behaviour_logp"]) & np.isfinite(old_BT)
-    terms = []
+    terms, per_token = [], []
     for b in range(batch.num_sequences):
         p, n = int(batch.response_start_B[b]), int(batch.response_len_B[b])
         ids = torch.from_numpy(batch.input_ids_BS[b, : p + n])[None]
@@ -71,7 +74,15 @@ def reference_step(model, optimizer, batch, old_BT, w_BT, grad_clip):
                 ratio = torch.exp(logsm[p + t - 1, ids[0, p + t]] - float(old_BT[b, t]))
                 surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - EPS_LO, 1 + EPS_HI) * adv)
                 terms.append(-float(w_BT[b, t]) * surrogate)
+                r, row = float(ratio.detach()), logsm[p + t - 1].detach().double()
+                per_token.append((float(-(row.exp() * row).sum()), r,
+                                  float((adv > 0 and r > 1 + EPS_HI) or (adv < 0 and r < 1 - EPS_LO)),
+                                  float(old_BT[b, t]) - float(row[ids[0, p + t]]), r - 1 - np.log(r)))
     loss = torch.stack(terms).sum() / int(valid_BT.sum())
+    if stats is not None:
+        means = np.mean(per_token, axis=0)
+        stats.update(zip(("entropy", "loss/ratio_mean", "loss/clip_frac", "loss/approx_kl_k1", "loss/approx_kl"),
+                         means.tolist(), strict=True))
     optimizer.zero_grad()
     loss.backward()
     grad_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None))
@@ -111,9 +122,14 @@ def test_train_step_matches_naive_reference(tmp_path):
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     for steps_done in (1, 2):
         metrics = train_step(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, torch.from_numpy(w), norms)
-        ref_loss, ref_norm = reference_step(ref, ref_opt, batch, old_BT.numpy(), w, cfg.grad_clip)
+        ref_stats: dict = {}
+        ref_loss, ref_norm = reference_step(ref, ref_opt, batch, old_BT.numpy(), w, cfg.grad_clip, ref_stats)
         assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
         assert metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
+        for key, value in ref_stats.items():  # update 1: r = 1 (clip_frac 0, k1 = k3 = 0); update 2: r != 1
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (steps_done, key)
+        if steps_done == 2:
+            assert ref_stats["loss/approx_kl"] > 0 and ref_stats["loss/ratio_mean"] != 1.0
         for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
             if name.endswith("k_proj.bias"):
                 # A key bias adds q.b to every score of a query: softmax is invariant to it, so its

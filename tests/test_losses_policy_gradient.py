@@ -111,3 +111,18 @@ def test_bad_shapes_raise_value_error():
         ppo_token_loss(x, x, torch.zeros(2, 1), x, x.bool())
     with pytest.raises(ValueError, match="valid"):
         ppo_token_loss(x, x, torch.zeros(2), x, torch.ones(3, 2, dtype=torch.bool))
+
+
+def test_the_ratio_outside_the_band_on_the_unclipped_side_keeps_its_gradient_and_is_no_clip():
+    """PPO's min takes the unclipped term where clipping would not lower the objective: A > 0 with
+    r < 1 - eps_lo, and A < 0 with r > 1 + eps_hi (a review found no token of either kind in the
+    hand test, so counting every out-of-band token as clipped would have passed).
+    (0,0): A = +1, r = 0.5: min(0.5, 0.8) = 0.5 -> loss -0.5 (w = 1), grad -w A r = -0.5
+    (1,0): A = -1, r = 1.5: min(-1.5, -1.28) = -1.5 -> loss +1.5, grad -w A r = +1.5
+    Neither is clipped: clip_frac = clip_frac_low = clip_frac_high = 0."""
+    x = torch.tensor([[math.log(0.5)], [math.log(1.5)]], dtype=torch.float64)
+    loss, stats, grad = run(x, torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 1, dtype=torch.float64),
+                            torch.ones(2, 1, dtype=torch.bool))
+    np.testing.assert_allclose(loss.tolist(), [[-0.5], [1.5]], rtol=1e-12)
+    np.testing.assert_allclose(grad.tolist(), [[-0.5], [1.5]], rtol=1e-12)
+    assert stats["clip_frac"] == stats["clip_frac_low"] == stats["clip_frac_high"] == 0.0
