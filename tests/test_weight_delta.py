@@ -41,11 +41,22 @@ def test_receivers_hold_the_senders_reconstruction_and_deltas_are_small():
     enc, dec = DeltaEncoder(rank=4, full_every=10), DeltaDecoder()
     full_bytes = encode_weights(versions[0], 1).num_bytes
     for v, state in enumerate(versions, start=1):
+        before = {k: r.clone() for k, r in enc.reference.items()} if v > 1 else None
         wire = enc.encode(encode_weights(state, v))
         got = dict(decode_weights(dec.decode(wire)))
         assert is_delta(wire) == (v not in (1, 11))  # full at the first version, then every 10th
         want = {k: r.to(torch.bfloat16) for k, r in enc.reference.items()}
         assert all(torch.equal(got[k], want[k]) for k in want)
+        if not is_delta(wire):  # a full version is the weights themselves
+            assert all(torch.equal(got[k], state[k]) for k in state)
+        else:  # the bias (1-D: int8, one scale) against the true weights: E = W - R_before is coded with
+            # scale max|E| / 127, so the new reference R (what the receivers hold, before its bf16 cast,
+            # compared above) is off by at most half a step, max|E| / 254, plus float32 rounding
+            w = state["layer.bias"].float()
+            e = w - before["layer.bias"]
+            off = (enc.reference["layer.bias"] - w).abs()
+            assert (off <= e.abs().max() / 254 * (1 + 1e-5) + w.abs() * 2**-23).all(), v
+            assert off.max() < 0.1 * e.abs().max(), v  # far below what was missing: the bias moved
         if is_delta(wire):  # float16 P [96, 4] and Q [128, 4]; int8 bias [96] + one float32 scale
             assert wire.num_bytes == 2 * 4 * (96 + 128) + 96 + 4 == 1892
             assert full_bytes == 2 * 96 * (128 + 1) and wire.num_bytes <= full_bytes / 8
