@@ -74,8 +74,8 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names the part."""
 
 
-def load_controller_state(ckpt: str | Path) -> dict:
-    """The controller half of ``ckpt``, checked with :func:`check_controller_state`."""
+def read_controller_state(ckpt: str | Path) -> dict:
+    """The controller half of ``ckpt`` as written (its CRC-32 checked), its parts not checked."""
     path = Path(ckpt) / CONTROLLER_FILE
     try:
         with open(path, "rb") as f:
@@ -92,8 +92,14 @@ def load_controller_state(ckpt: str | Path) -> dict:
         raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a controller state")
+    return state
+
+
+def load_controller_state(ckpt: str | Path) -> dict:
+    """The controller half of ``ckpt``: :func:`read_controller_state`, checked with :func:`check_controller_state`."""
+    state = read_controller_state(ckpt)
     try:
-        check_controller_state(state, path)
+        check_controller_state(state, Path(ckpt) / CONTROLLER_FILE)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
     return state

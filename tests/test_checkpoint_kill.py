@@ -12,7 +12,6 @@ the middle of writes (half-written files were found), or it would prove nothing.
 """
 
 import os
-import pickle
 import random
 import select
 import signal
@@ -59,7 +58,7 @@ def check_latest(run_dir: Path) -> int:
     ckpt = run_state.latest_run_checkpoint(run_dir)
     if ckpt is None:
         return 0
-    controller = pickle.loads((ckpt / run_state.CONTROLLER_FILE).read_bytes())
+    controller = run_state.read_controller_state(ckpt)  # its CRC checked (the writer's state is only the step)
     model, optimizer, scheduler = build()
     counters = load_checkpoint(run_state.learner_dir(ckpt), model, optimizer, scheduler)
     step = controller["step"]

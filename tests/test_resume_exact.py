@@ -17,7 +17,6 @@ process that draws them.
 """
 
 import json
-import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from bench_fault_tolerance import COMPARED, RESUME  # noqa: E402  (the benchmark
 from actors.trainer import Trainer  # noqa: E402
 from system import run_state  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
+from system.learner.checkpoint import file_crc32  # noqa: E402
 from system.types import Prompt, RolloutGroup  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -96,8 +96,10 @@ def swap_learner_part(ckpt: Path, donor: Path, part: str, scratch: Path) -> None
     trainer = json.loads((learner / "trainer.json").read_text())
     shutil.rmtree(learner)
     torch_save_to_dcp(scratch / "merged.pt", learner)
-    # a consistent stale checkpoint: its file list names the new files (else it is refused as replaced)
+    # a consistent stale checkpoint: its file list names the new files with their sizes and CRCs (else
+    # it is refused as replaced)
     trainer["files"] = {p.name: p.stat().st_size for p in sorted(learner.iterdir())}
+    trainer["crc32"] = {p.name: file_crc32(str(p)) for p in sorted(learner.iterdir())}
     (learner / "trainer.json").write_text(json.dumps(trainer))
 
 
@@ -109,10 +111,10 @@ def swap_trainer_json(ckpt: Path, donor: Path, key: str) -> None:
 
 
 def edit_controller(ckpt: Path, edit) -> None:
-    path = ckpt / run_state.CONTROLLER_FILE
-    state = pickle.loads(path.read_bytes())
+    """Change the controller half and write it back as a run would (a consistent, if stale, checkpoint)."""
+    state = run_state.load_controller_state(ckpt)
     edit(state)
-    path.write_bytes(pickle.dumps(state))
+    run_state.save_controller_state(ckpt, state)
 
 
 def resume_copy(source: Path, dest: Path, keep_step: int, donor_step: int = 2) -> tuple[Path, Path]:
@@ -174,7 +176,7 @@ def test_a_stale_part_changes_the_resumed_run(part, uninterrupted, tmp_path):
 def test_missing_or_inconsistent_parts_are_refused(uninterrupted, tmp_path, monkeypatch):
     source, _ = uninterrupted
     ckpt, donor = resume_copy(source, tmp_path / "run", keep_step=4)
-    controller = pickle.loads((ckpt / run_state.CONTROLLER_FILE).read_bytes())
+    controller = run_state.load_controller_state(ckpt)
     for key in run_state.CONTROLLER_KEYS:
         state = {k: v for k, v in controller.items() if k != key}
         with pytest.raises(ValueError, match=f"lacks {key}"):
