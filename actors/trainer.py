@@ -45,6 +45,7 @@ from system.data.context_fit import fit_dataset_prompts
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
 from system.learner.batch import collate_groups
+from system.learner.checkpoint import CheckpointContentError
 from system.learner.divergence import DivergenceGuard
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
@@ -201,6 +202,9 @@ class Trainer:
                 if version != saved["step"]:
                     problem = f"learner at version {version} but controller at step {saved['step']}"
             except ray.exceptions.RayTaskError as exc:
+                text = f"{run_state.learner_dir(self.ckpt)}: the learner half failed to load ({remote_error(exc, limit=300)})"
+                if not isinstance(exc.cause, CheckpointContentError):  # storage, memory, a rank: no fall-back
+                    raise run_state.CheckpointError(text) from None
                 problem = f"the learner half failed to load ({remote_error(exc, limit=300)})"
             if problem is None:
                 break
@@ -210,7 +214,9 @@ class Trainer:
             if older is None:
                 raise run_state.CheckpointError(f"--resume: no usable checkpoint under {self.run_dir / 'checkpoints'} "
                                                 f"({'; '.join(failed)})")
-            log.warning("checkpoint %s; falling back to %s", failed[-1 - len(skipped)], older.name)
+            for reason in failed[-1 - len(skipped):]:
+                log.warning("checkpoint %s; falling back to an older one", reason)
+            log.warning("resuming from %s", older.name)
             self.ckpt, saved, self.step = older, older_saved, older_saved["step"]
         self.sampler.load_state_dict(saved["sampler"])
         self.sampler.requeue([pid for pid, s in self.sampler.state.items() if s == "issued"])
@@ -280,7 +286,7 @@ class Trainer:
         None once ``give_up()`` holds before the batch is ready (checked every 50 ms when queueing
         ``ahead`` behind the running step, else every second: a stop request)."""
         groups, waited = take_batch(self.cfg, self.buffer, self.sampler, self.state, version, self.rollout, give_up,
-                                    poll_s=0.05 if ahead else 1.0)
+                                    poll_s=0.05 if ahead else 1.0, warn=not ahead)
         if not groups:
             return None
         batch = collate_groups(groups, SCALE_BY_STD[self.cfg.learner.advantage])

@@ -163,8 +163,9 @@ def usable_run_checkpoint(run_dir: str | Path, below: Path | None = None) -> tup
     """
     skipped = []
     candidates = complete_run_checkpoints(run_dir)
-    if below is not None:
-        candidates = candidates[candidates.index(below) + 1:] if below in candidates else []
+    if below is not None:  # by step number (the path may be spelled otherwise)
+        limit = int(_STEP.match(Path(below).name).group(1))
+        candidates = [c for c in candidates if int(_STEP.match(c.name).group(1)) < limit]
     for ckpt in candidates:
         problems = checkpoint_problems(learner_dir(ckpt))
         if problems:

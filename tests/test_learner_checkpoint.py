@@ -92,3 +92,24 @@ def test_a_resumed_run_takes_its_configs_lr_warmup_and_weight_decay(tmp_path):
     assert first["exp_avg"].abs().sum() > 0  # (and not the zeros of a fresh optimiser)
     sched.step()  # the schedule goes on from the saved position under the new config
     assert group["lr"] == 5e-4 and sched.last_epoch == 4
+
+
+def test_a_load_that_fails_leaves_the_configs_hyperparameters():
+    """Found by a review: a load failing after the optimiser state was taken left the failed checkpoint's
+    lr and weight decay in place, and a resume that then falls back to an older checkpoint would have
+    kept them as "the config's"."""
+    import copy
+
+    from system.learner.checkpoint import keep_hyperparameters
+
+    _, saved_opt, saved_sched = _trained(lr=1e-3, warmup=10, weight_decay=0.1, steps=3)
+    _, opt, sched = _trained(lr=5e-4, warmup=0, weight_decay=0.0, steps=0)
+    with pytest.raises(RuntimeError, match="the load failed here"):
+        with keep_hyperparameters(opt, sched):
+            opt.load_state_dict(copy.deepcopy(saved_opt.state_dict()))
+            sched.load_state_dict(copy.deepcopy(saved_sched.state_dict()))
+            assert opt.param_groups[0]["weight_decay"] == 0.1  # the checkpoint's, for now
+            raise RuntimeError("the load failed here")
+    group = opt.param_groups[0]
+    assert (group["initial_lr"], group["weight_decay"]) == (5e-4, 0.0)
+    assert sched.lr_lambdas[0].warmup_steps == 0

@@ -16,21 +16,26 @@ from test_run_state import make_checkpoint  # the real file layout, built by han
 
 from actors.trainer import Trainer
 from system import run_state
+from system.learner.checkpoint import CheckpointContentError
 
 
 class Learners:
     """Loads a checkpoint's learner half: raises like a rank for the ``refused`` ones, else returns
     the version in ``versions`` (default: the checkpoint's step)."""
 
-    def __init__(self, refused=(), versions=None):
-        self.refused, self.versions, self.loaded = set(refused), versions or {}, []
+    def __init__(self, refused=(), versions=None, io_error=()):
+        self.refused, self.versions, self.io_error, self.loaded = set(refused), versions or {}, set(io_error), []
 
     def load_checkpoint(self, path: str) -> int:
         name = Path(path).parent.name
         self.loaded.append(name)
         if name in self.refused:
-            cause = ValueError(f"{path}: DCP could not load it (rank 0: ValueError: Size mismatch between saved "
-                               "torch.Size([15, 128]) and current: torch.Size([15, 64]) for model.lm_head.weight)")
+            cause = CheckpointContentError(
+                f"{path}: DCP could not load it (rank 0: ValueError: Size mismatch between saved "
+                "torch.Size([15, 128]) and current: torch.Size([15, 64]) for model.lm_head.weight)")
+            raise ray.exceptions.RayTaskError("LearnerRank.load_checkpoint", "Traceback ...", cause)
+        if name in self.io_error:
+            cause = RuntimeError(f"{path}: DCP could not load it (rank 1: OSError: [Errno 5] Input/output error)")
             raise ray.exceptions.RayTaskError("LearnerRank.load_checkpoint", "Traceback ...", cause)
         return self.versions.get(name, int(name.split("_")[1]))
 
@@ -48,6 +53,21 @@ class Sampler:
 class Buffer:
     def restore(self, groups):
         self.groups = groups
+
+
+@pytest.fixture(autouse=True)
+def keep_global_rng():
+    """``_restore`` sets the process's random / numpy / torch generators from the checkpoint: put them back."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
 
 
 def restoring(run_dir, learners) -> Trainer:
@@ -68,9 +88,22 @@ def test_a_learner_half_that_fails_to_load_falls_back_to_an_older_checkpoint(tmp
     assert learners.loaded == ["step_00000006", "step_00000004"]
     assert used["step"] == 4 and trainer.step == 4 and trainer.ckpt.name == "step_00000004"
     assert trainer.sampler.loaded == used["sampler"]
-    assert ("checkpoint step_00000006: the learner half failed to load (ValueError: " in caplog.text
+    assert ("checkpoint step_00000006: the learner half failed to load (CheckpointContentError: " in caplog.text
             and "Size mismatch between saved torch.Size([15, 128])" in caplog.text
-            and "falling back to step_00000004" in caplog.text)
+            and "resuming from step_00000004" in caplog.text)
+
+
+def test_an_io_error_is_no_reason_to_fall_back(tmp_path):
+    """Found by a review: falling back on ANY load error would set a good newest checkpoint aside (and
+    drop its metrics) after one passing read error. Only content the learner refuses falls back."""
+    make_checkpoint(tmp_path, 2)
+    make_checkpoint(tmp_path, 4)
+    learners = Learners(io_error={"step_00000004"})
+    trainer, saved = restoring(tmp_path, learners)
+    with pytest.raises(run_state.CheckpointError, match=r"step_00000004/learner: the learner half failed to load "
+                                                        r"\(RuntimeError: .*Input/output error"):
+        trainer._restore(saved)
+    assert learners.loaded == ["step_00000004"]
 
 
 def test_halves_from_different_steps_fall_back_too(tmp_path):

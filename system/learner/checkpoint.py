@@ -12,8 +12,11 @@ complete one; ``latest_checkpoint`` ignores ``*.partial`` directories and any di
 without both ``.metadata`` and ``trainer.json``. ``trainer.json`` also lists every shard file
 with its size and CRC-32, so a file truncated, lost or damaged after publication (a full disk, a
 bad copy, flipped or zeroed bytes) is found by :func:`checkpoint_problems` before DCP tries to read
-it (the CRC costs one read of the checkpoint at save and at resume, ~6 GB/s here). A load also
-refuses non-finite parameters or optimiser moments (all ranks agree before any raises). Checkpoints need a file system shared by all
+it. The CRCs cost one read of each rank's own files at save (the ranks in parallel) and one read of
+the whole checkpoint by the driver at resume (zlib's CRC-32 runs at ~6.7 GB/s from the page cache on
+the AMD EPYC here; the storage's read speed bounds it on a cluster). A load refuses content that
+cannot be this learner's (:class:`CheckpointContentError`: another model's shapes, NaN or infinite
+parameters or moments, all ranks agreeing before any raises); an I/O error is not such content. Checkpoints need a file system shared by all
 ranks (as DCP itself does on several nodes).
 """
 
@@ -74,15 +77,35 @@ def save_checkpoint(
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
+    # each rank reads back the shard files it wrote (``__<rank>_<i>.distcp``; rank 0 also the rest, the
+    # ``.metadata``), in parallel: no rank reads the whole checkpoint while the others wait
+    mine = {name: file_crc32(os.path.join(partial, name)) for name in sorted(os.listdir(partial))
+            if _writer_rank(name, dist.get_world_size()) == rank}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
     if rank == 0:
         names = sorted(os.listdir(partial))
         files = {name: os.path.getsize(os.path.join(partial, name)) for name in names}
-        crc32 = {name: file_crc32(os.path.join(partial, name)) for name in names}
+        crc32 = {name: crc for part in every for name, crc in part.items()}
         trainer = {"counters": dict(counters), "scheduler": scheduler.state_dict(), "files": files, "crc32": crc32}
         with open(os.path.join(partial, _TRAINER_FILE), "w") as f:
             json.dump(trainer, f)
         _publish(partial, path)
     dist.barrier()
+
+
+_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
+
+
+def _writer_rank(name: str, world_size: int) -> int:
+    """The rank that wrote DCP file ``name`` (``__<rank>_<i>.distcp``); rank 0 for any other file."""
+    match = _SHARD.match(name)
+    return int(match.group(1)) if match and int(match.group(1)) < world_size else 0
+
+
+class CheckpointContentError(ValueError):
+    """The checkpoint's content cannot be this learner's state (another model's shapes or names,
+    NaN / inf values): a resume may fall back to an older checkpoint. Not raised for I/O errors."""
 
 
 def load_checkpoint(
@@ -105,16 +128,20 @@ def load_checkpoint(
         try:
             dcp.load(state, checkpoint_id=path)
         except dcp.api.CheckpointException as exc:  # a BaseException whose text is every rank's traceback
-            rank, (cause, _) = next(iter(exc.failures.items()))
-            raise ValueError(f"{path}: DCP could not load it (rank {rank}: {type(cause).__name__}: "
-                             f"{' '.join(str(cause).split())[:300]})") from None
+            failures = [(rank, cause) for rank, (cause, _) in exc.failures.items()]
+            rank, cause = next(((r, c) for r, c in failures if isinstance(c, (OSError, MemoryError))), failures[0])
+            text = f"{path}: DCP could not load it (rank {rank}: {type(cause).__name__}: " \
+                   f"{' '.join(str(cause).split())[:300]})"
+            if isinstance(cause, (OSError, MemoryError)):  # the storage or the machine, not the content
+                raise RuntimeError(text) from None
+            raise CheckpointContentError(text) from None
         bad = _first_non_finite(state)
         agreed = torch.tensor([0 if bad is None else 1], dtype=torch.int64)
         if dist.get_backend() == "nccl":
             agreed = agreed.cuda()
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank raises, or none: no rank left in a collective
         if int(agreed.item()):
-            raise ValueError(f"{path}: non-finite values in "
+            raise CheckpointContentError(f"{path}: non-finite values in "
                              f"{bad if bad is not None else 'the shards of another rank'} (a damaged checkpoint)")
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         with open(os.path.join(path, _TRAINER_FILE)) as f:
@@ -134,7 +161,17 @@ def keep_hyperparameters(optimizer: torch.optim.Optimizer,
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     multipliers = [dict(fn.__dict__) if not isinstance(fn, types.FunctionType) else None
                    for fn in scheduler.lr_lambdas]
-    yield
+    try:
+        yield
+    except BaseException:  # a failed load: the config's hyperparameters back (a resume may try an older one)
+        if len(groups) == len(optimizer.param_groups):
+            for group, fresh in zip(optimizer.param_groups, groups, strict=True):
+                group.update(fresh)
+        for fn, attrs in zip(scheduler.lr_lambdas, multipliers, strict=True):
+            if attrs is not None:
+                fn.__dict__.clear()
+                fn.__dict__.update(attrs)
+        raise
     if len(groups) != len(optimizer.param_groups):
         raise ValueError(f"the checkpoint has {len(optimizer.param_groups)} param groups, the model {len(groups)}")
     for fn, attrs in zip(scheduler.lr_lambdas, multipliers, strict=True):
@@ -187,6 +224,10 @@ def checkpoint_problems(path: str) -> list[str]:
     if not isinstance(trainer, dict) or not {"counters", "scheduler"} <= trainer.keys():
         return [f"{os.path.join(path, _TRAINER_FILE)} lacks counters or scheduler"]
     files = trainer.get("files", {})  # absent in checkpoints written before the list existed
+    crc32 = trainer.get("crc32", {})  # absent in checkpoints written before the CRCs
+    if not (isinstance(files, dict) and all(isinstance(v, int) for v in files.values())
+            and isinstance(crc32, dict) and all(isinstance(v, int) for v in crc32.values())):
+        return [f"{os.path.join(path, _TRAINER_FILE)}: its files or crc32 list is not a table of numbers (damaged)"]
     problems = []
     for name, size in files.items():
         file = os.path.join(path, name)
@@ -194,11 +235,10 @@ def checkpoint_problems(path: str) -> list[str]:
             problems.append(f"{file} is missing")
         elif os.path.getsize(file) != size:
             problems.append(f"{file} has {os.path.getsize(file)} bytes, {size} were written (truncated or replaced)")
-    crc32 = trainer.get("crc32", {})  # absent in checkpoints written before the CRCs
     for name, expected in crc32.items():
         file = os.path.join(path, name)
-        if os.path.isfile(file) and os.path.getsize(file) == files.get(name) and file_crc32(file) != expected:
-            problems.append(f"{file}: its bytes differ from those written (CRC-32 {file_crc32(file):08x}, "
+        if os.path.isfile(file) and os.path.getsize(file) == files.get(name) and (got := file_crc32(file)) != expected:
+            problems.append(f"{file}: its bytes differ from those written (CRC-32 {got:08x}, "
                             f"{expected:08x} was written: damaged or replaced)")
     return problems
 
