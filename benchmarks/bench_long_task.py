@@ -31,7 +31,12 @@ def response_lengths(records: list[dict], window: int = 10) -> dict:
     return {f"response_tokens_first_{window}": float(np.mean(per_step[:window])),
             f"response_tokens_last_{window}": float(np.mean(per_step[-window:])),
             "reward_every_10_steps": [round(float(np.mean([r["reward/mean"] for r in records[i:i + 10]])), 4)
-                                      for i in range(0, len(records), 10)]}
+                                      for i in range(0, len(records), 10)],
+            # the sequence-level ESS fraction of rho_seq (spec section 1): how much a sequence-level
+            # method has to work with on 74-token responses
+            "ess_seq_min": float(min(r["mismatch/ess_seq"] for r in records)),
+            "ess_seq_median": float(np.median([r["mismatch/ess_seq"] for r in records])),
+            "ess_seq_max": float(max(r["mismatch/ess_seq"] for r in records))}
 
 
 def main() -> None:
