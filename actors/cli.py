@@ -273,6 +273,11 @@ def _submit_notes(cfg: RunConfig | None) -> None:
 
     for warning in jobs.placement_warnings(cfg) if cfg is not None else []:
         console.print(f"[yellow]warning:[/] {warning}")
+    token, source = jobs.find_auth_token()
+    if token is None and not source.endswith("RAY_AUTH_MODE=disabled"):
+        console.print("[yellow]warning:[/] no Ray auth token found ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, "
+                      "~/.ray/auth_token): the job goes without one, which only a cluster with token "
+                      "authentication off accepts (one that runs jobs from anyone who reaches its dashboard port)")
     if cfg is not None and cfg.report.wandb.mode == "online":
         console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
 

@@ -70,3 +70,30 @@ def test_a_checkout_file_that_cannot_be_copied_is_named(tmp_path):
     os.mkfifo(project / "pipe")
     with pytest.raises(jobs.JobError, match=r"cannot copy the checkout .*pipe.*remove or fix that file"):
         jobs.stage_working_dir(None, tmp_path / "staging", project=project)
+
+
+def test_submit_warns_when_it_has_no_token_to_send(tmp_path, monkeypatch):
+    """Found by a probe: the README's local head ran with token authentication off, and ``aisrl submit``
+    sent no token without a word. Now it says so (not when a token is found, or auth is off by choice).
+    The address is a closed port: the submission itself fails after the warning, naming the address."""
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def submit() -> str:
+        result = CliRunner().invoke(app, ["submit", "--address", "http://127.0.0.1:9", "max_steps=1",
+                                          f"output_dir={tmp_path / 'run'}"])
+        assert result.exit_code == 2 and "cannot reach the Ray Jobs API" in " ".join(result.output.split())
+        return " ".join(result.output.split())
+
+    assert "warning: no Ray auth token found" in submit()
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "a1b2c3")
+    assert "no Ray auth token found" not in submit()
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert "no Ray auth token found" not in submit()

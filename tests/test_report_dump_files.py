@@ -230,7 +230,7 @@ def test_misspelt_optional_keys_are_named_and_all_rows_counted(tmp_path):
     summary, _, html = _outputs(out)
     assert summary["ignored_keys"] == ["lags", "rewards"] and "reward_mean" not in summary
     assert (summary["n_rows"], summary["n_sequences"]) == (6, 4)
-    assert "ignored keys that are not dump keys: lags, rewards" in said(result)
+    assert "ignored keys that are not dump keys: 'lags', 'rewards'" in said(result)
     assert "4 of 6 sequences with a valid token" in said(result)
     assert "Keys ignored." in html and "lags, rewards" in html and "(of 6 in the dump)" in html
 
@@ -298,3 +298,20 @@ def test_a_member_declaring_more_data_than_it_holds_is_refused_before_allocating
     arrays = make_demo_dump(4, 3, seed=1)
     np.savez_compressed(tmp_path / "z.npz", **arrays)
     assert load_dump(tmp_path / "z.npz").shape == (4, 3)
+
+
+def test_dump_text_can_neither_turn_the_page_nor_the_terminal(tmp_path):
+    """Found by a probe: a right-to-left override (U+202E) in a uid reversed the rest of its summary
+    line on the page (the numbers and the keeps/rejects verdict), and a key name holding terminal
+    escapes set the terminal's title and colours through the console line. Dump text now sits in
+    <bdi> (isolated direction) and key names are printed as repr."""
+    arrays = make_demo_dump(4, 5, seed=2)
+    arrays["uid"] = np.array([f"u{i}\u202e44" for i in range(4)])
+    arrays["prompt_text"] = np.array(["\u202eevil"] * 4)
+    arrays["\x1b]0;PWNED\x07\x1b[31mRED\x1b[0m"] = np.zeros(4)
+    result, out = _report(tmp_path, arrays)
+    assert result.exit_code == 0, result.output
+    _, _, html = _outputs(out)
+    assert "uid <bdi>u0\u202e44</bdi>: mean |diff|" in html
+    assert '<pre class="text"><bdi>\u202eevil</bdi></pre>' in html and "bdi{unicode-bidi:isolate}" in html
+    assert "\x1b" not in result.output and "'\\x1b]0;PWNED\\x07\\x1b[31mRED\\x1b[0m'" in said(result)

@@ -58,7 +58,8 @@ def _figures(ratios, summary: dict) -> dict[str, dict]:
     figures = {"ratio_hist": plots.ratio_histogram(_valid_values(ratios.dc_BT, valid, all_valid))}
     mu = _valid_values(ratios.behaviour_BT, valid, all_valid)
     old = _valid_values(ratios.proximal_BT, valid, all_valid)
-    figures["prob_diff"] = plots.prob_diff_histogram(np.abs(np.exp(old) - np.exp(mu)))
+    with np.errstate(over="ignore"):  # a log-prob above ~88 (float32) is counted already (logp_above_zero)
+        figures["prob_diff"] = plots.prob_diff_histogram(np.abs(np.exp(old) - np.exp(mu)))
     figures["density"] = plots.logprob_density(mu, old, summary["logp_pearson"])
     figures["keep_by_len"] = plots.keep_by_length(summary["methods"])
     return figures
@@ -111,7 +112,8 @@ def summary_line(summary: dict) -> str:
     """One line for the console; says so when there is no valid token (every diagnostic null), and
     names the archive's keys that are not dump keys (a misspelt optional key is otherwise unseen)."""
     ignored = summary.get("ignored_keys")
-    note = (f"; ignored keys that are not dump keys: {', '.join(ignored)} (the optional keys: "
+    # repr: a key name is the file's text, and control characters in it would reach the terminal
+    note = (f"; ignored keys that are not dump keys: {', '.join(repr(k) for k in ignored)} (the optional keys: "
             f"{', '.join(OPTIONAL_ROW + OPTIONAL_GRID)})" if ignored else "")
     if summary["n_tokens"] == 0:
         return (f"no valid tokens ({summary['nonfinite_tokens']} masked-in tokens non-finite): "
