@@ -203,3 +203,35 @@ def test_missing_or_inconsistent_parts_are_refused(uninterrupted, tmp_path, monk
     with pytest.raises(ValueError, match="learner at version 4 but controller at step 2"):
         train(tmp_path / "run", 6, resume=True)
     assert services == []
+
+
+def test_a_learner_half_the_ranks_refuse_falls_back_and_the_resume_is_still_exact(uninterrupted, tmp_path):
+    """The newest checkpoint (step 4) holds NaNs in a weight, its CRCs rewritten to match (so only the
+    load's finiteness check can see it): the ranks refuse it, the resume falls back to step 2, sets
+    step 4 aside, trims the records past step 2, and trains steps 3-6 exactly as the uninterrupted
+    run did (the path through ``Trainer._start`` with the fallen-back controller state)."""
+    import pickle
+
+    from system.learner.checkpoint import checkpoint_problems
+
+    source, full = uninterrupted
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    shutil.rmtree(run_state.checkpoint_dir(run, 6))
+    learner = Path(run_state.learner_dir(run_state.checkpoint_dir(run, 4)))
+    with open(learner / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    length, name, offset = max((info.length, info.relative_path, info.offset)
+                               for index, info in meta.storage_data.items() if index.fqn.startswith("model."))
+    with open(learner / name, "r+b") as f:  # 64 bytes of 0xFF: NaNs in the middle of the largest weight
+        f.seek(offset + length // 2)
+        f.write(b"\xff" * 64)
+    trainer_json = json.loads((learner / "trainer.json").read_text())
+    trainer_json["crc32"][name] = file_crc32(str(learner / name))
+    (learner / "trainer.json").write_text(json.dumps(trainer_json))
+    assert checkpoint_problems(str(learner)) == []  # nothing a file check can see
+
+    resumed = train(run, 6, resume=True)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    assert [compared(r) for r in resumed] == [compared(r) for r in full]
+    assert [p.name for p in (run / "checkpoints" / run_state.ABANDONED_DIR).glob("*/step_*")] == ["step_00000004"]
