@@ -44,6 +44,20 @@ from system.learner.step import LossNormalisers, Trainee, train_updates
 from system.weight_payload import WeightPayload
 
 
+def nonfinite_parameters(model: torch.nn.Module) -> bool:
+    """Whether any parameter holds a NaN or an infinity after the update, over every rank (an
+    ``all_reduce``; each rank reads its own shards once: ``get_total_norm`` of them is finite exactly
+    when every element is, unless the norm of finite values overflows, which counts as diverged too)."""
+    local = [t.detach() for t in (p.to_local() if hasattr(p, "to_local") else p for p in model.parameters())
+             if t.numel()]
+    device = next(model.parameters()).device
+    norm = torch.nn.utils.get_total_norm(local) if local else torch.zeros((), device=device)
+    flag = (~torch.isfinite(norm)).to(torch.int64).reshape(1)
+    if dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 class LearnerCore:
     """A plain (Ray-free) learner rank; the Ray actor is a shell around one of these."""
 
@@ -111,6 +125,7 @@ class LearnerCore:
         w_BT = (lambda: as_tensor(weights())) if callable(weights) else as_tensor(weights)
         trainee = Trainee(self.model, self.optimizer, self.scheduler, self.cfg, self.sampling)
         metrics = train_updates(trainee, shard, old_BT, w_BT, normalisers)
+        metrics["nonfinite_params"] = float(nonfinite_parameters(self.model))
         self.optimizer_step += int(metrics["updates"] - metrics["skipped_updates"])
         self._policy_version += 1
         self._proximal = None

@@ -2,6 +2,8 @@
 
 A step is non-finite when the learner skipped its update (a non-finite gradient), its loss is not
 finite, or it recomputed non-finite log-probs where the rollout's are finite (a diverged model).
+A step after which a parameter is NaN or infinite stops the run at once: no later step can recover
+from it (its weights were already sent to the rollout workers; it is never checkpointed).
 """
 
 import math
@@ -27,8 +29,14 @@ class DivergenceGuard:
                 or not math.isfinite(loss))
 
     def observe(self, step: int, learner_metrics: dict) -> None:
-        """Count ``step``; raise :class:`TrainingDivergedError` (what happened and what to do) past the limit."""
+        """Count ``step``; raise :class:`TrainingDivergedError` (what happened and what to do) past the limit,
+        or at once when the update left a non-finite parameter."""
         self.streak = self.streak + 1 if self.nonfinite(learner_metrics) else 0
+        if learner_metrics.get("nonfinite_params", 0.0) > 0:
+            raise TrainingDivergedError(
+                f"training diverged: step {step}'s update left non-finite parameters (loss "
+                f"{learner_metrics.get('loss', 0.0)}, grad_norm {learner_metrics.get('grad_norm')}). Lower "
+                "learner.lr (or tighten learner.grad_clip); no checkpoint was written after the divergence")
         if self.streak > self.limit:
             raise TrainingDivergedError(
                 f"training diverged: {self.streak} consecutive steps with a non-finite loss, gradient or log-prob "
