@@ -126,8 +126,11 @@ def test_train_step_matches_naive_reference(tmp_path):
         ref_loss, ref_norm = reference_step(ref, ref_opt, batch, old_BT.numpy(), w, cfg.grad_clip, ref_stats)
         assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
         assert metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
-        for key, value in ref_stats.items():  # update 1: r = 1 (clip_frac 0, k1 = k3 = 0); update 2: r != 1
-            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (steps_done, key)
+        # update 1: r = 1 (clip_frac 0, k1 = k3 = 0); update 2: r != 1. abs 2e-6: the batched proximal
+        # log-probs agree with the naive ones to 2e-6 per token (asserted above, the CPU's summation
+        # order), so a mean of old - cur near 0 (k1 at update 1) may differ from the reference by that
+        for key, value in ref_stats.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=2e-6), (steps_done, key)
         if steps_done == 2:
             assert ref_stats["loss/approx_kl"] > 0 and ref_stats["loss/ratio_mean"] != 1.0
         for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
