@@ -36,7 +36,7 @@ from actors.rollout_worker import RolloutWorker
 from actors.step_records import RecordsInFlight, SubmittedStep
 from actors.stop_signals import as_terminated, defer_sigterm, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
-from system import run_state
+from system import controller_state, run_state
 from system.config import RunConfig, dump_config
 from system.config.advice import config_warnings
 from system.config.rollout import MAX_ROLLOUT_WORKERS
@@ -368,7 +368,7 @@ class Trainer:
                 "correction": correction, "wandb_run_id": wandb_run_id,
                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
             }
-        run_state.save_controller_state(ckpt, state)
+        controller_state.save_controller_state(ckpt, state)
         self._saved_step = self.step
         return ckpt
 

@@ -1,4 +1,5 @@
-"""The run directory and the controller half of a checkpoint (the learner half is DCP, ``system.learner.checkpoint``).
+"""The run directory and its checkpoints (the learner half is DCP, ``system.learner.checkpoint``; the
+controller half ``controller.pkl``, ``system.controller_state``).
 
     <output_dir>/config.json              resolved config
     <output_dir>/metrics.jsonl            one record per learner step
@@ -10,8 +11,8 @@
                                                              buffer, AIS state, RNG, W&B run id
 
 What a resumed run needs to continue exactly as the uninterrupted one: the learner half (model,
-AdamW state, schedule, policy version) and ``CONTROLLER_KEYS``; loading checks both halves
-are there and agree (:func:`check_controller_state`), so a checkpoint that left a part out
+AdamW state, schedule, policy version) and ``controller_state.CONTROLLER_KEYS``; loading checks both
+halves are there and agree (``controller_state.check_controller_state``), so a checkpoint that left a part out
 fails to resume with a message naming the part instead of resuming into a different run.
 The sampling randomness needs no state: every prompt's seed is derived from the run seed,
 its prompt id and the policy version (``system.rollout.worker.prompt_seed``).
@@ -26,112 +27,23 @@ back to the newest checkpoint that is whole (:func:`usable_run_checkpoint`).
 import json
 import logging
 import os
-import pickle
 import re
 import shutil
-import zlib
 from pathlib import Path
 
-from system.data.sampler import check_cursor
+from system.controller_state import CONTROLLER_FILE, CheckpointError, load_controller_state
 from system.learner.checkpoint import checkpoint_problems, is_complete
 from system.report.dump import numbered_dumps
 from system.rollout.fp8_kernels import KERNELS
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step_(\d+)$")
-CONTROLLER_FILE = "controller.pkl"
-CONTROLLER_KEYS = ("step", "sampler", "buffer", "correction", "rng", "wandb_run_id")
-"""The controller half: policy version (= steps done), sampler cursor and ledger, the buffered
-groups, the correction service's state (AIS), the driver's RNG states, the W&B run to resume."""
-
-
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
 
 
 def learner_dir(ckpt: str | Path) -> str:
     return str(Path(ckpt) / "learner")
-
-
-_SEALED = "aisrl_controller_crc32"
-"""The key of the envelope ``controller.pkl`` holds: ``{_SEALED: crc32(inner), "state": inner}``, where
-``inner`` is the pickled state; a file of an older run holds the state dict itself."""
-
-
-def save_controller_state(ckpt: str | Path, state: dict) -> None:
-    """``controller.pkl``: the state pickled, with the CRC-32 of those bytes, written then renamed."""
-    path = Path(ckpt) / CONTROLLER_FILE
-    tmp = path.with_suffix(".tmp")
-    inner = pickle.dumps(state)
-    with open(tmp, "wb") as f:
-        pickle.dump({_SEALED: zlib.crc32(inner), "state": inner}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from; the message names the part."""
-
-
-def read_controller_state(ckpt: str | Path) -> dict:
-    """The controller half of ``ckpt`` as written (its CRC-32 checked), its parts not checked."""
-    path = Path(ckpt) / CONTROLLER_FILE
-    try:
-        with open(path, "rb") as f:
-            state = pickle.load(f)
-        if isinstance(state, dict) and _SEALED in state:
-            inner = state.get("state")
-            if not isinstance(inner, bytes) or zlib.crc32(inner) != state[_SEALED]:
-                raise CheckpointError(f"{path}: its bytes differ from those written (CRC-32 mismatch: damaged "
-                                      "or replaced)")
-            state = pickle.loads(inner)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a controller state")
-    return state
-
-
-def load_controller_state(ckpt: str | Path) -> dict:
-    """The controller half of ``ckpt``: :func:`read_controller_state`, checked with :func:`check_controller_state`."""
-    state = read_controller_state(ckpt)
-    try:
-        check_controller_state(state, Path(ckpt) / CONTROLLER_FILE)
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-    return state
-
-
-def check_controller_state(state: dict, where: str | Path) -> None:
-    """Raise ``ValueError`` naming ``where`` and the part when a part is missing or the parts disagree.
-
-    Checked: every key of ``CONTROLLER_KEYS``; the RNG states of python, numpy and torch; the
-    AIS state of the correction service; that the sampler's cursor agrees with its ledger; and that the buffered groups are exactly the
-    prompts the sampler's ledger marks generated (a lost buffer would otherwise leave them
-    neither trained nor re-issued).
-    """
-    missing = [k for k in CONTROLLER_KEYS if k not in state]
-    if missing:
-        raise ValueError(f"{where}: checkpoint lacks {', '.join(missing)}; it cannot resume this run exactly")
-    missing = [f"rng.{k}" for k in ("python", "numpy", "torch") if k not in state["rng"]]
-    missing += [] if "ais" in state["correction"] else ["correction.ais"]
-    if missing:
-        raise ValueError(f"{where}: checkpoint lacks {', '.join(missing)}; it cannot resume this run exactly")
-    if "num_prompts" in state["sampler"]:  # (the sampler knows the source's length on load otherwise)
-        try:
-            check_cursor(state["sampler"])
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    generated = {pid for pid, s in state["sampler"]["state"].items() if s == "generated"}
-    buffered = {g.prompt.prompt_id for g in state["buffer"]}
-    if generated != buffered:
-        raise ValueError(
-            f"{where}: the buffer holds {len(buffered)} groups but the sampler's ledger has {len(generated)} "
-            f"generated prompts ({len(generated - buffered)} not in the buffer, {len(buffered - generated)} "
-            "not in the ledger): the buffer and the sampler are from different moments")
 
 
 def is_complete_checkpoint(ckpt: str | Path) -> bool:

@@ -4,7 +4,7 @@ resuming from the newest complete checkpoint it finds (model, AdamW state, sched
 Checkpoint ``k`` holds a model whose every parameter equals ``k`` (and AdamW state from k
 steps), written exactly as the trainer writes one: the learner half with DCP
 (``system.learner.checkpoint.save_checkpoint``, a 1-rank gloo group), then
-``controller.pkl`` (``system.run_state.save_controller_state``) with ``step = k``.
+``controller.pkl`` (``system.controller_state.save_controller_state``) with ``step = k``.
 
     python tests/checkpoint_writer.py RUN_DIR
 """
@@ -14,7 +14,7 @@ import sys
 import torch
 from torch import nn
 
-from system import run_state
+from system import controller_state, run_state
 from system.learner import distributed
 from system.learner.checkpoint import load_checkpoint, save_checkpoint
 
@@ -46,7 +46,7 @@ def main(run_dir: str) -> None:
                 p.fill_(float(step))
         ckpt = run_state.checkpoint_dir(run_dir, step)
         save_checkpoint(run_state.learner_dir(ckpt), model, optimizer, scheduler, {"policy_version": step})
-        run_state.save_controller_state(ckpt, {"step": step})
+        controller_state.save_controller_state(ckpt, {"step": step})
         print(step, flush=True)
 
 

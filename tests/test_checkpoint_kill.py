@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint_writer import build  # noqa: E402
 
-from system import run_state  # noqa: E402
+from system import controller_state, run_state  # noqa: E402
 from system.learner import distributed  # noqa: E402
 from system.learner.checkpoint import load_checkpoint  # noqa: E402
 
@@ -58,7 +58,7 @@ def check_latest(run_dir: Path) -> int:
     ckpt = run_state.latest_run_checkpoint(run_dir)
     if ckpt is None:
         return 0
-    controller = run_state.read_controller_state(ckpt)  # its CRC checked (the writer's state is only the step)
+    controller = controller_state.read_controller_state(ckpt)  # its CRC checked (the writer's state is only the step)
     model, optimizer, scheduler = build()
     counters = load_checkpoint(run_state.learner_dir(ckpt), model, optimizer, scheduler)
     step = controller["step"]

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_fault_tolerance import COMPARED, RESUME  # noqa: E402  (the benchmark measures the same)
 
 from actors.trainer import Trainer  # noqa: E402
-from system import run_state  # noqa: E402
+from system import controller_state, run_state  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
 from system.learner.checkpoint import file_crc32  # noqa: E402
 from system.types import Prompt, RolloutGroup  # noqa: E402
@@ -112,9 +112,9 @@ def swap_trainer_json(ckpt: Path, donor: Path, key: str) -> None:
 
 def edit_controller(ckpt: Path, edit) -> None:
     """Change the controller half and write it back as a run would (a consistent, if stale, checkpoint)."""
-    state = run_state.load_controller_state(ckpt)
+    state = controller_state.load_controller_state(ckpt)
     edit(state)
-    run_state.save_controller_state(ckpt, state)
+    controller_state.save_controller_state(ckpt, state)
 
 
 def resume_copy(source: Path, dest: Path, keep_step: int, donor_step: int = 2) -> tuple[Path, Path]:
@@ -134,10 +134,10 @@ def resume_copy(source: Path, dest: Path, keep_step: int, donor_step: int = 2) -
 VARIANTS = {
     "optimizer": lambda ck, donor, scratch: swap_learner_part(ck, donor, "optim", scratch),
     "sampler": lambda ck, donor, scratch: edit_controller(
-        ck, lambda s: s.update(sampler={**run_state.load_controller_state(donor)["sampler"],
+        ck, lambda s: s.update(sampler={**controller_state.load_controller_state(donor)["sampler"],
                                         "state": s["sampler"]["state"]})),
     "ais": lambda ck, donor, scratch: edit_controller(
-        ck, lambda s: s.update(correction=run_state.load_controller_state(donor)["correction"])),
+        ck, lambda s: s.update(correction=controller_state.load_controller_state(donor)["correction"])),
 }
 """One part of each kind, each through the whole stack: the learner's DCP half (the optimiser: the
 part whose staleness shows latest), the correction service's state, the controller's sampler. The
@@ -176,22 +176,22 @@ def test_a_stale_part_changes_the_resumed_run(part, uninterrupted, tmp_path):
 def test_missing_or_inconsistent_parts_are_refused(uninterrupted, tmp_path, monkeypatch):
     source, _ = uninterrupted
     ckpt, donor = resume_copy(source, tmp_path / "run", keep_step=4)
-    controller = run_state.load_controller_state(ckpt)
-    for key in run_state.CONTROLLER_KEYS:
+    controller = controller_state.load_controller_state(ckpt)
+    for key in controller_state.CONTROLLER_KEYS:
         state = {k: v for k, v in controller.items() if k != key}
         with pytest.raises(ValueError, match=f"lacks {key}"):
-            run_state.check_controller_state(state, ckpt)
+            controller_state.check_controller_state(state, ckpt)
     with pytest.raises(ValueError, match="lacks rng.numpy"):
-        run_state.check_controller_state({**controller, "rng": {"python": 0, "torch": 0}}, ckpt)
+        controller_state.check_controller_state({**controller, "rng": {"python": 0, "torch": 0}}, ckpt)
     with pytest.raises(ValueError, match="lacks correction.ais"):
-        run_state.check_controller_state({**controller, "correction": {}}, ckpt)
+        controller_state.check_controller_state({**controller, "correction": {}}, ckpt)
     # a buffer from another moment than the ledger: a group the ledger does not know, or one missing
     stray = RolloutGroup(prompt=Prompt("e7-7", "1+1=", "2"), completions=(), policy_version=4)
     with pytest.raises(ValueError, match="buffer holds"):
-        run_state.check_controller_state({**controller, "buffer": [*controller["buffer"], stray]}, ckpt)
+        controller_state.check_controller_state({**controller, "buffer": [*controller["buffer"], stray]}, ckpt)
     ledger = {**controller["sampler"], "state": {**controller["sampler"]["state"], "e7-7": "generated"}}
     with pytest.raises(ValueError, match="buffer holds"):  # the ledger says generated, the buffer lost it
-        run_state.check_controller_state({**controller, "sampler": ledger}, ckpt)
+        controller_state.check_controller_state({**controller, "sampler": ledger}, ckpt)
     # the policy version: the learner half at step 4, the controller claiming step 2
     edit_controller(ckpt, lambda s: s.update(step=2))
     import actors.trainer as trainer_module

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from system import run_state
+from system import controller_state, run_state
 from system.learner.checkpoint import checkpoint_problems
 
 
-def controller_state(step: int) -> dict:
+def valid_controller_state(step: int) -> dict:
     """A controller half that passes ``check_controller_state`` (empty buffer, no prompt generated)."""
     return {"step": step, "sampler": {"state": {"p0": "trained"}}, "buffer": [], "correction": {"ais": {}},
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
@@ -34,7 +34,7 @@ def make_checkpoint(run_dir, step: int, shard: bytes = b"x" * 100):
     crc32 = {"__0_0.distcp": zlib.crc32(shard), ".metadata": zlib.crc32(b"meta")}  # as save_checkpoint records
     (learner / "trainer.json").write_text(json.dumps({"counters": {"policy_version": step}, "scheduler": {},
                                                       "files": files, "crc32": crc32}))
-    run_state.save_controller_state(ckpt, controller_state(step))
+    controller_state.save_controller_state(ckpt, valid_controller_state(step))
     return ckpt
 
 
@@ -92,10 +92,10 @@ def test_truncated_controller_state_is_refused_by_name(tmp_path):
     data = (ckpt / "controller.pkl").read_bytes()
     (ckpt / "controller.pkl").write_bytes(data[: len(data) // 2])
     with pytest.raises(run_state.CheckpointError, match=r"controller.pkl is truncated or corrupt"):
-        run_state.load_controller_state(ckpt)
+        controller_state.load_controller_state(ckpt)
     (ckpt / "controller.pkl").write_bytes(pickle.dumps([1, 2]))
     with pytest.raises(run_state.CheckpointError, match="holds a list"):
-        run_state.load_controller_state(ckpt)
+        controller_state.load_controller_state(ckpt)
 
 
 def test_resume_falls_back_past_damaged_checkpoints(tmp_path):
@@ -139,9 +139,9 @@ def test_same_size_damage_is_found_by_the_crc_of_either_half(tmp_path):
 
 def test_a_controller_half_written_before_the_crc_still_loads(tmp_path):
     ckpt = make_checkpoint(tmp_path, 3)
-    state = controller_state(3)
+    state = valid_controller_state(3)
     (ckpt / "controller.pkl").write_bytes(pickle.dumps(state))  # the older format: the state dict itself
-    assert run_state.load_controller_state(ckpt)["step"] == 3
+    assert controller_state.load_controller_state(ckpt)["step"] == 3
 
 
 def test_checkpoint_to_resume_refuses_none_and_nothing_to_train(tmp_path):

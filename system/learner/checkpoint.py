@@ -35,6 +35,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from system.learner import distributed
+
 _TRAINER_FILE = "trainer.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -79,12 +81,12 @@ def save_checkpoint(
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
     # each rank reads back the shard files it wrote (``__<rank>_<i>.distcp``; rank 0 also the rest, the
     # ``.metadata``), in parallel: no rank reads the whole checkpoint while the others wait
-    mine = {name: file_crc32(os.path.join(partial, name)) for name in sorted(os.listdir(partial))
+    names = sorted(os.listdir(partial))
+    mine = {name: file_crc32(os.path.join(partial, name)) for name in names
             if _writer_rank(name, dist.get_world_size()) == rank}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if rank == 0:
-        names = sorted(os.listdir(partial))
         files = {name: os.path.getsize(os.path.join(partial, name)) for name in names}
         crc32 = {name: crc for part in every for name, crc in part.items()}
         trainer = {"counters": dict(counters), "scheduler": scheduler.state_dict(), "files": files, "crc32": crc32}
@@ -136,11 +138,8 @@ def load_checkpoint(
                 raise RuntimeError(text) from None
             raise CheckpointContentError(text) from None
         bad = _first_non_finite(state)
-        agreed = torch.tensor([0 if bad is None else 1], dtype=torch.int64)
-        if dist.get_backend() == "nccl":
-            agreed = agreed.cuda()
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank raises, or none: no rank left in a collective
-        if int(agreed.item()):
+        device = next(model.parameters()).device
+        if distributed.any_rank(bad is not None, device):  # every rank raises, or none: no rank left waiting
             raise CheckpointContentError(f"{path}: non-finite values in "
                              f"{bad if bad is not None else 'the shards of another rank'} (a damaged checkpoint)")
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -235,11 +234,9 @@ def checkpoint_problems(path: str) -> list[str]:
             problems.append(f"{file} is missing")
         elif os.path.getsize(file) != size:
             problems.append(f"{file} has {os.path.getsize(file)} bytes, {size} were written (truncated or replaced)")
-    for name, expected in crc32.items():
-        file = os.path.join(path, name)
-        if os.path.isfile(file) and os.path.getsize(file) == files.get(name) and (got := file_crc32(file)) != expected:
+        elif name in crc32 and (got := file_crc32(file)) != crc32[name]:
             problems.append(f"{file}: its bytes differ from those written (CRC-32 {got:08x}, "
-                            f"{expected:08x} was written: damaged or replaced)")
+                            f"{crc32[name]:08x} was written: damaged or replaced)")
     return problems
 
 

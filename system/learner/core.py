@@ -30,7 +30,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from system.config.run import RunConfig
 from system.learner import checkpoint, distributed
@@ -45,17 +44,14 @@ from system.weight_payload import WeightPayload
 
 
 def nonfinite_parameters(model: torch.nn.Module) -> bool:
-    """Whether any parameter holds a NaN or an infinity after the update, over every rank (an
-    ``all_reduce``; each rank reads its own shards once: ``get_total_norm`` of them is finite exactly
-    when every element is, unless the norm of finite values overflows, which counts as diverged too)."""
+    """Whether any parameter holds a NaN or an infinity, over every rank (collective): each rank
+    reads its own shards once, ``get_total_norm`` of them being finite exactly when every element
+    is (unless the norm of finite values overflows, which counts as diverged too)."""
     local = [t.detach() for t in (p.to_local() if hasattr(p, "to_local") else p for p in model.parameters())
              if t.numel()]
     device = next(model.parameters()).device
-    norm = torch.nn.utils.get_total_norm(local) if local else torch.zeros((), device=device)
-    flag = (~torch.isfinite(norm)).to(torch.int64).reshape(1)
-    if dist.is_initialized():
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    finite = bool(torch.isfinite(torch.nn.utils.get_total_norm(local))) if local else True
+    return distributed.any_rank(not finite, device)
 
 
 class LearnerCore:
@@ -139,11 +135,7 @@ class LearnerCore:
     def save_checkpoint(self, path: str) -> None:
         """Write a DCP checkpoint (collective); a model with a non-finite parameter on any rank is
         refused on every rank (:class:`NonFiniteModelError`), so no checkpoint ever holds one."""
-        local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in self.model.parameters()]
-        bad = torch.tensor([float(sum(int((~torch.isfinite(t)).sum()) for t in local))], device=self.device)
-        if dist.is_initialized():
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if bad.item() > 0:
+        if nonfinite_parameters(self.model):
             raise NonFiniteModelError(f"refusing to checkpoint policy version {self._policy_version} to {path}: "
                                       "the model has non-finite parameters (the run diverged)")
         counters = {"policy_version": self._policy_version, "optimizer_step": self.optimizer_step}

@@ -141,6 +141,15 @@ def _pin_gloo_to_loopback() -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = names[0]
 
 
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` holds on any rank (an ``all_reduce`` MAX; the local flag without a process
+    group). Collective: every rank gets the same answer, so all raise together or none does."""
+    value = torch.tensor([int(flag)], dtype=torch.int64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def all_gather_rows(x_BT: np.ndarray, device: torch.device) -> np.ndarray:
     """Every rank's ``[B_r, T]`` block stacked in rank order, on every rank (collective).
 
