@@ -147,7 +147,7 @@ def _part_lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException
 
 
 def _lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> LearnerLostError:
-    cause = " ".join(str(exc).split())[:400] or type(exc).__name__
+    cause = remote_error(exc) or type(exc).__name__
     return LearnerLostError(f"learner rank {refs.index(ref)} of {len(refs)} was lost ({type(exc).__name__}: {cause}); "
                             "the sharded learner cannot continue without it, so the run stops")
 
