@@ -202,10 +202,9 @@ class Trainer:
                 if version != saved["step"]:
                     problem = f"learner at version {version} but controller at step {saved['step']}"
             except ray.exceptions.RayTaskError as exc:
-                text = f"{run_state.learner_dir(self.ckpt)}: the learner half failed to load ({remote_error(exc, limit=300)})"
-                if not isinstance(exc.cause, CheckpointContentError):  # storage, memory, a rank: no fall-back
-                    raise run_state.CheckpointError(text) from None
                 problem = f"the learner half failed to load ({remote_error(exc, limit=300)})"
+                if not isinstance(exc.cause, CheckpointContentError):  # storage, memory, a rank: no fall-back
+                    raise run_state.CheckpointError(f"{run_state.learner_dir(self.ckpt)}: {problem}") from None
             if problem is None:
                 break
             failed.append(f"{self.ckpt.name}: {problem}")
