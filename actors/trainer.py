@@ -12,7 +12,6 @@ waits in the learners' queue (``SubmittedStep.queued_ahead``).
 
 import json
 import logging
-import random
 import shutil
 import tempfile
 import threading
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import ray
-import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import cluster
@@ -30,9 +28,9 @@ from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
 from actors.placement import plan_placement, private_cluster_shortfall, required_cpus
-from actors.remote_errors import remote_error
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
+from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
 from actors.step_records import RecordsInFlight, SubmittedStep
 from actors.stop_signals import as_terminated, defer_sigterm, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
@@ -45,7 +43,6 @@ from system.data.context_fit import fit_dataset_prompts
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
 from system.learner.batch import collate_groups
-from system.learner.checkpoint import CheckpointContentError
 from system.learner.divergence import DivergenceGuard
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
@@ -190,39 +187,12 @@ class Trainer:
         run_state.write_rollout_workers(self.run_dir, self.pool.workers_record())
 
     def _restore(self, saved: dict) -> dict:
-        """Load the learner half of ``self.ckpt``, then the controller half ``saved``. A learner half
-        that fails to load (a foreign model, values DCP or the finiteness check refuse) or whose
-        version is not the controller's step is named, and the next older usable checkpoint is
-        tried, as a damaged file is before anything starts. Returns the controller state used."""
-        failed = []
-        while True:
-            problem = None
-            try:
-                version = self.learners.load_checkpoint(run_state.learner_dir(self.ckpt))
-                if version != saved["step"]:
-                    problem = f"learner at version {version} but controller at step {saved['step']}"
-            except ray.exceptions.RayTaskError as exc:
-                problem = f"the learner half failed to load ({remote_error(exc, limit=300)})"
-                if not isinstance(exc.cause, CheckpointContentError):  # storage, memory, a rank: no fall-back
-                    raise run_state.CheckpointError(f"{run_state.learner_dir(self.ckpt)}: {problem}") from None
-            if problem is None:
-                break
-            failed.append(f"{self.ckpt.name}: {problem}")
-            older, older_saved, skipped = run_state.usable_run_checkpoint(self.run_dir, below=self.ckpt)
-            failed += skipped
-            if older is None:
-                raise run_state.CheckpointError(f"--resume: no usable checkpoint under {self.run_dir / 'checkpoints'} "
-                                                f"({'; '.join(failed)})")
-            for reason in failed[-1 - len(skipped):]:
-                log.warning("checkpoint %s; falling back to an older one", reason)
-            log.warning("resuming from %s", older.name)
-            self.ckpt, saved, self.step = older, older_saved, older_saved["step"]
-        self.sampler.load_state_dict(saved["sampler"])
-        self.sampler.requeue([pid for pid, s in self.sampler.state.items() if s == "issued"])
-        self.buffer.restore(saved["buffer"])
-        random.setstate(saved["rng"]["python"])
-        np.random.set_state(saved["rng"]["numpy"])
-        torch.set_rng_state(saved["rng"]["torch"])
+        """Load the learner half of ``self.ckpt`` (falling back to an older checkpoint when the learners
+        refuse it: ``actors.run_checkpoint.load_learner_half``), then the controller half. Returns the
+        controller state used."""
+        self.ckpt, saved = load_learner_half(self.learners, self.run_dir, self.ckpt, saved)
+        self.step = saved["step"]
+        restore_controller(saved, self.sampler, self.buffer)
         return saved
 
     def run(self) -> dict:
@@ -362,11 +332,7 @@ class Trainer:
         correction = ray.get(self.service.state_dict.remote())
         wandb_run_id = ray.get(self.service.wandb_run_id.remote())
         with self.state.cond:
-            state = {
-                "step": self.step, "sampler": self.sampler.state_dict(), "buffer": self.buffer.groups(),
-                "correction": correction, "wandb_run_id": wandb_run_id,
-                "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-            }
+            state = controller_snapshot(self.step, self.sampler, self.buffer, correction, wandb_run_id)
         controller_state.save_controller_state(ckpt, state)
         self._saved_step = self.step
         return ckpt

@@ -1,0 +1,75 @@
+"""A run's checkpoint seen from the driver: load the learner half (falling back to an older
+checkpoint when the learners refuse it), restore the controller half, and snapshot it for a save.
+
+The files themselves (where each half lives, which checkpoint is usable, the CRC checks) are
+``system.run_state`` and ``system.controller_state``; the learner half's contents are written and
+read by the ranks (``system.learner.checkpoint``).
+"""
+
+import logging
+import random
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+
+from actors.remote_errors import remote_error
+from system import run_state
+from system.learner.checkpoint import CheckpointContentError
+
+log = logging.getLogger(__name__)
+
+
+def load_learner_half(learners, run_dir: Path, ckpt: Path, saved: dict) -> tuple[Path, dict]:
+    """Load ``ckpt``'s learner half into every rank of ``learners`` (an ``actors.learner_worker.LearnerGroup``);
+    ``saved`` is its controller half. A learner half whose content the ranks refuse (a foreign model,
+    values DCP or the finiteness check refuse) or whose version is not the controller's step is
+    named, and the next older usable checkpoint is tried, as a damaged file is before anything
+    starts. A storage, memory or rank failure is raised (``run_state.CheckpointError``) without a
+    fall-back: a passing read error must not set a good newest checkpoint aside. Returns the
+    checkpoint loaded and its controller half."""
+    failed = []
+    while True:
+        problem = None
+        try:
+            version = learners.load_checkpoint(run_state.learner_dir(ckpt))
+            if version != saved["step"]:
+                problem = f"learner at version {version} but controller at step {saved['step']}"
+        except ray.exceptions.RayTaskError as exc:
+            problem = f"the learner half failed to load ({remote_error(exc, limit=300)})"
+            if not isinstance(exc.cause, CheckpointContentError):  # storage, memory, a rank: no fall-back
+                raise run_state.CheckpointError(f"{run_state.learner_dir(ckpt)}: {problem}") from None
+        if problem is None:
+            return ckpt, saved
+        failed.append(f"{ckpt.name}: {problem}")
+        older, older_saved, skipped = run_state.usable_run_checkpoint(run_dir, below=ckpt)
+        failed += skipped
+        if older is None:
+            raise run_state.CheckpointError(f"--resume: no usable checkpoint under {run_dir / 'checkpoints'} "
+                                            f"({'; '.join(failed)})")
+        for reason in failed[-1 - len(skipped):]:
+            log.warning("checkpoint %s; falling back to an older one", reason)
+        log.warning("resuming from %s", older.name)
+        ckpt, saved = older, older_saved
+
+
+def restore_controller(saved: dict, sampler, buffer) -> None:
+    """The controller half into the driver: the sampler (prompts issued but never returned are served
+    again), the buffered groups, and the process's random / numpy / torch generators."""
+    sampler.load_state_dict(saved["sampler"])
+    sampler.requeue([pid for pid, s in sampler.state.items() if s == "issued"])
+    buffer.restore(saved["buffer"])
+    random.setstate(saved["rng"]["python"])
+    np.random.set_state(saved["rng"]["numpy"])
+    torch.set_rng_state(saved["rng"]["torch"])
+
+
+def controller_snapshot(step: int, sampler, buffer, correction: dict, wandb_run_id: str | None) -> dict:
+    """The controller half of step ``step``'s checkpoint (``system.controller_state.CONTROLLER_KEYS``);
+    taken with the rollout loop held (the sampler and buffer must not move meanwhile)."""
+    return {
+        "step": step, "sampler": sampler.state_dict(), "buffer": buffer.groups(),
+        "correction": correction, "wandb_run_id": wandb_run_id,
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+    }
