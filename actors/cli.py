@@ -234,6 +234,7 @@ def submit(
     stop_wait_s: int = typer.Option(300, "--stop-wait-s", min=0, help="On `job stop`, seconds between SIGTERM (finish the step, drain the rollouts for up to 60 s, checkpoint) and SIGKILL; as the RayJob."),
     resume: str = typer.Option(None, "--resume", help="Continue this run directory (a path on the cluster) from its last complete checkpoint; ARGS are overrides only."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in output_dir on the cluster (its files are deleted), as `aisrl train --overwrite`."),
+    verbose: bool = typer.Option(False, "--verbose", help="Keep the libraries' own logs, warnings and progress bars in the job's log (`aisrl train --verbose` on the cluster)."),
 ) -> None:
     """Validate the config here, then run `aisrl train` on a running Ray cluster as a Ray job."""
     import tempfile
@@ -252,13 +253,14 @@ def submit(
                 console.print(f"note: {resume} is not readable here; the cluster validates its config.json")
             _submit_notes(cfg)
             with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
-                sub = jobs.submit_resume(address, resume, overrides, Path(staging), stop_wait_s=stop_wait_s)
+                sub = jobs.submit_resume(address, resume, overrides, Path(staging), stop_wait_s=stop_wait_s,
+                                         verbose=verbose)
         else:
             cfg = jobs.resolve_for_cluster(presets, overrides)
             _submit_notes(cfg)
             with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
                 sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s,
-                                  overwrite=overwrite)
+                                  overwrite=overwrite, verbose=verbose)
     except (ConfigError, jobs.JobError) as exc:
         _fail(str(exc))
     console.print(f"submitted [bold]{sub.job_id}[/]: {sub.entrypoint}")

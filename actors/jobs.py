@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 from ray.exceptions import AuthenticationError
 from ray.job_submission import JobStatus, JobSubmissionClient
 
+from actors.cluster import QUIET_ENV
 from system.config import RunConfig, dump_config, resolve_config
 from system.config.resume import resume_config
 
@@ -227,20 +228,27 @@ def check_no_secrets(runtime_env: dict, config_text: str) -> None:
             raise JobError(f"the resolved config contains the value of ${name}; remove it from the presets/overrides")
 
 
-def build_runtime_env(working_dir: Path, stop_wait_s: int, config_text: str | None = None) -> dict:
-    """The job's runtime env: the staged working dir, and how long ``job stop`` waits after SIGTERM."""
-    env = {"working_dir": str(working_dir), "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_s)}}
+def build_runtime_env(working_dir: Path, stop_wait_s: int, config_text: str | None = None,
+                      verbose: bool = False) -> dict:
+    """The job's runtime env: the staged working dir, how long ``job stop`` waits after SIGTERM, and
+    (unless ``verbose``) ``actors.cluster.QUIET_ENV``, so the job's log holds aisrl's lines, Ray's and
+    the errors, without the libraries' warnings and progress bars (as ``aisrl train`` on its own
+    private cluster); they reach the job's driver and every actor it starts."""
+    env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_s), **({} if verbose else QUIET_ENV)}
+    env = {"working_dir": str(working_dir), "env_vars": env_vars}
     check_no_secrets(env, config_text if config_text is not None else (working_dir / SHIPPED_CONFIG).read_text())
     return env
 
 
 def entrypoint(dry_run: bool = False, resume: str | None = None, overrides: list[str] = (),
-               overwrite: bool = False) -> str:
+               overwrite: bool = False, verbose: bool = False) -> str:
     """The command the cluster runs in the job's working directory (``overwrite``: replace a run
-    already in ``output_dir``, as ``aisrl train --overwrite``)."""
+    already in ``output_dir``, as ``aisrl train --overwrite``; ``verbose``: ``--verbose``)."""
+    flags = " --verbose" if verbose else ""
     if resume is not None:
-        return " ".join(["aisrl train --resume", shlex.quote(resume), *map(shlex.quote, overrides)])
-    return f"aisrl train{' --dry-run' if dry_run else ''}{' --overwrite' if overwrite else ''} {SHIPPED_CONFIG}"
+        return " ".join([f"aisrl train{flags} --resume", shlex.quote(resume), *map(shlex.quote, overrides)])
+    return (f"aisrl train{flags}{' --dry-run' if dry_run else ''}{' --overwrite' if overwrite else ''} "
+            f"{SHIPPED_CONFIG}")
 
 
 # -- the Jobs API --------------------------------------------------------------------------------
@@ -253,22 +261,23 @@ class Submitted:
 
 
 def submit(address: str, cfg: RunConfig, staging: Path, *, dry_run: bool = False, stop_wait_s: int = 300,
-           overwrite: bool = False) -> Submitted:
+           overwrite: bool = False, verbose: bool = False) -> Submitted:
     """Stage the working dir in ``staging`` (an empty directory), submit, return the job id."""
     address = check_address(address)
-    runtime_env = build_runtime_env(stage_working_dir(cfg, staging), stop_wait_s)
-    command = entrypoint(dry_run, overwrite=overwrite)
+    runtime_env = build_runtime_env(stage_working_dir(cfg, staging), stop_wait_s, verbose=verbose)
+    command = entrypoint(dry_run, overwrite=overwrite, verbose=verbose)
     metadata = {"aisrl.output_dir": cfg.output_dir, "aisrl.max_steps": str(cfg.max_steps)}
     with job_api(address) as client:
         job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata=metadata)
     return Submitted(job_id, command, runtime_env)
 
 
-def submit_resume(address: str, run_dir: str, overrides: list[str], staging: Path, *, stop_wait_s: int = 300) -> Submitted:
+def submit_resume(address: str, run_dir: str, overrides: list[str], staging: Path, *, stop_wait_s: int = 300,
+                  verbose: bool = False) -> Submitted:
     """Submit ``aisrl train --resume run_dir [overrides]`` (validate first with :func:`resolve_resume`)."""
     address = check_address(address)
-    command = entrypoint(resume=run_dir, overrides=overrides)
-    runtime_env = build_runtime_env(stage_working_dir(None, staging), stop_wait_s, config_text=command)
+    command = entrypoint(resume=run_dir, overrides=overrides, verbose=verbose)
+    runtime_env = build_runtime_env(stage_working_dir(None, staging), stop_wait_s, config_text=command, verbose=verbose)
     metadata = {"aisrl.output_dir": run_dir, "aisrl.resume": "true"}
     with job_api(address) as client:
         job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata=metadata)

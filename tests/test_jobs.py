@@ -171,6 +171,10 @@ def test_submit_runs_the_validated_config_to_success(head, tmp_path):
     logs = aisrl("job", "logs", job_id, "--address", head.url, token=head.token, home=tmp_path).stdout
     assert f"aisrl train {jobs.SHIPPED_CONFIG}" in logs and "done: 1 steps" in logs
     assert "Connecting to existing Ray cluster" in logs  # ray.address=auto: it joined this head
+    # without --verbose the log has no library noise (before: progress bars of the driver's model write
+    # and of the rank's weight load, vLLM's FutureWarnings, torch's NUMA binding warning)
+    for noise in ("it/s]", "FutureWarning", "NUMA binding"):
+        assert noise not in logs, logs[-3000:]
 
     shipped = jobs.resolve_for_cluster([], [*ONE_STEP, f"output_dir={run}"])
     assert json.loads((run / "config.json").read_text()) == shipped.model_dump(mode="json", by_alias=True)
@@ -261,7 +265,11 @@ def test_staging_ships_the_code_and_config_but_no_secrets(tmp_path, monkeypatch)
     staging = jobs.stage_working_dir(cfg, tmp_path / "stage")
     env = jobs.build_runtime_env(staging, stop_wait_s=90)
 
-    assert env["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "90"}
+    # the libraries' warnings and progress bars off in the job's processes, as on a private cluster
+    assert env["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "90", "PYTHONWARNINGS": "ignore", "TQDM_DISABLE": "1",
+                               "TORCH_CPP_LOG_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error",
+                               "VLLM_LOGGING_LEVEL": "ERROR"}
+    assert jobs.build_runtime_env(staging, stop_wait_s=90, verbose=True)["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "90"}
     shipped = (staging / jobs.SHIPPED_CONFIG).read_text()
     assert json.loads(shipped)["ray"]["address"] == "auto" and "wandb-secret" not in shipped
     assert (staging / "actors" / "jobs.py").is_file() and (staging / "pyproject.toml").is_file()
@@ -272,6 +280,8 @@ def test_staging_ships_the_code_and_config_but_no_secrets(tmp_path, monkeypatch)
     assert jobs.entrypoint(dry_run=True) == f"aisrl train --dry-run {jobs.SHIPPED_CONFIG}"
     # a run that died before its first checkpoint: resubmitted over its output_dir (found missing by a review)
     assert jobs.entrypoint(overwrite=True) == f"aisrl train --overwrite {jobs.SHIPPED_CONFIG}"
+    assert jobs.entrypoint(verbose=True) == f"aisrl train --verbose {jobs.SHIPPED_CONFIG}"
+    assert jobs.entrypoint(resume="/r", verbose=True) == "aisrl train --verbose --resume /r"
     assert "output_dir 'runs/qwen25-1p5b-gsm8k' is relative" in jobs.placement_warnings(cfg)[0]
 
 
