@@ -1,8 +1,11 @@
-"""``aisrl train --resume`` and ``--dry-run`` at the command line (found by a bad-input probe, 2026-11-27):
-the directory name is a path, not YAML; a config written before a field existed resumes; a dry run
-refuses what the run itself would refuse."""
+"""``aisrl train`` at the command line: ``--resume``, ``--overwrite`` and ``--dry-run`` (found by a
+bad-input probe and reviews, 2026-11-27): the directory name is a path, not YAML; a config written
+before a field existed resumes; a dry run refuses what the run itself would refuse; what a resume
+may and may not change."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from test_run_state import make_checkpoint
@@ -93,3 +96,68 @@ def test_load_resolved_names_the_file(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(dump_config(RunConfig(seed=7)))
     assert load_resolved(good).seed == 7
+
+
+def test_train_refuses_conflicting_flags_and_a_dry_run_says_what_the_run_would_refuse(tmp_path):
+    """Found by a review: ``--resume R output_dir=X`` silently trained in R; ``--resume --overwrite
+    --dry-run`` and a dry run into a directory holding a run exited 0, though the run refuses both."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(dump_config(RunConfig.model_validate({"output_dir": str(run)})))
+    make_checkpoint(run, 2)
+    runner = CliRunner()
+
+    def refused(*args: str) -> str:
+        result = runner.invoke(app, ["train", *args])
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    assert "names another" in refused("--resume", str(run), f"output_dir={tmp_path / 'elsewhere'}")
+    assert "pass one of them" in refused("--resume", str(run), "--overwrite", "--dry-run")
+    assert "already holds a run" in refused("--dry-run", f"output_dir={run}")
+    # the same directory named both ways is fine; a dry run with --overwrite deletes nothing
+    ok = runner.invoke(app, ["train", "--dry-run", "--resume", str(run), f"output_dir={run}/"])
+    assert ok.exit_code == 0, ok.output
+    ok = runner.invoke(app, ["train", "--dry-run", "--overwrite", f"output_dir={run}"])
+    assert ok.exit_code == 0 and (run / "config.json").is_file(), ok.output
+
+
+def test_python_dash_m_actors_cli_runs_the_cli():
+    done = subprocess.run([sys.executable, "-m", "actors.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "train" in done.stdout and "report" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_resume_that_changes_the_seed_data_or_model_is_refused_up_front(tmp_path):
+    """Found by a review: a changed seed, data or model was found only after the cluster, the model build
+    and the learners' load (the sampler's fingerprint). Now exit 2 before anything starts."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 3})))
+    make_checkpoint(run, 2)
+    for override, named in (("seed=5", "seed"), ("data.task.num_digits=3", "data.task.num_digits"),
+                            ("model.hidden_size=128", "model.hidden_size")):
+        result = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9", override])
+        assert result.exit_code == 2, result.output
+        assert f"{named} cannot change on a resume" in " ".join(result.output.split())
+    # what the checkpoint does not depend on may change: the learner, the reward, the warm start
+    for override in ("learner.lr=1e-4", "data.reward.type=math-answer", "model.warm_start_steps=10"):
+        ok = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9", override])
+        assert ok.exit_code == 0, (override, ok.output)
+
+
+def test_a_resume_may_fix_a_saved_value_that_a_newer_check_refuses(tmp_path):
+    """Found by a review: the saved config was validated on its own first, so a value refused by a newer
+    check (here the tiny model's answer length) could not be fixed by the resume's own override."""
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = json.loads(dump_config(RunConfig.model_validate({"output_dir": str(run), "max_steps": 3})))
+    saved["rollout"]["max_new_tokens"] = 2  # below the 3 characters of a 2-digit sum (refused today)
+    (run / "config.json").write_text(json.dumps(saved))
+    make_checkpoint(run, 2)
+    result = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9",
+                                      "rollout.max_new_tokens=6"])
+    assert result.exit_code == 0, result.output
+    # output_dir as YAML reads it: the same directory quoted is not "another"
+    same = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9",
+                                    "rollout.max_new_tokens=6", f"output_dir='{run}'"])
+    assert same.exit_code == 0, same.output
