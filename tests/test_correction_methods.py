@@ -18,6 +18,7 @@ from system.config.correction import (
 from system.correction import (
     METHOD_REGISTRY,
     CorrectionMethod,
+    compute_diagnostics,
     compute_log_ratios,
     compute_weights,
     compute_weights_and_keep,
@@ -249,3 +250,60 @@ def test_every_threshold_includes_its_boundary_and_the_veto_is_strict():
     assert keep_mask(at, TokenTIS(veto=0.5)).tolist() == [[True, True]]
     np.testing.assert_allclose(compute_weights(at, TokenTIS(veto=0.5)).tolist(), [[0.5, 1.0]], rtol=1e-15)
     assert compute_weights(_one_response(_below(lo), 0.0), TokenTIS(veto=0.5)).tolist() == [[0.0, 0.0]]
+
+
+def _one_response_f32(*d):
+    """As ``_one_response`` in float32: each d is float32's value nearest to it (``torch.tensor`` rounds)."""
+    old = torch.tensor([list(d)], dtype=torch.float32)
+    return compute_log_ratios(torch.zeros_like(old), old, torch.ones_like(old, dtype=torch.long))
+
+
+def _f32_step(x, towards):
+    return float(np.nextafter(np.float32(x), np.float32(towards)))
+
+
+def test_float32_inputs_meet_each_threshold_as_float32_holds_it():
+    """Found by a spec audit: ``mu = 0, old = log 3`` in float32 (float32's log 3, 2e-8 above log 3) was
+    rejected by seq-mis, ``d`` being compared in float64 with ``math.log(3)``; so were icepop at float32's
+    log 0.5 (below log 0.5) and log 5 (above log 5), seq-mis ``lo`` at log 0.5, and the veto vetoed at
+    float32's log 1e-4 (below it). A threshold is now ``log x`` at the inputs' precision, so each keeps
+    its boundary, and one float32 step beyond it is still outside."""
+    lo, hi, log3 = math.log(0.5), math.log(5.0), math.log(3.0)
+    assert keep_mask(_one_response_f32(lo, hi), IcePop()).tolist() == [[True, True]]
+    outside = _one_response_f32(_f32_step(lo, -np.inf), _f32_step(hi, np.inf))
+    assert keep_mask(outside, IcePop()).tolist() == [[False, False]]
+
+    assert keep_mask(_one_response_f32(log3), SeqMIS()).tolist() == [[True]]
+    # the weight is float32's rho at float32's log 3: exp(1.0986123085) = 3.0000000595, rounded to float32
+    assert compute_weights(_one_response_f32(log3), SeqMIS()).tolist() == [[float(np.float32(3.0000000595))]]
+    assert keep_mask(_one_response_f32(_f32_step(log3, np.inf)), SeqMIS()).tolist() == [[False]]
+    assert keep_mask(_one_response_f32(lo), SeqMIS(lo=0.5)).tolist() == [[True]]
+    assert keep_mask(_one_response_f32(_f32_step(lo, -np.inf)), SeqMIS(lo=0.5)).tolist() == [[False]]
+
+    g_lo, g_hi = math.log(0.999), math.log(1.001)
+    assert keep_mask(_one_response_f32(g_lo), GeoRS()).tolist() == keep_mask(_one_response_f32(g_hi), GeoRS()).tolist() == [[True]]
+    assert keep_mask(_one_response_f32(_f32_step(g_lo, -np.inf)), GeoRS()).tolist() == [[False]]
+    assert keep_mask(_one_response_f32(_f32_step(g_hi, np.inf)), GeoRS()).tolist() == [[False]]
+
+    veto = math.log(1e-4)
+    assert keep_mask(_one_response_f32(veto, 0.0), TokenTIS(veto=1e-4)).tolist() == [[True, True]]
+    assert keep_mask(_one_response_f32(_f32_step(veto, -np.inf), 0.0), TokenTIS(veto=1e-4)).tolist() == [[False, False]]
+
+
+@pytest.mark.parametrize("path", ["torch", "fused"])
+def test_float32_frac_outside_counts_only_beyond_the_threshold(path):
+    """``frac_outside_2x`` / ``_5x`` count |d| > log 2 / log 5 strictly: float32's log 2 (above log 2) and
+    log 5 (above log 5) are at the threshold, not beyond it; one float32 step more is beyond it.
+    Tokens: |d| at log 2, beyond log 2, at log 5, beyond log 5, and 0: 2x counts 3 of 5, 5x counts 1."""
+    from system.correction import fused
+
+    l2, l5 = math.log(2.0), math.log(5.0)
+    old = torch.tensor([[l2, -_f32_step(l2, np.inf), -l5, _f32_step(l5, np.inf), 0.0]], dtype=torch.float32)
+    mu, mask = torch.zeros_like(old), torch.ones_like(old, dtype=torch.long)
+    if path == "torch":
+        diagnostics = compute_diagnostics(compute_log_ratios(mu, old, mask))
+    else:
+        if not fused.available():
+            pytest.skip("the fused pass is not built (no C++ compiler)")
+        diagnostics = fused.full_path(mu, old, mask, SeqMIS())[0]
+    assert diagnostics["frac_outside_2x"] == 3 / 5 and diagnostics["frac_outside_5x"] == 1 / 5

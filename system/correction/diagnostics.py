@@ -27,6 +27,7 @@ from system.correction.ratios import (
     LOG_RATIO_CLAMP,
     LogRatios,
     compute_log_ratios,
+    log_threshold,
     select_sequences,
 )
 from system.correction.reductions import as_float, ess_fraction, median_of_nonnegative
@@ -38,9 +39,6 @@ DIAGNOSTIC_KEYS: tuple[str, ...] = (
     "frac_outside_2x", "frac_outside_5x", "ess_token", "ess_seq",
 )  # fmt: skip
 """The keys of ``compute_diagnostics``, in the order of spec section 1."""
-
-_LOG_2 = math.log(2.0)
-_LOG_5 = math.log(5.0)
 
 
 def _dot(x_BT: torch.Tensor, y_BT: torch.Tensor) -> torch.Tensor:
@@ -107,8 +105,8 @@ def _abs_diff_statistics(ratios: LogRatios, n: int) -> dict[str, float | None]:
             abs_d_BT.sum(),
             abs_d_BT.max(),
             prob_gap_BT.sum(),
-            (abs_d_BT > _LOG_2).sum(),
-            (abs_d_BT > _LOG_5).sum(),
+            (abs_d_BT > log_threshold(2.0, ratios.weight_dtype)).sum(),
+            (abs_d_BT > log_threshold(5.0, ratios.weight_dtype)).sum(),
         ]
     ).tolist()
     return {

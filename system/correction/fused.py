@@ -38,12 +38,12 @@ import torch
 from system.correction.diagnostics import DIAGNOSTIC_KEYS, checked_lags
 from system.correction.fused_build import LIBRARY, build
 from system.correction.methods import sequence_weights_B
-from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios, check_inputs
+from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios, check_inputs, log_threshold
 from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_by_bucket
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
-_ABI = 6
+_ABI = 7
 """``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
 _POSITIONS_PER_THREAD = 1 << 17
 """A thread per 128k positions at most. The pass's threads are the process's OpenMP team (torch's);
@@ -88,7 +88,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ptr = ctypes.c_void_p
     lib.aisrl_fused_pass.argtypes = [ctypes.c_int, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_double, ctypes.c_double, ptr, ptr, ptr, ctypes.c_int64,
-                                     ctypes.c_int, ctypes.c_double, ctypes.c_double]
+                                     ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double]
     lib.aisrl_select.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ptr]
     lib.aisrl_exponentials.argtypes = [ptr, ctypes.c_int64, ptr, ptr, ptr]
     return lib
@@ -257,13 +257,14 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads: int | None
     lo, hi, capacity = _bracket(mu.size, *sampled)
     ref_mu, ref_old = _references(*sampled)
     num_threads = pass_threads(B * T, threads)
+    log_2_and_5 = (log_threshold(2.0, weight_dtype), log_threshold(5.0, weight_dtype))
     while True:
         row = np.zeros((B, len(_ROW)), dtype=np.float64)
         glob = np.zeros(len(_GLOB), dtype=np.float64)
         band = np.empty(max(capacity, 1), dtype=np.float64)
         rc = lib.aisrl_fused_pass(width, mu.ctypes.data, old.ctypes.data, mask.ctypes.data, B, T, lo, hi,
                                   row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity, num_threads,
-                                  ref_mu, ref_old)
+                                  ref_mu, ref_old, *log_2_and_5)
         if rc != 0:
             raise RuntimeError("the fused correction pass failed" + (": out of memory (or no thread could start)" if rc == -2 else ""))
         g = dict(zip(_GLOB, glob.tolist(), strict=True))

@@ -383,7 +383,7 @@ bool pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
 extern "C" {
 
 // Bumped whenever an exported function's arguments change (fused.py refuses another version).
-int aisrl_fused_abi() { return 6; }
+int aisrl_fused_abi() { return 7; }
 // 1 when the ranges run on an OpenMP team, 0 on std::thread (a compiler without OpenMP).
 int aisrl_fused_openmp() {
 #if defined(_OPENMP)
@@ -399,10 +399,10 @@ int aisrl_fused_glob_cols() { return kGlobCols; }
 // caller; band: room for `capacity` values (glob[G_BAND] says how many fell inside [lo, hi]);
 // threads: how many threads share the rows (1: the calling thread only). ref_mu, ref_old: Pearson's
 // shift (any values; near the means keeps the centred sums exact), NaN for the first valid token's.
+// log2, log5: the thresholds of the 2x / 5x counts (log 2 and log 5 at the inputs' precision).
 int aisrl_fused_pass(int dtype, const void* mu, const void* old, const uint8_t* mask, int64_t B, int64_t T,
                      double lo, double hi, double* row, double* glob, double* band, int64_t capacity, int threads,
-                     double ref_mu, double ref_old) {
-  const double log2 = std::log(2.0), log5 = std::log(5.0);
+                     double ref_mu, double ref_old, double log2, double log5) {
   if (threads < 1 || !(lo >= 0.0)) return -1;  // the band's -1 marks excluded tokens: lo must be >= 0
   bool done = false;
   try {  // -2: out of memory (or no thread could be started), reported instead of ending the process

@@ -16,7 +16,6 @@ every valid token. AIS (section 3) mixes only where ``k`` is 1.
 Shapes: B = responses in the batch, T = padded response length.
 """
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -33,7 +32,7 @@ from system.config.correction import (
     SeqTIS,
     TokenTIS,
 )
-from system.correction.ratios import LogRatios
+from system.correction.ratios import LogRatios, log_threshold
 from system.correction.sequence_is import (
     geo_rs_keep_B,
     geo_rs_weights_B,
@@ -82,7 +81,7 @@ METHOD_REGISTRY: Registry[CorrectionMethod] = Registry("correction.method.type",
 
 def _vetoed_B(ratios: LogRatios, veto: float) -> torch.Tensor:
     """Responses with any valid token whose log-ratio d is below ``log(veto)``."""
-    return (ratios.valid_BT & (ratios.d_BT < math.log(veto))).any(dim=1)
+    return (ratios.valid_BT & (ratios.d_BT < log_threshold(veto, ratios.weight_dtype))).any(dim=1)
 
 
 def _token_weights_BT(ratios: LogRatios, method: MethodConfig, entry: CorrectionMethod):

@@ -7,11 +7,13 @@
 Non-finite log-probs are replaced by 0 *before* any arithmetic, so no NaN can leak into a
 statistic, a weight or a gradient. (A float64 difference that overflows, possible only for
 float64 inputs beyond +-1e308, counts as non-finite too.) Everything here is detached and float64 (the statistics
-dtype); weights built from it are handed back in ``weight_dtype``.
+dtype); weights built from it are handed back in ``weight_dtype``. A threshold ``log x`` (a method's
+band, the veto, the diagnostics' 2x / 5x) is compared at the inputs' precision (``log_threshold``).
 
 Shapes: B = responses in the batch, T = padded response length.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +21,16 @@ import torch
 
 LOG_RATIO_CLAMP = 20.0
 """Per-token (and per-sequence, for ``rho_seq``) clamp of the log-ratio before ``exp``."""
+
+
+def log_threshold(x: float, dtype: torch.dtype) -> float:
+    """``log x`` as the inputs hold it: rounded to ``dtype`` (a ``LogRatios.weight_dtype``, float32 or
+    float64) and back. The log-ratios are float64 differences of the inputs, so a float32 difference
+    that equals float32's ``log x`` (a value at the threshold as float32 holds it, e.g. ``mu = 0``,
+    ``old = log 3``) meets the threshold as it would in float32 arithmetic, instead of lying beyond
+    it by the rounding of ``log x``. The threshold moves by at most half a float32 ulp (3e-8 relative);
+    float64 inputs compare against ``math.log(x)`` itself."""
+    return float(torch.tensor(math.log(x), dtype=torch.float64).to(dtype))
 
 
 @dataclass(frozen=True)

@@ -7,18 +7,17 @@ With L_i = sum_t dc (the unclamped sum) and rho_seq_i = exp(clamp(L_i, -20, 20))
     geo-rs:   w_i = 1 if log lo <= L_i / T_i <= log hi else 0                [lo = 0.999, hi = 1.001]
 
 Thresholds are compared in log space against L_i itself, never against the clamped
-rho_seq_i, so the ±20 clamp never changes a decision. Each function returns one float64
+rho_seq_i, so the ±20 clamp never changes a decision; the thresholds at the inputs' precision
+(``log_threshold``). Each function returns one float64
 weight per response ([B]); empty responses get 0. Every token of response i carries w_i.
 
 Shapes: B = responses in the batch.
 """
 
-import math
-
 import torch
 
 from system.config.correction import GeoRS, SeqMIS, SeqTIS
-from system.correction.ratios import LogRatios
+from system.correction.ratios import LogRatios, log_threshold
 
 
 def seq_tis_weights_B(ratios: LogRatios, method: SeqTIS) -> torch.Tensor:
@@ -29,9 +28,9 @@ def seq_tis_weights_B(ratios: LogRatios, method: SeqTIS) -> torch.Tensor:
 def seq_mis_keep_B(ratios: LogRatios, method: SeqMIS) -> torch.Tensor:
     """seq-mis's decision: the response is a sequence and ``log lo <= L <= log hi`` (one-sided when lo is unset)."""
     log_ratio_B = ratios.seq_logratio_B
-    keep_B = ratios.seq_valid_B & (log_ratio_B <= math.log(method.hi))
+    keep_B = ratios.seq_valid_B & (log_ratio_B <= log_threshold(method.hi, ratios.weight_dtype))
     if method.lo is not None:
-        keep_B &= log_ratio_B >= math.log(method.lo)
+        keep_B &= log_ratio_B >= log_threshold(method.lo, ratios.weight_dtype)
     return keep_B
 
 
@@ -45,8 +44,8 @@ def geo_rs_keep_B(ratios: LogRatios, method: GeoRS) -> torch.Tensor:
     mean_log_ratio_B = ratios.seq_logratio_B / ratios.num_valid_B.clamp(min=1)
     return (
         ratios.seq_valid_B
-        & (mean_log_ratio_B >= math.log(method.lo))
-        & (mean_log_ratio_B <= math.log(method.hi))
+        & (mean_log_ratio_B >= log_threshold(method.lo, ratios.weight_dtype))
+        & (mean_log_ratio_B <= log_threshold(method.hi, ratios.weight_dtype))
     )
 
 

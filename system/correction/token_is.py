@@ -5,19 +5,17 @@
     icepop:     w = rho if log lo <= d <= log hi else 0            [lo = 0.5, hi = 5]
 
 The icepop band is tested in log space on the raw d (not on the ±20-clamped dc), so the
-clamp never changes a decision. Each ``*_weights_BT`` returns a float64 [B, T] weight, 0 where
+clamp never changes a decision; ``log lo`` and ``log hi`` at the inputs' precision (``log_threshold``). Each ``*_weights_BT`` returns a float64 [B, T] weight, 0 where
 not valid; icepop's decision is ``icepop_keep_BT`` (bool [B, T]), the keep mask ``k`` of AIS
 (section 3). none and token-tis reject nothing.
 
 Shapes: B = responses in the batch, T = padded response length.
 """
 
-import math
-
 import torch
 
 from system.config.correction import IcePop, NoCorrection, TokenTIS
-from system.correction.ratios import LogRatios
+from system.correction.ratios import LogRatios, log_threshold
 
 
 def no_correction_weights_BT(ratios: LogRatios, method: NoCorrection) -> torch.Tensor:
@@ -32,7 +30,8 @@ def token_tis_weights_BT(ratios: LogRatios, method: TokenTIS) -> torch.Tensor:
 
 def icepop_keep_BT(ratios: LogRatios, method: IcePop) -> torch.Tensor:
     """icepop's decision: a valid token with ``log lo <= d <= log hi``."""
-    in_band_BT = (ratios.d_BT >= math.log(method.lo)) & (ratios.d_BT <= math.log(method.hi))
+    log_lo, log_hi = (log_threshold(x, ratios.weight_dtype) for x in (method.lo, method.hi))
+    in_band_BT = (ratios.d_BT >= log_lo) & (ratios.d_BT <= log_hi)
     return ratios.valid_BT & in_band_BT
 
 
