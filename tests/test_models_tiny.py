@@ -101,3 +101,63 @@ def test_answer_batch_masks_the_prompt():
 def test_tokenizer_needs_text():
     with pytest.raises(ValueError, match="training text is empty"):
         train_char_tokenizer([], model_max_length=32)
+
+
+def test_a_saved_tokenizer_encodes_as_in_memory_after_any_reload(tmp_path):
+    """Found by a probe: beside a ``qwen2`` config transformers (so vLLM) reloads any tokenizer as
+    ``Qwen2Tokenizer``, a byte-level BPE built from the vocabulary; the plain character vocabulary then
+    lost every space, newline and non-ASCII character ('Question: What is' -> 'Question:Whatis') while the
+    warm start had trained on them. The byte-level vocabulary encodes the same ids in memory, through
+    AutoTokenizer and through vLLM's loader; with ``all_bytes`` an unseen character is kept too."""
+    from vllm.tokenizers import get_tokenizer
+
+    from system.models.tiny import qwen2_config
+
+    tok = train_char_tokenizer(["Question: What is 3 plus 4?\nAnswer: 7", "fa più"], 128, all_bytes=True)
+    tok.save_pretrained(tmp_path)
+    qwen2_config(TinyModelConfig(), len(tok), tok.eos_token_id, tok.pad_token_id).save_pretrained(tmp_path)
+    reloaded, engine_side = AutoTokenizer.from_pretrained(tmp_path), get_tokenizer(str(tmp_path))
+    for text in ("Question: What is 3 plus 4?\nAnswer:", "fa più", "Ω ünseen"):
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text and reloaded.encode(text) == ids and engine_side.encode(text) == ids, text
+    # 3 specials + 256 bytes; "Q" is one token, "ù" two (its UTF-8 bytes), " " one
+    assert len(tok) == 259 and len(tok.encode("Q")) == 1 and len(tok.encode("ù")) == 2 and len(tok.encode(" ")) == 1
+
+
+def test_a_built_in_task_keeps_its_character_ids():
+    """The byte-level form gives an ASCII task the ids of a plain character tokenizer (specials 0-2, then
+    the characters by frequency): the default model is the same model. In "11+2=13" "1" is the most
+    frequent character (4), then "+", "2", "3", "=" (1 each, in character order)."""
+    tok = train_char_tokenizer(["11+2=13"], 32)
+    assert [tok.convert_tokens_to_ids(c) for c in "1+23="] == [3, 4, 5, 6, 7] and len(tok) == 8
+
+
+def test_the_key_covers_a_dataset_files_content(tmp_path):
+    """Found by a probe: the cache key held the dataset's path only, so an edited file reused the old
+    build (and its tokenizer, which lacked the new characters)."""
+    from system.config.data import JsonlTaskConfig
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    task = JsonlTaskConfig(path=str(data))
+    before = build_key(MODEL, task, 0)
+    assert build_key(MODEL, task, 0) == before
+    data.write_text('{"question": "1+1 ù?", "answer": "#### 2"}\n')
+    assert build_key(MODEL, task, 0) != before
+
+
+def test_the_warm_start_draws_again_past_a_prompt_too_long_for_the_context(monkeypatch):
+    """Found by a probe: one 50 KB prompt in a dataset padded a warm-start batch to its length (a 160 GB
+    allocation) before the run's context check could refuse or skip it. Such a prompt is drawn again;
+    every batch fits the 32 positions; with only overlong prompts the warm start ends at once."""
+    import system.models.warm_start as ws
+    from system.models.tiny import qwen2_config
+
+    tok = train_char_tokenizer(["1+2=3", "10+20=30"], model_max_length=32)
+    model = AutoModelForCausalLM.from_config(qwen2_config(TinyModelConfig(), len(tok), 1, 0))
+    widths, real = [], ws.answer_batch
+    monkeypatch.setattr(ws, "answer_batch", lambda t, b: widths.append(real(t, b)[0].shape[1]) or real(t, b))
+    prompts = [Prompt("a", "1+2=", "3"), Prompt("long", "1+2=" * 5000, "3"), Prompt("b", "10+20=", "30")]
+    losses = ws.warm_start(model, tok, prompts, num_steps=3, lr=1e-3, seed=0, batch_size=8)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses) and max(widths) <= 9  # "10+20=30<eos>"
+    assert ws.warm_start(model, tok, [Prompt("long", "1+2=" * 5000, "3")], 3, 1e-3, 0, batch_size=8) == []

@@ -8,7 +8,8 @@ built, how long it took, the warm-start losses). Both ``AutoModelForCausalLM.fro
 and ``vllm.LLM`` load the directory.
 
 The directory lives at ``cache_dir/tiny-<hash>``, where the hash covers the model config,
-the task config, the seed and :data:`BUILD_FORMAT`; a second call returns it at once. It is
+the task config, the seed, :data:`BUILD_FORMAT` and a dataset file's content; a second call
+returns it at once. It is
 written to a temporary sibling and renamed into place, so a reader never sees half a
 model, and of two concurrent builders the second simply keeps the first one's result.
 """
@@ -29,8 +30,9 @@ from system.data.prompt_source import AnyTaskConfig, PromptSource, build_prompt_
 from system.models.tokenizer import train_char_tokenizer
 from system.models.warm_start import warm_start
 
-BUILD_FORMAT = 1
-"""Bumped whenever the build recipe changes, so stale cache entries are never reused."""
+BUILD_FORMAT = 2
+"""Bumped whenever the build recipe changes, so stale cache entries are never reused (2: the byte-level
+tokenizer, ``system.models.tokenizer``)."""
 
 TOKENIZER_SAMPLE = 4096
 """Prompts whose text (and reference) the tokenizer is trained on."""
@@ -41,10 +43,22 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("AISRL_CACHE_DIR", Path.home() / ".cache" / "aisrl" / "models"))
 
 
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def build_key(model: TinyModelConfig, task: AnyTaskConfig, seed: int) -> str:
-    """A short hash of everything that determines the built directory."""
+    """A short hash of everything that determines the built directory: the configs, the seed, the
+    build format and, for a task read from a file, the file's content (an edited dataset is a new
+    build, not the old one under the same path)."""
+    content = file_digest(task.path) if getattr(task, "path", None) and Path(task.path).is_file() else None
     blob = json.dumps({"format": BUILD_FORMAT, "model": model.model_dump(mode="json"),
-                       "task": task.model_dump(mode="json"), "seed": seed}, sort_keys=True)
+                       "task": task.model_dump(mode="json"), "seed": seed, "content": content}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -71,8 +85,8 @@ def _tokenizer_texts(prompts: PromptSource) -> list[str]:
     return [prompts[i].text + prompts[i].reference for i in range(n)]
 
 
-def _write_model(out: Path, model_cfg: TinyModelConfig, prompts: PromptSource, seed: int) -> dict:
-    tokenizer = train_char_tokenizer(_tokenizer_texts(prompts), model_cfg.max_position_embeddings)
+def _write_model(out: Path, model_cfg: TinyModelConfig, prompts: PromptSource, seed: int, all_bytes: bool) -> dict:
+    tokenizer = train_char_tokenizer(_tokenizer_texts(prompts), model_cfg.max_position_embeddings, all_bytes)
     config = qwen2_config(model_cfg, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -104,7 +118,9 @@ def build_tiny_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_dir))
     try:
         started = time.perf_counter()
-        info = _write_model(tmp, model_cfg, build_prompt_source(task_cfg, seed), seed)
+        # a task read from a file may hold any character (the built-in ones generate a closed alphabet)
+        info = _write_model(tmp, model_cfg, build_prompt_source(task_cfg, seed), seed,
+                            all_bytes=hasattr(task_cfg, "path"))
         info.update(key=key, seed=seed, build_seconds=round(time.perf_counter() - started, 3),
                     model=model_cfg.model_dump(mode="json"), task=task_cfg.model_dump(mode="json"))
         (tmp / "aisrl_build.json").write_text(json.dumps(info, indent=1))

@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from system.data.prompt_source import PromptSource
+from system.types import Prompt
 
 IGNORE = -100
 """Label of positions that carry no loss."""
@@ -64,9 +65,26 @@ def warm_start(
     label_smoothing: float = 0.0,
     batch_size: int = 64,
 ) -> list[float]:
-    """Train ``model`` in place for ``num_steps``; returns the loss of every step."""
+    """Train ``model`` in place for ``num_steps``; returns the loss of every step. A prompt whose
+    text and reference hold more characters than ``tokenizer.model_max_length`` positions (each
+    character is at least one token, so it cannot fit) is drawn again: the run's context check
+    refuses or skips it later (``data.overlong_prompts``), and one such prompt must not pad every
+    batch to its length (a 50 KB prompt asked for 160 GB). When draws keep finding none that fits
+    (``MAX_DRAWS_PER_ROW`` a row), the warm start ends early."""
     with single_thread():
         return _train(model, tokenizer, prompts, num_steps, lr, seed, label_smoothing, batch_size)
+
+
+MAX_DRAWS_PER_ROW = 100
+"""Draws a warm-start row may take to find a prompt that fits before the warm start ends."""
+
+
+def _draw(prompts: PromptSource, rng: random.Random, max_chars: int) -> Prompt | None:
+    for _ in range(MAX_DRAWS_PER_ROW):
+        prompt = prompts[rng.randrange(len(prompts))]
+        if len(prompt.text) + len(prompt.reference) < max_chars:  # + <eos>
+            return prompt
+    return None
 
 
 def _train(model, tokenizer, prompts, num_steps, lr, seed, label_smoothing, batch_size) -> list[float]:
@@ -76,7 +94,9 @@ def _train(model, tokenizer, prompts, num_steps, lr, seed, label_smoothing, batc
     model.train()
     losses = []
     for _ in range(num_steps):
-        batch = [prompts[rng.randrange(len(prompts))] for _ in range(batch_size)]
+        batch = [_draw(prompts, rng, tokenizer.model_max_length) for _ in range(batch_size)]
+        if any(p is None for p in batch):
+            break  # (nearly) every prompt is too long to train on
         input_ids, labels = answer_batch(tokenizer, batch)
         logits = model(input_ids=input_ids, attention_mask=input_ids.ne(tokenizer.pad_token_id).long()).logits
         loss = torch.nn.functional.cross_entropy(
