@@ -87,7 +87,12 @@ def train(
     except ConfigError as exc:
         _fail(str(exc))
     if dry_run:
-        from system.run_state import check_new_run_dir, check_no_replaced_run, checkpoint_to_resume
+        from system.run_state import (
+            check_new_run_dir,
+            check_no_replaced_run,
+            check_not_nested,
+            checkpoint_to_resume,
+        )
 
         try:  # what the run would refuse (only checks: nothing is moved or deleted)
             if resume is not None:
@@ -95,6 +100,7 @@ def train(
                 checkpoint_to_resume(cfg.output_dir, cfg.max_steps)
             elif overwrite:
                 check_no_replaced_run(cfg.output_dir)
+                check_not_nested(cfg.output_dir)
             else:
                 check_new_run_dir(cfg.output_dir, overwrite=False)
         except ValueError as exc:  # CheckpointError is one

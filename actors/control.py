@@ -7,6 +7,7 @@ The trainer creates it as ``aisrl-control-<run name>-<path hash>`` in the ``aisr
 
 import hashlib
 import json
+import logging
 import os
 import socket
 from pathlib import Path
@@ -17,6 +18,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.cluster import join
 from actors.ray_internals import reload_config
 from system.config.rollout import MAX_ROLLOUT_WORKERS
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "aisrl"
 
@@ -74,7 +77,13 @@ def _reachable(address: str, timeout_s: float = 2.0) -> bool:
 
 
 def remove_control_file(run_dir: Path) -> None:
-    (run_dir / "control.json").unlink(missing_ok=True)
+    """Remove ``control.json``; a run directory that became unwritable (or was removed) is said, not
+    raised: this runs while the run's parts are stopped, and the stops after it must still run."""
+    try:
+        (run_dir / "control.json").unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("could not remove %s (%s): `aisrl scale` reads it; remove it by hand",
+                    run_dir / "control.json", exc)
 
 
 def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHandle:

@@ -203,6 +203,24 @@ def existing_run(run_dir: str | Path) -> list[str]:
     return [name for name in RUN_ARTEFACTS if (root / name).exists()] if root.is_dir() else []
 
 
+def enclosing_run(run_dir: str | Path) -> Path | None:
+    """The nearest directory above ``run_dir`` that holds a run (its ``config.json`` and its
+    ``metrics.jsonl`` or ``checkpoints``), or None."""
+    for parent in Path(run_dir).expanduser().resolve().parents:
+        if (parent / "config.json").is_file() and ((parent / "metrics.jsonl").is_file()
+                                                   or (parent / "checkpoints").is_dir()):
+            return parent
+    return None
+
+
+def check_not_nested(run_dir: str | Path) -> None:
+    """Refuse a new run's directory inside another run's (``enclosing_run``)."""
+    outer = enclosing_run(run_dir)
+    if outer is not None:
+        raise ValueError(f"output_dir {run_dir} is inside the run directory {outer} (its --overwrite would "
+                         f"delete this run, its --resume move it aside): choose an output_dir outside it")
+
+
 def remove_run_artefacts(run_dir: str | Path) -> list[str]:
     """Delete every run artefact in ``run_dir`` (symlinks as links, not their targets); the names."""
     root = Path(run_dir)
@@ -229,6 +247,7 @@ def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
     root = Path(run_dir)
     aside = root / REPLACED_DIR
     check_no_replaced_run(root)
+    check_not_nested(root)
     found = existing_run(run_dir)
     if not found:
         return None

@@ -3,6 +3,7 @@ correction service cannot write stops the run; SIGTERM during start-up cleans up
 remote failure is one line on the console; ``aisrl scale`` has a ceiling; a run directory whose parts
 are of the wrong kind is refused before anything starts."""
 
+import logging
 import os
 import signal
 import time
@@ -141,3 +142,22 @@ def test_a_run_directory_with_a_part_of_the_wrong_kind_is_refused_before_anythin
         run_state.check_run_parts(tmp_path)
     with pytest.raises(ValueError, match=rf"{name} is a"):
         run_state.checkpoint_to_resume(tmp_path, max_steps=10)
+
+
+def test_a_control_file_that_cannot_be_removed_is_said_and_the_stop_goes_on(tmp_path, monkeypatch, caplog):
+    """Found by a probe: a run directory made unwritable mid-run (``chattr +i``) failed the run with a clear
+    line, then the stop's removal of ``control.json`` raised a second PermissionError whose traceback
+    skipped the rest of the stop (workers, learners, the service's last records and W&B, its temp dir)."""
+    from pathlib import Path
+
+    from actors.control import remove_control_file
+
+    (tmp_path / "control.json").write_text("{}")
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(1, "Operation not permitted", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with caplog.at_level(logging.WARNING):
+        remove_control_file(tmp_path)  # no raise
+    assert "could not remove" in caplog.text and "Operation not permitted" in caplog.text

@@ -322,3 +322,27 @@ def test_a_resume_keeps_the_fp8_kernels_the_run_chose(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         assert run_state.fp8_kernel_pins(tmp_path) == {}
     assert "rollout_workers.json is unreadable" in caplog.text
+
+
+def test_a_new_run_inside_another_runs_directory_is_refused(tmp_path):
+    """Found by a probe: ``output_dir=RUN/report`` was accepted, and the outer run's ``--overwrite`` then
+    deleted the nested run without a word (``RUN/checkpoints/step_00000200``: its ``--resume`` moved it
+    aside). A directory above that holds a run's config.json and metrics or checkpoints refuses it."""
+    outer = tmp_path / "sc"
+    make_checkpoint(outer, 2)
+    (outer / "config.json").write_text("{}")
+    for nested in (outer / "report", outer / "checkpoints" / "step_00000200", outer / "a" / "b"):
+        with pytest.raises(ValueError, match=f"is inside the run directory {outer}"):
+            run_state.check_new_run_dir(nested, overwrite=True)
+    # beside it, or above it, is fine: a parent without a run's config is no run
+    assert run_state.check_new_run_dir(tmp_path / "other", overwrite=False) is None
+    (tmp_path / "plain" / "checkpoints").mkdir(parents=True)
+    assert run_state.check_new_run_dir(tmp_path / "plain" / "x", overwrite=False) is None
+    # a dry run says so too, with or without --overwrite (exit 2, nothing written)
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+
+    for flags in ([], ["--overwrite"]):
+        result = CliRunner().invoke(app, ["train", "--dry-run", *flags, f"output_dir={outer / 'report'}"])
+        assert result.exit_code == 2 and "is inside the run directory" in " ".join(result.output.split()), result.output
