@@ -7,9 +7,9 @@ With L_i = sum_t dc (the unclamped sum) and rho_seq_i = exp(clamp(L_i, -20, 20))
     geo-rs:   w_i = 1 if log lo <= L_i / T_i <= log hi else 0                [lo = 0.999, hi = 1.001]
 
 Thresholds are compared in log space against L_i itself, never against the clamped
-rho_seq_i, so the ±20 clamp never changes a decision; the thresholds at the inputs' precision
-(``log_threshold``). Each function returns one float64
-weight per response ([B]); empty responses get 0. Every token of response i carries w_i.
+rho_seq_i, so the ±20 clamp never changes a decision; the thresholds are at the inputs'
+precision (``log_threshold``). Each function returns one float64 weight per response ([B]);
+empty responses get 0. Every token of response i carries w_i.
 
 Shapes: B = responses in the batch.
 """

@@ -5,9 +5,10 @@
     icepop:     w = rho if log lo <= d <= log hi else 0            [lo = 0.5, hi = 5]
 
 The icepop band is tested in log space on the raw d (not on the ±20-clamped dc), so the
-clamp never changes a decision; ``log lo`` and ``log hi`` at the inputs' precision (``log_threshold``). Each ``*_weights_BT`` returns a float64 [B, T] weight, 0 where
-not valid; icepop's decision is ``icepop_keep_BT`` (bool [B, T]), the keep mask ``k`` of AIS
-(section 3). none and token-tis reject nothing.
+clamp never changes a decision; ``log lo`` and ``log hi`` are at the inputs' precision
+(``log_threshold``). Each ``*_weights_BT`` returns a float64 [B, T] weight, 0 where not valid;
+icepop's decision is ``icepop_keep_BT`` (bool [B, T]), the keep mask ``k`` of AIS (section 3).
+none and token-tis reject nothing.
 
 Shapes: B = responses in the batch, T = padded response length.
 """

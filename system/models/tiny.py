@@ -9,9 +9,9 @@ and ``vllm.LLM`` load the directory.
 
 The directory lives at ``cache_dir/tiny-<hash>``, where the hash covers the model config,
 the task config, the seed, :data:`BUILD_FORMAT` and a dataset file's content; a second call
-returns it at once. It is
-written to a temporary sibling and renamed into place, so a reader never sees half a
-model, and of two concurrent builders the second simply keeps the first one's result.
+returns it at once. It is written to a temporary sibling and renamed into place, so a reader
+never sees half a model, and of two concurrent builders the second simply keeps the first
+one's result.
 """
 
 import hashlib
@@ -52,11 +52,18 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def dataset_file(task: AnyTaskConfig) -> str | None:
+    """The file a task reads its prompts from; None for a built-in task (generated, from a closed
+    alphabet)."""
+    return getattr(task, "path", None)
+
+
 def build_key(model: TinyModelConfig, task: AnyTaskConfig, seed: int) -> str:
     """A short hash of everything that determines the built directory: the configs, the seed, the
     build format and, for a task read from a file, the file's content (an edited dataset is a new
     build, not the old one under the same path)."""
-    content = file_digest(task.path) if getattr(task, "path", None) and Path(task.path).is_file() else None
+    path = dataset_file(task)
+    content = file_digest(path) if path is not None and Path(path).is_file() else None
     blob = json.dumps({"format": BUILD_FORMAT, "model": model.model_dump(mode="json"),
                        "task": task.model_dump(mode="json"), "seed": seed, "content": content}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -118,9 +125,9 @@ def build_tiny_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_dir))
     try:
         started = time.perf_counter()
-        # a task read from a file may hold any character (the built-in ones generate a closed alphabet)
+        # a task read from a file may hold any character
         info = _write_model(tmp, model_cfg, build_prompt_source(task_cfg, seed), seed,
-                            all_bytes=hasattr(task_cfg, "path"))
+                            all_bytes=dataset_file(task_cfg) is not None)
         info.update(key=key, seed=seed, build_seconds=round(time.perf_counter() - started, 3),
                     model=model_cfg.model_dump(mode="json"), task=task_cfg.model_dump(mode="json"))
         (tmp / "aisrl_build.json").write_text(json.dumps(info, indent=1))

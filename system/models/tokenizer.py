@@ -26,11 +26,11 @@ from transformers import PreTrainedTokenizerFast
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)
 
-
 _BYTE_LEVEL = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+"""Each UTF-8 byte of a text to its printable stand-in (the byte-level alphabet), nothing split off."""
 
 
-def byte_tokens(text: str) -> list[str]:
+def _byte_tokens(text: str) -> list[str]:
     """The byte-level symbols of ``text``'s UTF-8 bytes (one per byte), as the pre-tokenizer maps them."""
     return [symbol for piece, _ in _BYTE_LEVEL.pre_tokenize_str(text) for symbol in piece]
 
@@ -54,12 +54,12 @@ def train_char_tokenizer(texts: Iterable[str], model_max_length: int,
     characters = _character_order(texts)
     if not characters:
         raise ValueError("tokenizer training text is empty: the task produced no prompts")
-    symbols = [symbol for c in characters for symbol in byte_tokens(c)]
+    symbols = [symbol for c in characters for symbol in _byte_tokens(c)]
     for symbol in symbols + (sorted(pre_tokenizers.ByteLevel.alphabet()) if all_bytes else []):
         vocab.setdefault(symbol, len(vocab))
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.pre_tokenizer = _BYTE_LEVEL
     tokenizer.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
