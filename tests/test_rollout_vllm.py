@@ -10,7 +10,6 @@ Two engines are built once for the module: a bf16 ``VLLMEngine`` and the fp8 eng
 """
 
 import copy
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from system.config.data import ArithmeticTaskConfig
 from system.data.arithmetic import ArithmeticPrompts
 from system.models.tiny import build_tiny_model
 from system.rewards.digit_match import digit_match
-from system.rollout.vllm_engine import VLLMEngine, _response
+from system.rollout.vllm_engine import VLLMEngine
 from system.rollout.worker import RolloutWorkerCore
 from system.weight_payload import encode_weights
 
@@ -318,15 +317,6 @@ def test_worker_adopts_the_payload_version(fp8_worker, hf_model):
     assert fp8_worker.stats()["num_weight_updates"] == 1
 
 
-def test_empty_responses_and_non_finite_logprobs_are_kept():
-    eos_only = SimpleNamespace(token_ids=[1], logprobs=[{1: SimpleNamespace(logprob=float("-inf"))}],
-                               text="", finish_reason="stop")
-    r = _response(eos_only)
-    assert r.text == "" and r.response_token_ids.tolist() == [1] and np.isneginf(r.behaviour_logprobs[0])
-    missing = _response(SimpleNamespace(token_ids=[4, 5], logprobs=None, text="12", finish_reason=None))
-    assert np.isnan(missing.behaviour_logprobs).all() and missing.finish_reason == "length"
-
-
 def test_top_p_top_k_logprobs_match_the_learners_truncated_recompute(bf16_engine, hf_model):
     """Issue 11 (item 2): at top_p < 1 vLLM returns log-probs renormalised over the nucleus; the
     learner's recompute (``system.learner.logprobs``, same temperature, top-p and top-k, on the
@@ -369,28 +359,6 @@ def test_top_p_top_k_logprobs_match_the_learners_truncated_recompute(bf16_engine
     assert np.isfinite(nucleus).all() and np.isfinite(both).all()
     assert nucleus.mean() < min(2 * full.mean(), 0.01) and both.mean() < min(2 * full.mean(), 0.01)
     assert naive.mean() > 5 * nucleus.mean() and naive.mean() > 0.02
-
-
-def test_kept_sets_match_vllms_own_top_k_top_p_function():
-    """The learner's kept set and renormalised log-probs against vLLM's CPU sampler function
-    (``apply_top_k_top_p_pytorch``, then log_softmax as for ``processed_logprobs``) on tie-free
-    logits, and on tied ones for top-k alone (deterministic there: every tie is kept)."""
-    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
-
-    from system.learner import logprobs
-
-    gen = torch.Generator().manual_seed(0)
-    N, V = 64, 1000
-    cases = [(2.0 * torch.randn(N, V, generator=gen), 0.9, 0), (3.0 * torch.randn(N, V, generator=gen), 0.5, 0),
-             (torch.randn(N, V, generator=gen), 0.95, 50), (torch.randint(0, 8, (N, V), generator=gen).float(), 1.0, 20)]
-    for z, top_p, top_k in cases:
-        p = torch.full((N,), top_p) if top_p < 1 else None
-        k = torch.full((N,), top_k, dtype=torch.int32) if top_k else None
-        vllm_logp = apply_top_k_top_p_pytorch(z.clone(), k, p, allow_cpu_sync=True).log_softmax(-1)
-        cut_value, cut_index, lse, _ = logprobs._nucleus_N(z, top_p, top_k, with_entropy=False)
-        kept = logprobs._kept(z, torch.arange(V)[None, :], cut_value, cut_index)
-        assert torch.equal(kept, torch.isfinite(vllm_logp)), (top_p, top_k)
-        torch.testing.assert_close((z - lse[:, None])[kept], vllm_logp[kept], atol=1e-5, rtol=0)
 
 
 def test_a_chat_prompt_goes_to_vllm_as_its_template_ids(bf16_engine, model_dir):

@@ -1,0 +1,43 @@
+"""vLLM's side of a completion without an engine: a response's conversion (empty, no log-probs) and
+vLLM's own top-k / top-p function against the learner's kept set (``system.learner.logprobs``)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from system.rollout.vllm_engine import _response
+
+pytestmark = pytest.mark.vllm
+
+
+def test_empty_responses_and_non_finite_logprobs_are_kept():
+    eos_only = SimpleNamespace(token_ids=[1], logprobs=[{1: SimpleNamespace(logprob=float("-inf"))}],
+                               text="", finish_reason="stop")
+    r = _response(eos_only)
+    assert r.text == "" and r.response_token_ids.tolist() == [1] and np.isneginf(r.behaviour_logprobs[0])
+    missing = _response(SimpleNamespace(token_ids=[4, 5], logprobs=None, text="12", finish_reason=None))
+    assert np.isnan(missing.behaviour_logprobs).all() and missing.finish_reason == "length"
+
+
+def test_kept_sets_match_vllms_own_top_k_top_p_function():
+    """The learner's kept set and renormalised log-probs against vLLM's CPU sampler function
+    (``apply_top_k_top_p_pytorch``, then log_softmax as for ``processed_logprobs``) on tie-free
+    logits, and on tied ones for top-k alone (deterministic there: every tie is kept)."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from system.learner import logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    N, V = 64, 1000
+    cases = [(2.0 * torch.randn(N, V, generator=gen), 0.9, 0), (3.0 * torch.randn(N, V, generator=gen), 0.5, 0),
+             (torch.randn(N, V, generator=gen), 0.95, 50), (torch.randint(0, 8, (N, V), generator=gen).float(), 1.0, 20)]
+    for z, top_p, top_k in cases:
+        p = torch.full((N,), top_p) if top_p < 1 else None
+        k = torch.full((N,), top_k, dtype=torch.int32) if top_k else None
+        vllm_logp = apply_top_k_top_p_pytorch(z.clone(), k, p, allow_cpu_sync=True).log_softmax(-1)
+        cut_value, cut_index, lse, _ = logprobs._nucleus_N(z, top_p, top_k, with_entropy=False)
+        kept = logprobs._kept(z, torch.arange(V)[None, :], cut_value, cut_index)
+        assert torch.equal(kept, torch.isfinite(vllm_logp)), (top_p, top_k)
+        torch.testing.assert_close((z - lse[:, None])[kept], vllm_logp[kept], atol=1e-5, rtol=0)
