@@ -38,6 +38,7 @@ from system import controller_state, run_state
 from system.config import RunConfig, dump_config
 from system.config.advice import config_warnings
 from system.config.rollout import MAX_ROLLOUT_WORKERS
+from system.correction.nothing_kept import NothingKeptGuard
 from system.data.buffer import TrajectoryBuffer
 from system.data.context_fit import fit_dataset_prompts
 from system.data.prompt_source import build_prompt_source
@@ -109,6 +110,7 @@ class Trainer:
         self.model_dir = str(resolve_model_dir(cfg))
         self.step = saved.get("step", 0)
         self.divergence = DivergenceGuard(cfg.learner.max_nonfinite_steps)
+        self.nothing_kept = NothingKeptGuard(cfg.correction.max_nothing_kept_steps, cfg.correction.method.label())
         self._queued: SubmittedStep | None = None  # a step submitted behind the running one
         self._checkpoint_owed = False  # a due checkpoint was skipped (a non-finite step): take the next one
         try:
@@ -297,6 +299,7 @@ class Trainer:
         # after its record (the step that stops a run is in metrics.jsonl); its weights were offered when
         # it was submitted, so a worker may have sampled with them before the run stops
         self.divergence.observe(self.step, outcome.learner)
+        self.nothing_kept.observe(self.step, outcome.correction)
         return record.metrics()
 
     def _rollout_idle(self) -> float:

@@ -152,6 +152,21 @@ def test_a_diverged_run_stops_with_an_error_and_no_non_finite_checkpoint(tmp_pat
     assert saved == list(range(1, last))  # every step before the divergence, none from it on
 
 
+def test_a_correction_that_keeps_nothing_stops_the_run(tmp_path, cache):
+    """A Seq-MIS band [0.999999, 1.000001] rejects every response of an FP8 run (a response's
+    log-ratio sum would have to lie within 1e-6 of 0; the default run's kl_k1 is ~0.04 per token):
+    each step trains nothing. With ``max_nothing_kept_steps`` 1 the second such step stops the run
+    (exit 1), after its record, the message naming steps 1-2."""
+    run = tmp_path / "starved"
+    out = aisrl("train", "max_steps=6", f"output_dir={run}", "correction.method.hi=1.000001",
+                "correction.method.lo=0.999999", "correction.max_nothing_kept_steps=1", *SMALL,
+                cache=cache, rc=1)
+    said = " ".join(out.stderr.split())
+    assert ("the correction kept no token for 2 consecutive steps (steps 1-2; method seq-mis "
+            "self_normalize=False hi=1.000001 lo=0.999999") in said, said[-2000:]
+    assert [(r["step"], r["correction/keep_token_frac"]) for r in records(run)] == [(1, 0.0), (2, 0.0)]
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [("learner.num_rank=2", "learner.num_rank"), ("max_steps=abc", "max_steps"),

@@ -24,6 +24,11 @@ class _MethodBase(StrictModel):
     self_normalize: bool = False
     """Divide the weights by their mean over valid tokens (token methods) or sequences (sequence methods)."""
 
+    def label(self) -> str:
+        """The method and its set fields, for messages: ``seq-mis hi=3.0 self_normalize=False``."""
+        fields = (f"{k}={v}" for k, v in self.model_dump().items() if k != "type" and v is not None)
+        return " ".join((self.type, *fields))
+
     def threshold_problems(self) -> dict[str, str]:
         """Field -> why its threshold would make this method reject or truncate the on-policy ratio 1."""
         problems = {}
@@ -148,6 +153,10 @@ class CorrectionConfig(StrictModel):
 
     alarm: AlarmConfig = Field(default_factory=AlarmConfig)
     """Drift alarm on kl_k1, ess_seq and the kept fraction, with its likely cause from the lag split."""
+
+    max_nothing_kept_steps: int | None = Field(default=10, ge=0)
+    """Consecutive steps whose applied weights keep no token (``correction/keep_token_frac`` 0: they train
+    nothing) before the run stops with an error; null never stops (``system/correction/nothing_kept.py``)."""
 
     @model_validator(mode="after")
     def _meaningful_thresholds(self) -> "CorrectionConfig":

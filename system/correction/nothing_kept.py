@@ -1,0 +1,48 @@
+"""When the correction trains nothing: consecutive steps whose applied weights keep no token.
+
+A step keeps nothing when ``correction/keep_token_frac`` (valid tokens whose applied weight,
+omega with AIS, is > 0, over all valid tokens; ``method_statistics``) is exactly 0: every term of
+its loss is multiplied by 0, so it moves the policy only through AdamW's momentum and weight
+decay. One such step can be chance (a small batch beyond a tight band); ``limit + 1`` of them in a
+row is a band that no longer fits the mismatch, and the run stops with an error instead of spending
+its steps on nothing and exiting 0 (``correction.max_nothing_kept_steps``; None never stops).
+A batch without a valid token (``keep_token_frac`` None) neither counts nor breaks the streak.
+"""
+
+import math
+
+
+class NothingKeptError(RuntimeError):
+    """More than ``correction.max_nothing_kept_steps`` consecutive steps kept no token."""
+
+
+class NothingKeptGuard:
+    """Counts consecutive steps that kept no token; :meth:`observe` raises once there are more than ``limit``."""
+
+    def __init__(self, limit: int | None, method: str = "") -> None:
+        self.limit = limit
+        self.method = method  # the configured method, for the message (``seq-mis hi=3.0``)
+        self.streak = 0
+        """Consecutive steps that kept no token, up to the last one observed."""
+
+    def observe(self, step: int, correction_metrics: dict) -> None:
+        keep = correction_metrics.get("correction/keep_token_frac")
+        if keep is None:
+            return
+        self.streak = self.streak + 1 if keep == 0 else 0
+        if self.limit is not None and self.streak > self.limit:
+            kl = correction_metrics.get("mismatch/kl_k1")
+            outside = correction_metrics.get("mismatch/frac_outside_5x")
+            raise NothingKeptError(
+                f"the correction kept no token for {self.streak} consecutive steps (steps {step - self.streak + 1}"
+                f"-{step}; method {self.method or '?'}; step {step}: kl_k1 {_fmt(kl)}, tokens outside 5x "
+                f"{_fmt(outside)}): those steps trained nothing. Widen correction.method's band, or lower the "
+                f"mismatch (async.max_lag, rollout.quantization); correction.max_nothing_kept_steps={self.limit} "
+                "(null: never stop)")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "n/a"
+    value = float(value)
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
