@@ -17,8 +17,10 @@ def remote_error(exc: BaseException, limit: int = 400) -> str:
     when it is not a remote task's error), white space collapsed, at most ``limit`` characters."""
     where, cause = None, exc
     while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
-        named = _TASK.search(str(cause))
-        where = getattr(cause, "function_name", None) or (named.group(1) if named else None) or where
+        # a task's error raised on in the task that called it (rank 0 calling the correction service)
+        # arrives as ONE RayTaskError whose text lists every task, outermost first: the last raised it
+        named = _TASK.findall(str(cause))
+        where = getattr(cause, "function_name", None) or (named[-1] if named else None) or where
         cause = cause.cause
     text = " ".join(str(cause).split())
     if len(text) > limit:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from actors.cli import app, failure_text
 from actors.control import RunControl
+from actors.remote_errors import remote_error
 from actors.step_records import RecordsInFlight, RecordsLostError
 from actors.stop_signals import Terminated, terminate_raises
 from system import run_state
@@ -114,6 +115,27 @@ def test_a_remote_failure_is_one_line_naming_the_actor_method(monkeypatch):
     assert failure_text(RuntimeError("plain")) == "plain"
     monkeypatch.setenv("AISRL_VERBOSE", "1")
     assert failure_text(outer) == str(outer)  # everything with --verbose
+
+
+@ray.remote(num_cpus=0)
+class _Service:
+    def process(self):
+        raise FileExistsError(17, "File exists", "/run/dumps")
+
+
+@ray.remote(num_cpus=0)
+class _Rank:
+    def step(self, service):
+        return ray.get(service.process.remote())
+
+
+def test_an_error_raised_on_through_a_second_actor_names_the_actor_that_raised_it(loopback_ray):
+    """Found by a probe: a dumps directory the correction service could not write failed the run
+    "(in LearnerRank.step)": rank 0 calls the service, and Ray hands the driver one RayTaskError
+    whose text lists both tasks (``ray::_Rank.step()`` first, then ``ray::_Service.process()``)."""
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        ray.get(_Rank.remote().step.remote(_Service.remote()))
+    assert remote_error(err.value) == "FileExistsError: [Errno 17] File exists: '/run/dumps' (in _Service.process)"
 
 
 def test_scale_and_the_worker_count_have_a_ceiling(tmp_path):
