@@ -158,15 +158,22 @@ def scale(
 ) -> None:
     """Change the number of rollout workers of a running job; training continues."""
     from actors.control import find_control
+    from actors.placement import scale_up_note
 
     try:
         control = find_control(run_dir, address)
+        before = ray.get(control.status.remote())["desired_workers"]
         ray.get(control.set_workers.remote(workers))
         status = ray.get(control.status.remote())
     except ValueError as exc:  # a RayTaskError of the board's ValueError is one too
         _fail(failure_text(exc))
     console.print(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
                   f"{status.get('workers_ready', '?')} ready now")
+    if workers > before and "worker_needs" in status:  # a board of a run started before it had facts: none
+        note = scale_up_note(workers - before, status["worker_needs"], ray.available_resources(),
+                             bool(status.get("private_cluster")))
+        if note:
+            console.print(f"[yellow]warning:[/] {note}", highlight=False)
 
 
 @app.command()

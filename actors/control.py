@@ -33,10 +33,12 @@ def control_name(run_dir: str | Path) -> str:
 
 @ray.remote(num_cpus=0)
 class RunControl:
-    def __init__(self, num_workers: int, ceiling: int = MAX_ROLLOUT_WORKERS) -> None:
+    def __init__(self, num_workers: int, ceiling: int = MAX_ROLLOUT_WORKERS, facts: dict | None = None) -> None:
         self.desired_workers = num_workers
         self.ceiling = ceiling
         """The most workers ``aisrl scale`` may ask for: ``rollout.max_workers``, else ``MAX_ROLLOUT_WORKERS``."""
+        self.facts = dict(facts or {})
+        """What stays true for the run: ``private_cluster``, ``worker_needs`` (one rollout worker's reservation)."""
         self.progress: dict = {}
 
     def set_workers(self, count: int) -> int:
@@ -53,14 +55,15 @@ class RunControl:
         self.progress = progress
 
     def status(self) -> dict:
-        return {"desired_workers": self.desired_workers, **self.progress}
+        return {"desired_workers": self.desired_workers, **self.facts, **self.progress}
 
 
-def create_control(run_dir: Path, num_workers: int, ceiling: int = MAX_ROLLOUT_WORKERS) -> ray.actor.ActorHandle:
+def create_control(run_dir: Path, num_workers: int, ceiling: int = MAX_ROLLOUT_WORKERS,
+                   facts: dict | None = None) -> ray.actor.ActorHandle:
     name = control_name(run_dir)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     handle = RunControl.options(name=name, namespace=NAMESPACE, get_if_exists=True,
-                                scheduling_strategy=here).remote(num_workers, ceiling)  # dies only with the driver's node
+                                scheduling_strategy=here).remote(num_workers, ceiling, facts)  # dies only with the driver's node
     ctx = ray.get_runtime_context()
     info = {"gcs_address": ctx.gcs_address, "actor": name, "auth_mode": os.environ.get("RAY_AUTH_MODE", "disabled")}
     (run_dir / "control.json").write_text(json.dumps(info, indent=1))

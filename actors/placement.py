@@ -42,6 +42,34 @@ def plan_placement(cfg: RunConfig, cluster_resources: dict[str, float] | None) -
     ]
 
 
+def actor_needs(role: RoleOptions) -> dict[str, float]:
+    """What one actor of ``role`` reserves, by Ray resource name (zero amounts left out)."""
+    needs = {"CPU": role.num_cpus, "GPU": role.num_gpus, **role.resources}
+    return {k: float(v) for k, v in needs.items() if v > 0}
+
+
+def room_for(needs: dict[str, float], available: dict[str, float]) -> int | None:
+    """How many more actors that each reserve ``needs`` fit in ``available`` now:
+    ``min over k of floor(available[k] / needs[k])``; None when they reserve nothing (no limit)."""
+    fits = [int(available.get(k, 0.0) / v + 1e-9) for k, v in needs.items() if v > 0]
+    return min(fits) if fits else None
+
+
+def scale_up_note(more: int, needs: dict[str, float], available: dict[str, float], private: bool) -> str | None:
+    """What ``aisrl scale`` says when ``more`` new rollout workers do not all fit in the cluster now
+    (None when they do): the room, what each worker takes, and whether the cluster can grow."""
+    room = room_for(needs, available)
+    if room is None or room >= more:
+        return None
+    free = ", ".join(f"{k} {available.get(k, 0.0):g}" for k in needs)
+    each = ", ".join(f"{k} {v:g}" for k, v in needs.items())
+    later = ("this run's private cluster never grows (its CPUs were set at start from rollout.num_workers, "
+             "or ray.num_cpus): start the run with the count it needs, or on a Ray cluster" if private else
+             "until the cluster offers them (nodes that join, or the autoscaler's)")
+    return (f"the cluster has room for {room} more now (free: {free}; each worker takes {each}); "
+            f"the other {more - room} wait: {later}")
+
+
 def describe_plan(plan: list[RoleOptions]) -> list[dict]:
     return [asdict(r) for r in plan]
 

@@ -27,7 +27,7 @@ from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
-from actors.placement import plan_placement, private_cluster_shortfall, required_cpus
+from actors.placement import actor_needs, plan_placement, private_cluster_shortfall, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
@@ -179,8 +179,9 @@ class Trainer:
         self._write_rollout_workers()
         self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
+        facts = {"private_cluster": cfg.ray.address is None, "worker_needs": actor_needs(roles["rollout_worker"])}
         self.control = create_control(self.run_dir, cfg.rollout.num_workers,
-                                      cfg.rollout.max_workers or MAX_ROLLOUT_WORKERS)
+                                      cfg.rollout.max_workers or MAX_ROLLOUT_WORKERS, facts)
         self.rollout.control = self.control
         return saved
 

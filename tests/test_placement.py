@@ -9,7 +9,14 @@ import ray
 from ray.cluster_utils import Cluster
 
 from actors.cluster import use_loopback_only
-from actors.placement import plan_placement, required_cpus
+from actors.placement import (
+    RoleOptions,
+    actor_needs,
+    plan_placement,
+    required_cpus,
+    room_for,
+    scale_up_note,
+)
 from system.config import resolve_config
 
 pytestmark = pytest.mark.ray
@@ -79,3 +86,25 @@ def test_a_private_cluster_too_small_for_the_roles_is_refused():
         "the 2 learner rank(s) and 1 rollout worker(s) reserve 3 CPU but")
     # a joined cluster may grow (autoscaling): not checked
     assert private_cluster_shortfall(resolve_config([], ["ray.address=auto", "ray.learner_gpus=1"]), {"CPU": 1.0}) == []
+
+
+def test_room_for_more_workers_is_the_scarcest_resource_over_what_one_takes():
+    # floor(5 / 2) = 2 CPU-wise, floor(1.5 / 0.5) = 3 GPU-wise: 2 fit; a resource the cluster lacks: 0
+    assert room_for({"CPU": 2.0, "GPU": 0.5}, {"CPU": 5.0, "GPU": 1.5}) == 2
+    assert room_for({"CPU": 1.0, "rollout": 1.0}, {"CPU": 8.0}) == 0
+    assert room_for({"CPU": 1.0}, {"CPU": 2.9999999999}) == 3  # Ray's float sums of fractional amounts
+    assert room_for({}, {}) is None  # an actor that reserves nothing is never short of room
+    role = RoleOptions("rollout_worker", 3, num_cpus=1.0, num_gpus=0.0, resources={"rollout": 1.0})
+    assert actor_needs(role) == {"CPU": 1.0, "rollout": 1.0}  # zero GPUs left out
+
+
+def test_a_scale_up_beyond_the_room_says_how_many_fit_and_why_the_rest_wait():
+    """Found by a probe: ``aisrl scale --workers 4096`` on a 2-CPU private cluster answered "0 ready
+    now" and nothing about the 4094 workers that would never be placed."""
+    needs = {"CPU": 1.0}
+    assert scale_up_note(2, needs, {"CPU": 2.0}, private=True) is None  # both fit
+    note = scale_up_note(4095, needs, {"CPU": 1.0}, private=True)
+    assert note.startswith("the cluster has room for 1 more now (free: CPU 1; each worker takes CPU 1); "
+                           "the other 4094 wait: this run's private cluster never grows")
+    assert "until the cluster offers them" in scale_up_note(3, {"CPU": 1.0, "rollout": 1.0},
+                                                          {"CPU": 4.0, "rollout": 1.0}, private=False)

@@ -153,6 +153,24 @@ def test_scale_and_the_worker_count_have_a_ceiling(tmp_path):
             resolve_config([], [f"{key}=5000"])
 
 
+def test_scale_says_when_the_new_workers_do_not_fit(loopback_ray, monkeypatch, tmp_path):
+    """A real board in the module's 8-CPU cluster, as a run on a private cluster creates it; its
+    workers take a resource the cluster lacks, so none of the 5 new ones fits. Scaling down says nothing."""
+    import actors.control
+
+    facts = {"private_cluster": True, "worker_needs": {"CPU": 1.0, "rollout": 1.0}}
+    board = RunControl.remote(1, 8, facts)
+    monkeypatch.setattr(actors.control, "find_control", lambda run_dir, address: board)
+    up = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "6"])
+    said = " ".join(up.output.split())
+    assert up.exit_code == 0 and "rollout workers -> 6" in said
+    assert "room for 0 more now (free: CPU 8, rollout 0; each worker takes CPU 1, rollout 1); the other 5 wait: " \
+           "this run's private cluster never grows" in said, said
+    down = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "2"])
+    assert down.exit_code == 0 and "room for" not in down.output
+    ray.kill(board)
+
+
 @pytest.mark.parametrize("name, make", [("dumps", lambda p: p.write_text("x")),
                                         ("metrics.jsonl", lambda p: p.mkdir()),
                                         ("checkpoints", lambda p: p.write_text("x"))])

@@ -1,12 +1,30 @@
 """Settings that are valid but likely not what the user meant: said at start (and by ``--dry-run``),
 never refused."""
 
+import os
+
 from system.config.run import RunConfig
 
 
-def config_warnings(cfg: RunConfig) -> list[str]:
-    """One sentence per questionable setting of ``cfg``, saying what to do instead."""
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; the machine's count where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def config_warnings(cfg: RunConfig, cores: int | None = None) -> list[str]:
+    """One sentence per questionable setting of ``cfg``, saying what to do instead. ``cores``: this
+    machine's usable cores (default :func:`usable_cores`), for a private local cluster's processes."""
     out = []
+    cores = usable_cores() if cores is None else cores
+    processes = cfg.learner.num_ranks + cfg.rollout.num_workers
+    if cfg.ray.address is None and cfg.ray.learner_gpus == 0 and processes > 2 * cores:
+        out.append(f"learner.num_ranks={cfg.learner.num_ranks} and rollout.num_workers={cfg.rollout.num_workers} "
+                   f"start {processes} computing processes on this machine's {cores} cores: they take turns on "
+                   f"them, so ranks beyond the cores add no compute, and each holds its own memory (at most "
+                   f"{max(cores - cfg.rollout.num_workers, 1)} rank(s) here, or join a cluster with ray.address)")
     method = cfg.correction.method
     if method.type == "geo-rs" and (method.lo, method.hi) == (0.999, 1.001) and cfg.rollout.quantization == "fp8":
         out.append("correction.method geo-rs at its BF16 band [0.999, 1.001] with FP8 rollouts rejects nearly every "

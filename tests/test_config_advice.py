@@ -1,0 +1,40 @@
+"""Settings that are valid but likely not meant (``system.config.advice``): said, never refused."""
+
+from system.config import resolve_config
+from system.config.advice import config_warnings, usable_cores
+
+
+def warnings_for(*overrides: str, cores: int = 2) -> list[str]:
+    return config_warnings(resolve_config([], list(overrides)), cores=cores)
+
+
+def test_the_default_run_gets_no_warning_on_two_cores():
+    assert warnings_for() == []
+    assert usable_cores() >= 1
+
+
+def test_geo_rs_at_its_bf16_band_with_fp8_rollouts_is_said_and_not_with_a_wider_band():
+    [said] = warnings_for("correction.method.type=geo-rs")
+    assert said.startswith("correction.method geo-rs at its BF16 band [0.999, 1.001] with FP8 rollouts")
+    assert warnings_for("correction.method.type=geo-rs", "correction.method.lo=0.9",
+                        "correction.method.hi=1.1") == []
+
+
+def test_no_rollout_workers_is_said():
+    [said] = warnings_for("rollout.num_workers=0", "output_dir=runs/x")
+    assert said.startswith("rollout.num_workers=0: nothing generates until workers are added (aisrl scale runs/x")
+
+
+def test_more_than_twice_as_many_processes_as_cores_on_a_private_cluster_is_said():
+    """Found by a probe: ``learner.num_ranks=16`` on 2 cores ran without a word. Ranks + workers
+    above 2 x cores warns (the tests' 2 ranks + 1 worker on 2 cores do not: 3 <= 4)."""
+    assert warnings_for("learner.num_ranks=2", cores=2) == []
+    assert warnings_for("learner.num_ranks=2", "rollout.num_workers=2", cores=2) == []  # 4 <= 4
+    assert len(warnings_for("learner.num_ranks=4", cores=2)) == 1  # 5 > 4
+    [said] = warnings_for("learner.num_ranks=8", "prompts_per_step=8", cores=2)
+    assert said.startswith("learner.num_ranks=8 and rollout.num_workers=1 start 9 computing processes on "
+                           "this machine's 2 cores")
+    assert "at most 1 rank(s) here" in said
+    assert warnings_for("learner.num_ranks=8", "prompts_per_step=8", cores=8) == []
+    # a cluster joined at run time places them on its own nodes: not this machine's matter
+    assert warnings_for("learner.num_ranks=8", "prompts_per_step=8", "ray.address=auto", cores=2) == []
