@@ -315,3 +315,28 @@ def test_dump_text_can_neither_turn_the_page_nor_the_terminal(tmp_path):
     assert "uid <bdi>u0\u202e44</bdi>: mean |diff|" in html
     assert '<pre class="text"><bdi>\u202eevil</bdi></pre>' in html and "bdi{unicode-bidi:isolate}" in html
     assert "\x1b" not in result.output and "'\\x1b]0;PWNED\\x07\\x1b[31mRED\\x1b[0m'" in said(result)
+
+
+def test_an_archive_larger_uncompressed_than_the_memory_available_is_refused(tmp_path, monkeypatch):
+    """A few MB of compressed zeros can stand for many GB of arrays, each read whole: an archive whose
+    members exceed the memory available is refused by name before any is read. Here 3 members of
+    1000 x 1000 (float32 4 MB, float32 4 MB, bool 1 MB, each + a 128-byte .npy header) compress to
+    tens of KB, against a stated 8 MB available."""
+    import system.report.dump as dump
+
+    zeros = np.zeros((1000, 1000), np.float32)
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, rollout_logp=zeros, train_logp=zeros, response_mask=zeros.astype(bool))
+    assert path.stat().st_size < 100_000
+    monkeypatch.setattr(dump, "available_memory_bytes", lambda: 8 * 2**20)
+    with pytest.raises(DumpError, match=r"bomb\.npz: its arrays hold 0\.00838 GiB uncompressed \(0\.0\d+ MiB in the "
+                                        r"file\), more than the 0\.0078\d* GiB of memory available now"):
+        load_dump(path)
+    result = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "of memory available now" in said(result), result.output
+    monkeypatch.setattr(dump, "available_memory_bytes", lambda: 10 * 2**20)  # 9 MB fit in 10
+    assert load_dump(path).shape == (1000, 1000)
+    monkeypatch.setattr(dump, "available_memory_bytes", lambda: None)  # unknown: not checked
+    assert load_dump(path).shape == (1000, 1000)
+    monkeypatch.undo()
+    assert dump.available_memory_bytes() > 2**20  # this machine's reading is a number of bytes

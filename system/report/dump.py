@@ -1,6 +1,7 @@
 """Batch dumps (``CORRECTION_SPEC.md`` section 6): one ``.npz`` per dumped step, validated on load."""
 
 import math
+import os
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -72,6 +73,35 @@ def _check_declared_size(zf: zipfile.ZipFile, key: str, p: str) -> None:
                         f"{info.file_size - header} bytes: a corrupt archive")
 
 
+def available_memory_bytes() -> int | None:
+    """Memory the system can give this process now (``MemAvailable`` of ``/proc/meminfo``; free
+    pages where that is missing); None when neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_fits_memory(zf: zipfile.ZipFile, p: str) -> None:
+    """Refuse an archive whose members, uncompressed, exceed the memory available now: every array is
+    read whole, and a few MB of compressed zeros can stand for many GB (a zip bomb would otherwise run
+    the machine out of memory instead of failing with a message)."""
+    total = sum(info.file_size for info in zf.infolist())
+    available = available_memory_bytes()
+    if available is not None and total > available:
+        packed = sum(info.compress_size for info in zf.infolist())
+        raise DumpError(f"{p}: its arrays hold {total / 2**30:.3g} GiB uncompressed ({packed / 2**20:.3g} MiB in "
+                        f"the file), more than the {available / 2**30:.3g} GiB of memory available now: "
+                        "report it on a machine with more memory")
+
+
 def _read_npz(p: str) -> dict[str, np.ndarray]:
     """Every array of the archive, never unpickling (``allow_pickle=False``)."""
     if not zipfile.is_zipfile(p):
@@ -80,6 +110,7 @@ def _read_npz(p: str) -> dict[str, np.ndarray]:
     arrays = {}
     try:
         with np.load(p, allow_pickle=False) as npz:
+            _check_fits_memory(npz.zip, p)
             for key in npz.files:
                 _check_declared_size(npz.zip, key, p)
                 try:
