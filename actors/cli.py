@@ -12,6 +12,7 @@ from rich.console import Console
 from actors.remote_errors import remote_error
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
 from system.config.advice import config_warnings
+from system.config.paths import check_input_paths, with_absolute_paths
 from system.config.resume import resume_config
 from system.config.rollout import MAX_ROLLOUT_WORKERS
 from system.report.demo_dump import make_demo_dump
@@ -82,8 +83,10 @@ def train(
     try:
         if resume is not None and overwrite:
             raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
-        cfg = load_run_config(args or [], resume)
+        # absolute: the actors' working directory is not this one (on a joined cluster, the raylet's)
+        cfg = with_absolute_paths(load_run_config(args or [], resume))
         check_output_dir(cfg.output_dir, "output_dir")
+        check_input_paths(cfg)
     except ConfigError as exc:
         _fail(str(exc))
     if dry_run:
@@ -105,10 +108,21 @@ def train(
                 check_new_run_dir(cfg.output_dir, overwrite=False)
         except ValueError as exc:  # CheckpointError is one
             _fail(str(exc))
-        from actors.placement import describe_plan, plan_placement
+        from actors.placement import (
+            describe_plan,
+            local_gpus,
+            plan_placement,
+            private_cluster_shortfall,
+            required_cpus,
+        )
 
         if cfg.ray.address is None:  # a private local cluster: the plan is the one that runs
-            plan = describe_plan(plan_placement(cfg, None))
+            roles = plan_placement(cfg, None)
+            plan = describe_plan(roles)
+            local = {"CPU": cfg.ray.num_cpus or required_cpus(roles), "GPU": local_gpus(cfg)}
+            short = private_cluster_shortfall(cfg, local)
+            if short:  # what the run refuses once its cluster is up
+                _fail("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))
         else:  # a cluster joined at run time: its resources decide; say what each role asks for there
             offered = {cfg.ray.rollout_resource: 1.0, cfg.ray.learner_resource: 1.0}
             plan = [{**role, "resources": None, "resources_if_the_cluster_offers_them": role["resources"]}

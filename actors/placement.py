@@ -92,6 +92,16 @@ def follow_target(floor: int, capacity: int, max_workers: int | None) -> int:
     return target
 
 
+def local_gpus(cfg: RunConfig) -> int:
+    """GPUs a private cluster started here would see (torch's count, which honours
+    ``CUDA_VISIBLE_DEVICES``); 0 without asking torch when the config reserves none."""
+    if not (cfg.ray.learner_gpus or cfg.ray.rollout_gpus):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def private_cluster_shortfall(cfg: RunConfig, cluster_resources: dict[str, float]) -> list[str]:
     """On a private local cluster (no ``ray.address``), what the learner ranks and rollout workers
     reserve beyond what the cluster has: nothing would ever place them, so the run would wait for ever

@@ -34,7 +34,9 @@ def test_dry_run_prints_one_json_object_with_config_and_placement(elsewhere):
     doc = json.loads(result.stdout)  # the whole of stdout is one document
     assert set(doc) == {"config", "placement"}
     want = resolve_config([], ["correction.method.type=icepop", "learner.num_ranks=4"])
-    assert RunConfig.model_validate(doc["config"]) == want
+    # the relative default output_dir, made absolute where the command ran (actors run elsewhere)
+    assert doc["config"]["output_dir"] == str(elsewhere / "runs" / "default")
+    assert RunConfig.model_validate(doc["config"]) == want.model_copy(update={"output_dir": doc["config"]["output_dir"]})
     assert doc["config"]["async"] == {"max_lag": 1, "queue_ahead": False}  # users' spelling
     roles = {r["role"]: r["count"] for r in doc["placement"]}
     assert roles == {"rollout_worker": 1, "learner_rank": 4, "correction_service": 1}

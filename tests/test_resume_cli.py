@@ -45,13 +45,14 @@ def test_the_resumed_directory_is_the_one_named_whatever_its_name(tmp_path, monk
     rc, out = _train("--dry-run", "--resume", name, "max_steps=9", cwd=tmp_path, monkeypatch=monkeypatch)
     assert rc == 0, out
     printed = json.loads(CliRunner().invoke(app, ["train", "--dry-run", "--resume", name, "max_steps=9"]).output)
-    assert printed["config"]["output_dir"] == name
+    assert printed["config"]["output_dir"] == str(tmp_path / name)  # made absolute where the command ran
 
 
 def test_a_config_written_before_a_field_existed_resumes(tmp_path, monkeypatch):
     """``data.task.chat_template`` (added 2026-11-25) missing from an older run's config.json was taken
     for a change ("cannot change on a resume"): the saved parts are compared with today's defaults."""
     task = {"type": "gsm8k", "path": str(tmp_path / "train.jsonl")}
+    (tmp_path / "train.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
     run, cfg = _run_dir(tmp_path, "old", data={"task": task, "reward": {"type": "math-answer"}})
     del cfg["data"]["task"]["chat_template"]
     del cfg["model"]["warm_start_label_smoothing"]  # not compared: left out to show the rest still reads

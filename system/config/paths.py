@@ -1,9 +1,55 @@
-"""Checks of output directories before a command starts anything (nothing is created here)."""
+"""Paths of a run before it starts anything: output directories checked (nothing is created here),
+the run's local paths made absolute, and its input files checked."""
 
 import os
 from pathlib import Path
 
 from system.config.loading import ConfigError
+from system.config.run import RunConfig
+
+_LOCAL_PREFIXES = ("/", "./", "../", "~")
+"""A ``model.path`` that starts with one of these is a local directory, never a hub id (``org/name``)."""
+
+
+def looks_local(model_path: str) -> bool:
+    """Whether a pretrained ``model.path`` names a local directory: it exists here, or is written as a
+    path (``/``, ``./``, ``../``, ``~``); otherwise it is a hub id."""
+    return model_path.startswith(_LOCAL_PREFIXES) or model_path in (".", "..") or os.path.exists(model_path)
+
+
+def with_absolute_paths(cfg: RunConfig, cwd: str | Path | None = None) -> RunConfig:
+    """``cfg`` with ``output_dir``, a file task's ``data.task.path`` and a pretrained model's local
+    ``model.path`` absolute against ``cwd`` (default: this process's). The driver hands its config to
+    actors whose working directory is not the user's (on a joined cluster: wherever its raylet was
+    started), where a relative path would name another place."""
+    base = Path(cwd) if cwd is not None else Path.cwd()
+
+    def absolute(path: str) -> str:
+        path = os.path.expanduser(path)
+        return path if os.path.isabs(path) else str(base / path)
+
+    data = cfg.data
+    if getattr(data.task, "path", None) is not None:
+        data = data.model_copy(update={"task": data.task.model_copy(update={"path": absolute(data.task.path)})})
+    model = cfg.model
+    if model.type == "pretrained" and looks_local(model.path):
+        model = model.model_copy(update={"path": absolute(model.path)})
+    return cfg.model_copy(update={"output_dir": absolute(cfg.output_dir), "data": data, "model": model})
+
+
+def check_input_paths(cfg: RunConfig) -> None:
+    """Raise ConfigError, naming the field, when a file task's ``data.task.path`` is not a file, or a
+    pretrained model's local ``model.path`` is not a directory (what the run would fail on later, after
+    starting its cluster: ``--dry-run`` says it too)."""
+    path = getattr(cfg.data.task, "path", None)
+    if path is not None and not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "does not exist"
+        raise ConfigError(f"data.task.path: {path} {what} (a .jsonl or .parquet file; a relative path is "
+                          f"read from the directory aisrl runs in, {os.getcwd()})")
+    if cfg.model.type == "pretrained" and looks_local(cfg.model.path) and not os.path.isdir(
+            os.path.expanduser(cfg.model.path)):
+        raise ConfigError(f"model.path: {cfg.model.path} is not a directory (a local path; a hub id is written "
+                          "org/name, e.g. Qwen/Qwen2.5-1.5B-Instruct)")
 
 
 def check_output_dir(path: str | Path, what: str = "output_dir") -> None:

@@ -1,0 +1,86 @@
+"""A run's local paths made absolute (``with_absolute_paths``) and its input files checked before it
+starts (``check_input_paths``); both in ``aisrl train`` and its ``--dry-run``."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from actors.cli import app
+from system.config import ConfigError, resolve_config
+from system.config.paths import check_input_paths, looks_local, with_absolute_paths
+
+runner = CliRunner()
+
+
+def test_relative_paths_become_absolute_against_the_working_directory(tmp_path):
+    """Found by a probe: on a joined cluster ``output_dir=relrun`` split the run: the driver wrote
+    config.json under its own directory, the actors metrics.jsonl, checkpoints and W&B under the
+    directory the raylet was started in, and the first checkpoint failed (FileNotFoundError)."""
+    cfg = resolve_config([], ["output_dir=relrun", "data.task.type=gsm8k", "data.task.path=d/train.jsonl",
+                              "data.reward.type=math-answer", "model.type=pretrained", "model.path=./m"])
+    out = with_absolute_paths(cfg, cwd="/work/dir")
+    assert (out.output_dir, out.data.task.path, out.model.path) == (
+        "/work/dir/relrun", "/work/dir/d/train.jsonl", "/work/dir/m")
+    assert out.model_copy(update={"output_dir": "relrun", "data": cfg.data, "model": cfg.model}) == cfg  # nothing else
+    hub = resolve_config([], ["model.type=pretrained", "model.path=Qwen/Qwen2.5-0.5B", "output_dir=/abs/run"])
+    kept = with_absolute_paths(hub, cwd="/work/dir")
+    assert (kept.model.path, kept.output_dir) == ("Qwen/Qwen2.5-0.5B", "/abs/run")  # a hub id; already absolute
+
+
+@pytest.mark.parametrize(("path", "local"), [("/m", True), ("./m", True), ("../m", True), ("~/m", True),
+                                             (".", True), ("Qwen/Qwen2.5-0.5B", False), ("gpt2", False)])
+def test_what_counts_as_a_local_model_path(path, local):
+    assert looks_local(path) is local
+
+
+def test_a_missing_data_file_or_local_model_is_refused_by_field(tmp_path):
+    file_task = ["data.task.type=gsm8k", "data.reward.type=math-answer"]
+    with pytest.raises(ConfigError, match=r"data\.task\.path: .*nope\.jsonl does not exist"):
+        check_input_paths(resolve_config([], [*file_task, f"data.task.path={tmp_path / 'nope.jsonl'}"]))
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(ConfigError, match=r"data\.task\.path: .*dir\.jsonl is a directory"):
+        check_input_paths(resolve_config([], [*file_task, f"data.task.path={tmp_path / 'dir.jsonl'}"]))
+    (tmp_path / "ok.jsonl").write_text("{}\n")
+    check_input_paths(resolve_config([], [*file_task, f"data.task.path={tmp_path / 'ok.jsonl'}"]))
+    with pytest.raises(ConfigError, match=r"model\.path: /nonexistent/model is not a directory .*org/name"):
+        check_input_paths(resolve_config([], ["model.type=pretrained", "model.path=/nonexistent/model"]))
+    check_input_paths(resolve_config([], ["model.type=pretrained", "model.path=Qwen/Qwen2.5-0.5B"]))  # not checked
+
+
+def test_the_dry_run_refuses_a_missing_data_file_and_prints_absolute_paths(tmp_path, monkeypatch):
+    """Found by a probe: ``--dry-run`` of the GPU preset away from the checkout passed; the run then
+    failed on ``data.task.path`` after starting its cluster (and the SLURM script relies on the dry run)."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["train", "--dry-run", "data.task.type=gsm8k", "data.reward.type=math-answer",
+                                 "data.task.path=data/train.jsonl"])
+    assert result.exit_code == 2 and f"data.task.path: {tmp_path}/data/train.jsonl does not exist" in \
+        " ".join(result.output.split())
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
+    result = runner.invoke(app, ["train", "--dry-run", "data.task.type=gsm8k", "data.reward.type=math-answer",
+                                 "data.task.path=data/train.jsonl", "output_dir=r"])
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)["config"]
+    assert (config["output_dir"], config["data"]["task"]["path"]) == (f"{tmp_path}/r", f"{tmp_path}/data/train.jsonl")
+
+
+def test_the_dry_run_refuses_gpus_a_private_cluster_here_does_not_have(tmp_path, monkeypatch):
+    """Found by a probe: ``--dry-run ray.rollout_gpus=1 ray.learner_gpus=1`` passed on a machine without
+    a GPU; the run refused it once its cluster was up."""
+    import actors.placement
+
+    monkeypatch.setattr(actors.placement, "local_gpus", lambda cfg: 0)
+    result = runner.invoke(app, ["train", "--dry-run", "ray.rollout_gpus=1", "ray.learner_gpus=1",
+                                 f"output_dir={tmp_path / 'r'}"])
+    assert result.exit_code == 2
+    assert ("the 2 learner rank(s) and 1 rollout worker(s) reserve 3 GPU but this machine's private cluster "
+            "has 0") in " ".join(result.output.split())
+    monkeypatch.setattr(actors.placement, "local_gpus", lambda cfg: 4)
+    result = runner.invoke(app, ["train", "--dry-run", "ray.rollout_gpus=1", "ray.learner_gpus=1",
+                                 f"output_dir={tmp_path / 'r'}"])
+    assert result.exit_code == 0, result.output
+    # a cluster joined at run time decides for itself: not refused here
+    result = runner.invoke(app, ["train", "--dry-run", "ray.rollout_gpus=1", "ray.learner_gpus=1", "ray.address=auto",
+                                 f"output_dir={tmp_path / 'r'}"])
+    assert result.exit_code == 0, result.output
