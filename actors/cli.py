@@ -133,8 +133,14 @@ def train(
         return
     if verbose:
         os.environ["AISRL_VERBOSE"] = "1"
-    from actors.cluster import quiet_workers
+    from actors.cluster import check_address, quiet_workers
     from actors.trainer import Trainer
+
+    if cfg.ray.address is not None:  # before the model build: an address nobody answers on fails now
+        try:
+            check_address(cfg.ray.address)
+        except ValueError as exc:
+            _fail(str(exc))
 
     quiet_workers()  # this process too: the model build's progress bars, library warnings
 

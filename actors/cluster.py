@@ -2,6 +2,7 @@
 
 import logging
 import os
+import socket
 
 import ray
 
@@ -54,16 +55,49 @@ def quiet_workers() -> None:
             os.environ.setdefault(key, value)
 
 
-def join(address: str, **init_kwargs) -> None:
+class ClusterUnreachableError(ValueError):
+    """``ray.address`` names no cluster this process can reach (said in one line, exit 2)."""
+
+
+def reachable(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to ``address`` (``host:port``, ``ray://host:port``) opens within ``timeout_s``."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def check_address(address: str, timeout_s: float = 10.0) -> str | None:
+    """Raise :class:`ClusterUnreachableError` when nothing answers at ``address`` (``auto``: at
+    ``$RAY_ADDRESS``) within ``timeout_s``; returns the address checked (None: ``auto`` without
+    ``RAY_ADDRESS``, which only ``ray.init`` can look up)."""
+    target = (os.environ.get("RAY_ADDRESS") or None) if address == "auto" else address
+    if target is not None and target != "auto" and not reachable(target, timeout_s):
+        via = " (from RAY_ADDRESS, which ray.address=auto reads)" if address == "auto" else ""
+        raise ClusterUnreachableError(f"ray.address: nothing answers at {target}{via} within {timeout_s:g} s: "
+                                      "start the cluster first (ray start --head), or fix the address")
+    return target
+
+
+def join(address: str, reach_timeout_s: float = 10.0, **init_kwargs) -> None:
     """Connect to a running cluster. One bound to loopback (an address on 127.0.0.1, or a head
     started with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, whose jobs inherit the variable) is
-    joined in local-only mode, so this driver does not announce the machine's interface address."""
-    host = address.split("://")[-1].rsplit(":", 1)[0]
+    joined in local-only mode, so this driver does not announce the machine's interface address.
+
+    An address nobody answers on is refused after ``reach_timeout_s`` (``ray.init`` would retry it
+    for ever), and ``auto`` without a running cluster in one line (:class:`ClusterUnreachableError`)."""
+    target = check_address(address, reach_timeout_s)
+    host = (target or address).split("://")[-1].rsplit(":", 1)[0]
     if host in ("127.0.0.1", "localhost") or os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
         use_loopback_only()
     else:
         set_local_only(False)
-    ray.init(address=address, log_to_driver=True, **init_kwargs)
+    try:
+        ray.init(address=address, log_to_driver=True, **init_kwargs)
+    except ConnectionError as exc:  # "auto" with no cluster running here
+        raise ClusterUnreachableError(f"ray.address={address}: {' '.join(str(exc).split())[:300]}") from None
 
 
 def use_loopback_only() -> None:

@@ -9,13 +9,12 @@ import hashlib
 import json
 import logging
 import os
-import socket
 from pathlib import Path
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.cluster import join
+from actors.cluster import join, reachable
 from actors.ray_internals import reload_config
 from system.config.rollout import MAX_ROLLOUT_WORKERS
 
@@ -70,15 +69,6 @@ def create_control(run_dir: Path, num_workers: int, ceiling: int = MAX_ROLLOUT_W
     return handle
 
 
-def _reachable(address: str, timeout_s: float = 2.0) -> bool:
-    host, _, port = address.split("://")[-1].rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
 def remove_control_file(run_dir: Path) -> None:
     """Remove ``control.json``; a run directory that became unwritable (or was removed) is said, not
     raised: this runs while the run's parts are stopped, and the stops after it must still run."""
@@ -96,7 +86,7 @@ def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHan
         raise ValueError(f"{info_path}: not found; is a run using {run_dir} as output_dir running?")
     info = json.loads(info_path.read_text())
     target = address or info["gcs_address"]
-    if not _reachable(target):
+    if not reachable(target):
         raise ValueError(f"cannot reach the run's cluster at {target}: the run has ended (or pass --address)")
     # The token itself is never written here: Ray's client reads it the way the cluster did
     # ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token).
