@@ -84,3 +84,18 @@ def test_the_dry_run_refuses_gpus_a_private_cluster_here_does_not_have(tmp_path,
     result = runner.invoke(app, ["train", "--dry-run", "ray.rollout_gpus=1", "ray.learner_gpus=1", "ray.address=auto",
                                  f"output_dir={tmp_path / 'r'}"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_pretrained_model_that_cannot_be_loaded_here_is_one_line_naming_model_path(tmp_path):
+    """Found by a probe: a hub id that could not be fetched (offline) failed in the dataset's context
+    check with a 400-line traceback. A directory without config.json stands in for it here (no network
+    in tests); one with a config.json passes."""
+    from system.models.model_dir import resolve_model_dir
+
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    cfg = resolve_config([], ["model.type=pretrained", f"model.path={empty}"])
+    with pytest.raises(ConfigError, match=rf"model\.path {empty}: cannot be loaded here \((OSError|ValueError): .*config\.json"):
+        resolve_model_dir(cfg)
+    (empty / "config.json").write_text('{"model_type": "qwen2"}')
+    assert resolve_model_dir(cfg) == str(empty)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from system.config import RunConfig
+from system.config import ConfigError, RunConfig
 from system.models.tiny import build_tiny_model, default_cache_dir
 
 
@@ -10,5 +10,22 @@ def resolve_model_dir(cfg: RunConfig, cache_dir: str | Path | None = None) -> st
     """A path (or hub id) that transformers' ``from_pretrained`` and vLLM both load."""
     if cfg.model.type == "pretrained":
         local = Path(cfg.model.path).expanduser()
-        return str(local) if local.exists() else cfg.model.path
+        path = str(local) if local.exists() else cfg.model.path
+        check_loadable(path, cfg.model.trust_remote_code)
+        return path
     return str(build_tiny_model(cfg.model, cfg.data.task, cfg.seed, cache_dir or default_cache_dir()))
+
+
+def check_loadable(path: str, trust_remote_code: bool = False) -> None:
+    """Raise ConfigError naming ``model.path`` when its config cannot be loaded here (a hub id with no
+    network and no local copy, a directory without ``config.json``): the driver reads it first (the
+    dataset's context check, the report's tokenizer), and a failure there was a 400-line traceback."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"model.path {path}: cannot be loaded here ({type(exc).__name__}: {first}); a hub id "
+                          "needs the network or a copy in the Hugging Face cache (HF_HOME), a local directory "
+                          "its config.json") from None
