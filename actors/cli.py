@@ -87,6 +87,10 @@ def train(
         cfg = with_absolute_paths(load_run_config(args or [], resume))
         check_output_dir(cfg.output_dir, "output_dir")
         check_input_paths(cfg)
+        from actors.cluster import check_local_dirs
+        from system.models.tiny import default_cache_dir
+
+        check_local_dirs(cfg, default_cache_dir())
     except ConfigError as exc:
         _fail(str(exc))
     if dry_run:

@@ -3,10 +3,12 @@
 import logging
 import os
 import socket
+from pathlib import Path
 
 import ray
 
 from actors.ray_internals import set_local_only
+from system.config import RunConfig, check_output_dir
 from system.config.cluster import RayConfig
 
 
@@ -110,3 +112,26 @@ def use_loopback_only() -> None:
     """
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     set_local_only(True)
+
+
+def ray_writes_auth_token() -> bool:
+    """Whether starting a private cluster here makes Ray write a new auth token to ``~/.ray/auth_token``:
+    token auth is Ray's default for a new local cluster (unless ``RAY_AUTH_MODE`` says otherwise), and
+    it generates a token when none is given (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``) or saved."""
+    mode = os.environ.get("RAY_AUTH_MODE", "token").lower()
+    given = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return mode == "token" and not given and not (Path.home() / ".ray" / "auth_token").exists()
+
+
+def check_local_dirs(cfg: RunConfig, model_cache: Path) -> None:
+    """Raise ConfigError naming the variable when a directory the run writes on this machine before its
+    first step cannot be written: ``$TMPDIR`` (Ray's session files, the correction service's), the tiny
+    model's cache (``model_cache``), and ``~/.ray`` when a private cluster's auth token is written there.
+    (A file as TMPDIR, or an unwritable HOME, failed with 120-180-line tracebacks; found by a probe.)"""
+    if os.environ.get("TMPDIR"):
+        check_output_dir(os.environ["TMPDIR"], "TMPDIR")
+    if cfg.model.type == "tiny":
+        check_output_dir(model_cache, "the model cache (AISRL_CACHE_DIR, default ~/.cache/aisrl/models)")
+    if cfg.ray.address is None and ray_writes_auth_token():
+        check_output_dir(Path.home() / ".ray", "~/.ray (where Ray saves a private cluster's auth token; "
+                                               "set HOME, or RAY_AUTH_TOKEN)")

@@ -35,3 +35,35 @@ def test_train_refuses_it_before_building_or_creating_anything(tmp_path):
     assert result.exit_code == 2
     assert "ray.address: nothing answers at 127.0.0.1:1" in " ".join(result.output.split())
     assert not ray.is_initialized() and not (tmp_path / "r").exists()
+
+
+def test_directories_the_run_writes_here_are_checked_naming_the_variable(tmp_path, monkeypatch):
+    """Found by a probe: ``TMPDIR=/etc/passwd`` (a file) failed with 122 lines ending in
+    ``NotADirectoryError: '/etc/passwd/ray'``; an unwritable HOME with 176 lines from the model cache,
+    and with AISRL_CACHE_DIR set, from Ray writing its auth token under ~/.ray."""
+    from actors.cluster import check_local_dirs, ray_writes_auth_token
+    from system.config import ConfigError, resolve_config
+
+    cfg = resolve_config([], [])
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # creatable: fine
+    monkeypatch.setenv("TMPDIR", str(a_file))
+    with pytest.raises(ConfigError, match=r"TMPDIR '.*a-file' exists and is not a directory"):
+        check_local_dirs(cfg, tmp_path / "cache")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    check_local_dirs(cfg, tmp_path / "cache")  # every one creatable
+    with pytest.raises(ConfigError, match=r"the model cache \(AISRL_CACHE_DIR.*'.*a-file/models' cannot be created"):
+        check_local_dirs(cfg, a_file / "models")
+    monkeypatch.setenv("HOME", str(a_file / "home"))
+    assert ray_writes_auth_token()
+    with pytest.raises(ConfigError, match=r"~/\.ray \(where Ray saves a private cluster's auth token"):
+        check_local_dirs(cfg, tmp_path / "cache")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 32)  # a given token is not written
+    assert not ray_writes_auth_token()
+    check_local_dirs(cfg, tmp_path / "cache")
+    joined = resolve_config([], ["ray.address=auto"])  # a joined cluster's token is the cluster's matter
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    check_local_dirs(joined, tmp_path / "cache")
