@@ -12,6 +12,7 @@ from rich.console import Console
 from actors.remote_errors import remote_error
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
 from system.config.advice import config_warnings
+from system.config.environment import apply_environment
 from system.config.paths import check_input_paths, with_absolute_paths
 from system.config.resume import resume_config
 from system.config.rollout import MAX_ROLLOUT_WORKERS
@@ -85,6 +86,7 @@ def train(
             raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
         # absolute: the actors' working directory is not this one (on a joined cluster, the raylet's)
         cfg = with_absolute_paths(load_run_config(args or [], resume))
+        cfg, env_notes = apply_environment(cfg, os.environ, split_args(args or [])[1])
         check_output_dir(cfg.output_dir, "output_dir")
         check_input_paths(cfg)
         from actors.cluster import check_local_dirs
@@ -93,6 +95,8 @@ def train(
         check_local_dirs(cfg, default_cache_dir())
     except ConfigError as exc:
         _fail(str(exc))
+    for note in env_notes:  # on stderr: a dry run's stdout stays one JSON document
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     if dry_run:
         from system.run_state import (
             check_new_run_dir,
