@@ -3,6 +3,7 @@
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 
 import ray
@@ -51,10 +52,20 @@ def verbose() -> bool:
 
 
 def quiet_workers() -> None:
-    """Set :data:`QUIET_ENV` (values the user set win) before a private cluster starts."""
+    """Set :data:`QUIET_ENV` (values the user set win) before a private cluster starts, and quiet this
+    process's progress bars (tqdm reads ``TQDM_DISABLE`` when it is imported, before this runs: the
+    tiny model's build printed "Writing model shards" bars). Off a terminal, Ray's prefixes of the
+    workers' lines (``(CorrectionService pid=...)``) carry no colour codes."""
     if not verbose():
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as transformers_logging
+
+        disable_progress_bars()
+        transformers_logging.disable_progress_bar()
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # read by the driver as it prints each line
 
 
 class ClusterUnreachableError(ValueError):

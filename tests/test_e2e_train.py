@@ -165,6 +165,9 @@ def test_a_correction_that_keeps_nothing_stops_the_run(tmp_path, cache):
     assert ("the correction kept no token for 2 consecutive steps (steps 1-2; method seq-mis "
             "self_normalize=False hi=1.000001 lo=0.999999") in said, said[-2000:]
     assert [(r["step"], r["correction/keep_token_frac"]) for r in records(run)] == [(1, 0.0), (2, 0.0)]
+    # the drift alarm (keep_seq_frac 0 < 0.8) is the service's line, printed through Ray with its
+    # actor's prefix; off a terminal without colour codes (a probe found them in a redirected log)
+    assert "(CorrectionService pid=" in out.stderr and "\x1b[" not in out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(
