@@ -52,11 +52,20 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _home(path: Path | None) -> Path | None:
+    """``~`` expanded in a path argument: the shell leaves ``--out=~/x`` and ``"~/x"`` as they are, and
+    ``output_dir=~/x`` is expanded (a literal ``./~`` directory was made; found by a probe)."""
+    return path.expanduser() if path is not None else None
+
+
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
-    """Presets (``*.yaml`` / ``*.yml`` / ``*.json`` files) and ``dotted.key=value`` overrides."""
+    """Presets (``*.yaml`` / ``*.yml`` / ``*.json`` files) and ``dotted.key=value`` overrides. An
+    existing preset file whose path holds ``=`` (``runs/lr=3e-4/base.yaml``) is a preset."""
     presets, overrides = [], []
     for arg in args:
-        if "=" in arg:
+        if arg.endswith((".yaml", ".yml", ".json")) and os.path.isfile(os.path.expanduser(arg)):
+            presets.append(os.path.expanduser(arg))
+        elif "=" in arg:
             overrides.append(arg)
         elif arg.endswith((".yaml", ".yml", ".json")):
             presets.append(arg)
@@ -76,7 +85,7 @@ def load_run_config(args: list[str], resume: Path | None) -> RunConfig:
 def train(
     args: list[str] = typer.Argument(None, help="Presets (configs/*.yaml, applied left to right) and dotted.key=value overrides."),
     dry_run: bool = typer.Option(False, "--dry-run", help='Validate, print {"config": resolved config, "placement": plan} as one JSON object; start nothing.'),
-    resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete checkpoint."),
+    resume: Path = typer.Option(None, "--resume", callback=_home, help="Continue the run in this directory from its last complete checkpoint."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start a new run in an output_dir that holds one, deleting the old run's files."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' own logs, warnings and progress bars (Ray, vLLM, torch)."),
 ) -> None:
@@ -179,7 +188,7 @@ def train(
 
 @app.command()
 def scale(
-    run_dir: Path = typer.Argument(..., help="The running job's output_dir (holds control.json)."),
+    run_dir: Path = typer.Argument(..., callback=_home, help="The running job's output_dir (holds control.json)."),
     workers: int = typer.Option(..., "--workers", min=0, max=MAX_ROLLOUT_WORKERS,
                                 help="Rollout workers to run from now on (at most rollout.max_workers, or 4096)."),
     address: str = typer.Option(None, "--address", help="Cluster address (default: the one in control.json)."),
@@ -206,8 +215,8 @@ def scale(
 
 @app.command()
 def report(
-    dump: Path = typer.Argument(..., help="A batch dump (.npz, CORRECTION_SPEC.md section 6)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory for summary.json, samples.json, report.html."),
+    dump: Path = typer.Argument(..., callback=_home, help="A batch dump (.npz, CORRECTION_SPEC.md section 6)."),
+    out: Path = typer.Option(..., "--out", "-o", callback=_home, help="Directory for summary.json, samples.json, report.html."),
 ) -> None:
     """Write the mismatch report of one batch dump.
 
@@ -238,7 +247,7 @@ def report(
 
 @app.command("demo-dump")
 def demo_dump(
-    path: Path = typer.Argument(..., help="Where to write the .npz."),
+    path: Path = typer.Argument(..., callback=_home, help="Where to write the .npz."),
     sequences: int = typer.Option(64, min=1, help="Responses in the batch."),
     max_len: int = typer.Option(48, min=1, help="Padded response length."),
     sigma: float = typer.Option(0.05, min=0.0, help="Per-token log-ratio noise at lag 0 (grows with lag)."),

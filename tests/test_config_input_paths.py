@@ -99,3 +99,32 @@ def test_a_pretrained_model_that_cannot_be_loaded_here_is_one_line_naming_model_
         resolve_model_dir(cfg)
     (empty / "config.json").write_text('{"model_type": "qwen2"}')
     assert resolve_model_dir(cfg) == str(empty)
+
+
+def test_a_preset_whose_path_holds_an_equals_sign_is_a_preset(tmp_path, monkeypatch):
+    """Found by a probe: ``cfg=dir/icepop.yaml`` was read as the override ``cfg``: "Extra inputs are
+    not permitted"."""
+    preset = tmp_path / "lr=3e-4" / "icepop.yaml"
+    preset.parent.mkdir()
+    preset.write_text("correction:\n  method:\n    type: icepop\n")
+    result = runner.invoke(app, ["train", "--dry-run", str(preset), f"output_dir={tmp_path / 'r'}"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["config"]["correction"]["method"]["type"] == "icepop"
+    # an override whose value names a .json file that does not exist stays an override
+    from actors.cli import split_args
+
+    assert split_args(["data.task.path=train.json"]) == ([], ["data.task.path=train.json"])
+
+
+def test_a_tilde_in_a_path_argument_is_the_home_directory(tmp_path, monkeypatch):
+    """Found by a probe: ``aisrl demo-dump "~/x.npz"`` and ``--out=~/x`` (the shell expands neither)
+    made a literal ``./~`` directory; ``--resume=~/run`` said "no config.json there"."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["demo-dump", "~/d.npz", "--sequences", "4"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "home" / "d.npz").is_file() and not (tmp_path / "~").exists()
+    result = runner.invoke(app, ["report", "~/d.npz", "--out=~/rep"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "home" / "rep" / "report.html").is_file() and not (tmp_path / "~").exists()
