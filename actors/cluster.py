@@ -47,6 +47,17 @@ QUIET_ENV = {
 (``aisrl train --verbose``): the console keeps aisrl's own lines, errors and tracebacks."""
 
 
+def actor_env(**extra: str) -> dict:
+    """The ``runtime_env`` of the run's actors: :data:`QUIET_ENV` (a value this driver's environment
+    sets wins; none of it with ``--verbose``), vLLM at ERROR unless the driver's environment says
+    otherwise (it logs every weight reload), and ``extra``. On a private cluster the actors inherit
+    the driver's environment anyway; on a joined one they start from the raylet's, and their
+    libraries' warnings and progress bars reached the console (found by a probe)."""
+    env = {} if verbose() else {key: os.environ.get(key, value) for key, value in QUIET_ENV.items()}
+    env.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
+    return {"env_vars": {**env, **extra}}
+
+
 def verbose() -> bool:
     return os.environ.get("AISRL_VERBOSE", "") not in ("", "0")
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 import ray
 import torch
 
+from actors.cluster import actor_env
 from actors.export_handoff import ExportHandoff
 from actors.placement import RoleOptions
 from actors.remote_errors import remote_error
@@ -241,8 +242,8 @@ class LearnerGroup:
     def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=LearnerRank) -> None:
         """``actor_cls``: the Ray actor class of a rank (a simulated learner in orchestration benchmarks)."""
         world = cfg.learner.num_ranks
-        self.ranks = [actor_cls.options(**options.actor_options()).remote(cfg, model_dir, r, world)
-                      for r in range(world)]
+        opts = {**options.actor_options(), "runtime_env": actor_env()}
+        self.ranks = [actor_cls.options(**opts).remote(cfg, model_dir, r, world) for r in range(world)]
         # rank 0's node hosts the rendezvous: the ranks may be spread over several nodes
         master_addr, master_port = gather([self.ranks[0].rendezvous_address.remote()])[0]
         gather([r.connect.remote(master_addr, master_port) for r in self.ranks])

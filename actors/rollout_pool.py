@@ -8,13 +8,13 @@ returns; a *retiring* worker gets no new prompts and leaves once idle.
 """
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
 
+from actors.cluster import actor_env
 from actors.placement import RoleOptions
 from actors.rollout_worker import RolloutWorker
 from actors.runtime import RAY, RayRuntime
@@ -23,9 +23,6 @@ from system.types import Prompt
 
 log = logging.getLogger(__name__)
 
-# vLLM logs every weight reload at INFO and WARNING level; keep the driver's console readable
-# (export VLLM_LOGGING_LEVEL=INFO to see them). Read when vllm is imported, so set per actor.
-_WORKER_ENV = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}}
 
 
 @dataclass
@@ -86,7 +83,7 @@ class RolloutPool:
         for _ in range(count):
             wid = f"rollout-{self._next_id}"
             self._next_id += 1
-            handle = self.actor_cls.options(**self.options.actor_options(), runtime_env=_WORKER_ENV).remote(
+            handle = self.actor_cls.options(**self.options.actor_options(), runtime_env=actor_env()).remote(
                 self.cfg, self.model_dir, wid, dict(self.fp8_kernel_pins))
             slot = WorkerSlot(wid, handle, handle.ready.remote(), time.monotonic())
             self.slots[wid] = slot

@@ -164,7 +164,7 @@ class Trainer:
         # exit a Ray actor never reaches (a probe counted 47 left in /tmp after one session's runs)
         self._service_tmp = tempfile.mkdtemp(prefix="aisrl-service-")
         self.service = CorrectionService.options(
-            num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": {"TMPDIR": self._service_tmp}},
+            num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._service_tmp),
         ).remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
         published = (0, None)
         if self.ckpt is not None:

@@ -28,3 +28,20 @@ def test_verbose_keeps_the_bars(monkeypatch):
     transformers_logging.enable_progress_bar()
     quiet_workers()
     assert transformers_logging.is_progress_bar_enabled()
+
+
+def test_the_actors_runtime_env_carries_the_quiet_environment_the_drivers_values_winning(monkeypatch):
+    """On a joined cluster the actors start from the raylet's environment, not the driver's: their
+    runtime_env carries the quiet settings (a probe saw progress bars, vLLM's FutureWarnings and torch's
+    NUMA warning on the console of ``aisrl train ray.address=...``)."""
+    from actors.cluster import QUIET_ENV, actor_env
+
+    monkeypatch.delenv("AISRL_VERBOSE", raising=False)
+    for key in QUIET_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")  # the user's choice wins
+    env = actor_env(TMPDIR="/t")["env_vars"]
+    assert env == {**QUIET_ENV, "VLLM_LOGGING_LEVEL": "INFO", "TMPDIR": "/t"}
+    monkeypatch.setenv("AISRL_VERBOSE", "1")
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    assert actor_env()["env_vars"] == {"VLLM_LOGGING_LEVEL": "ERROR"}  # vLLM's reload lines stay off
