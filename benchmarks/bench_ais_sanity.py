@@ -10,7 +10,8 @@ comes out is reported as it is.
 
     .venv/bin/python benchmarks/bench_ais_sanity.py RUN_DIR [RUN_DIR ...]
 
-writes ``results/ais_sanity_cpu.json`` (one row per dump and a summary, JSON last line).
+writes ``results/ais_sanity_cpu.json`` (one row per dump and a summary, JSON last line; ``--name`` for another
+name). A RUN_DIR that does not exist or holds no ``dumps/step_*.npz`` is refused before anything is written.
 """
 
 import argparse
@@ -22,12 +23,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import emit  # noqa: E402
+from harness import emit, result_name  # noqa: E402
 
 from system.config.correction import SeqMIS  # noqa: E402
 from system.correction import compute_log_ratios, compute_weights_and_keep  # noqa: E402
 from system.correction.ais import estimate_alpha  # noqa: E402
 from system.report.dump import load_dump  # noqa: E402
+
+
+def run_with_dumps(text: str) -> Path:
+    """An ``argparse`` type: a run directory holding at least one ``dumps/step_*.npz``."""
+    run = Path(text)
+    if not run.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such run directory")
+    if not any((run / "dumps").glob("step_*.npz")):
+        raise argparse.ArgumentTypeError(f"{text}: holds no dumps/step_*.npz (a run writes them every "
+                                         "report.dump_every steps; 0 writes none)")
+    return run
 
 
 def rows_of(path: Path) -> dict:
@@ -49,8 +61,9 @@ def rows_of(path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--name", default="ais_sanity_cpu")
+    parser.add_argument("runs", nargs="+", type=run_with_dumps, metavar="RUN_DIR",
+                        help="run directories with dumps/step_*.npz")
+    parser.add_argument("--name", type=result_name, default="ais_sanity_cpu")
     args = parser.parse_args()
     dumps = sorted(p for run in args.runs for p in (run / "dumps").glob("step_*.npz"))
     rows = [rows_of(p) for p in dumps]

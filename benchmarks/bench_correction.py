@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import emit, time_median  # noqa: E402
+from harness import emit, int_list, positive_int, time_median  # noqa: E402
 from naive_diagnostics import all_metrics  # noqa: E402
 
 from system.config.correction import SeqMIS  # noqa: E402
@@ -34,6 +34,9 @@ from system.correction import (  # noqa: E402
 )
 
 SEQ_LEN = 1024
+SIZES = int_list(minimum=SEQ_LEN, multiple=SEQ_LEN, what="size (tokens)")
+"""``--sizes``: a batch is ``tokens // SEQ_LEN`` whole rows, so below one row it is empty (nothing to time, and
+every ratio divides by zero) and between multiples the rows hold fewer tokens than the reported ``tokens``."""
 
 
 def make_batch(num_tokens: int, device: str, seed: int = 0):
@@ -94,16 +97,20 @@ def with_ratios(n: int, batch, row: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="65536,262144,1048576,4194304")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--sizes", type=SIZES, default="65536,262144,1048576,4194304",
+                        help=f"comma-separated tokens per batch, each a multiple of {SEQ_LEN} (whole rows)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=positive_int, default=9)
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch.set_num_threads (the fused pass follows it: fused.pass_threads)")
     parser.add_argument("--no-save", action="store_true", help="print the JSON line only")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        why = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}, but sees no GPU"
+        parser.error(f"argument --device: CUDA is not available (torch {torch.__version__} is {why})")
     torch.set_num_threads(args.threads)
     sync = torch.cuda.synchronize if args.device == "cuda" else None
-    batches = {n: make_batch(n, args.device) for n in map(int, args.sizes.split(","))}
+    batches = {n: make_batch(n, args.device) for n in args.sizes}
     timings = {n: time_floors_and_ours(batch, args.repeats, sync) for n, batch in batches.items()}
     # The naive version last: its gigabytes of temporaries leave the allocator in a state
     # where the floor's mask.sum() temporary costs 3x more.

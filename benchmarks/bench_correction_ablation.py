@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, emit, environment  # noqa: E402
+from harness import RESULTS, SEED, emit, environment, float_range, positive_int, result_name  # noqa: E402
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "long_cpu.yaml"
 ARMS = {
@@ -222,14 +222,15 @@ def plot(runs: dict, path: Path, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--prompts-per-step", type=int, default=16)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--steps", type=positive_int, default=60)
+    parser.add_argument("--prompts-per-step", type=positive_int, default=16)
+    parser.add_argument("--seeds", type=SEED, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--regimes", nargs="+", default=["stale", "drift"], choices=["stale", "drift"])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--drift-sigma", type=float, default=0.3)
-    parser.add_argument("--last", type=int, default=10)
-    parser.add_argument("--name", default="correction_ablation_v2_cpu")
+    parser.add_argument("--drift-sigma", type=float_range(0.0, 1.0), default=0.3,
+                        help="final sigma of the drift regime's perturbation (rollout.perturb_std_final: 0 to 1)")
+    parser.add_argument("--last", type=positive_int, default=10, help="the reward of the last N steps")
+    parser.add_argument("--name", type=result_name, default="correction_ablation_v2_cpu")
     parser.add_argument("--resume", action="store_true", help="keep the runs of an existing .partial.json")
     args = parser.parse_args()
     base = [f"max_steps={args.steps}", f"prompts_per_step={args.prompts_per_step}"]

@@ -28,16 +28,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_correction import make_batch, ours, ours_fused, read_floor  # noqa: E402
-from harness import emit, time_median  # noqa: E402
+from bench_correction import SIZES, make_batch, ours, ours_fused, read_floor  # noqa: E402
+from harness import emit, int_list, positive_int, time_median  # noqa: E402
 
 from system.correction import compute_diagnostics, compute_log_ratios, fused  # noqa: E402
 
-try:
-    from verl.trainer.ppo import rollout_corr_helper as verl_helper
-except ImportError as exc:  # pragma: no cover - a set-up problem, said plainly
-    raise SystemExit(f"verl is not importable ({exc}); `make bench` installs it into .venv/verl-bench "
-                     "(pip install --no-deps --target .venv/verl-bench verl==0.9.1 ...; see the Makefile)") from None
+verl_helper = None
+"""``verl.trainer.ppo.rollout_corr_helper``, imported by ``import_verl`` once the arguments are checked."""
+
+
+def import_verl() -> None:
+    global verl_helper
+    try:
+        from verl.trainer.ppo import rollout_corr_helper
+    except ImportError as exc:  # pragma: no cover - a set-up problem, said plainly
+        raise SystemExit(f"verl is not importable ({exc}); `make bench` installs it into .venv/verl-bench "
+                         "(pip install --no-deps --target .venv/verl-bench verl==0.9.1 ...; see the Makefile)") from None
+    verl_helper = rollout_corr_helper
 
 
 def verl_metrics(mu, old, mask):
@@ -69,16 +76,19 @@ def shared_figures(mu, old, mask) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="1048576,4194304")
-    parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--sizes", type=SIZES, default="1048576,4194304",
+                        help="comma-separated tokens per batch, each a multiple of 1024 (whole rows)")
+    parser.add_argument("--threads", type=int_list(minimum=1, what="thread count"), default="1,2",
+                        help="comma-separated torch thread counts")
+    parser.add_argument("--repeats", type=positive_int, default=7)
     parser.add_argument("--no-save", action="store_true", help="print the JSON line only")
     args = parser.parse_args()
     if not fused.available():
         raise SystemExit("the fused correction pass is not built: python -m system.correction.fused_build")
-    batches = {n: make_batch(n, "cpu") for n in map(int, args.sizes.split(","))}
+    import_verl()
+    batches = {n: make_batch(n, "cpu") for n in args.sizes}
     rows = []
-    for threads in map(int, args.threads.split(",")):
+    for threads in args.threads:
         torch.set_num_threads(threads)
         for n, batch in batches.items():
             row = {"tokens": n, "threads": threads}

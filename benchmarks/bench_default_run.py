@@ -7,6 +7,7 @@ the training steps only.
 """
 
 import argparse
+import collections
 import json
 import shutil
 import subprocess
@@ -18,9 +19,28 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import emit  # noqa: E402
+from harness import emit, result_name  # noqa: E402
 
 SPLIT = ("time/wait_rollout", "time/proximal", "time/correction", "time/update", "time/sync")
+STDERR_LINES = 40
+"""How much of a failed run's stderr is shown."""
+
+
+def run_train(cmd: list[str]) -> float:
+    """Run ``cmd`` (an ``aisrl train``) with its output discarded; its wall seconds. When it fails: its exit
+    status and the last lines of its stderr, then exit 1 (nothing is written to ``results/``)."""
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = collections.deque(err, maxlen=STDERR_LINES)
+            print(f"aisrl train failed (exit status {proc.returncode}); the last {len(tail)} lines of its stderr:",
+                  file=sys.stderr)
+            sys.stderr.writelines(tail)
+            sys.exit(1)
+    return wall
 
 
 def summarise(records: list[dict], window: int = 10) -> dict:
@@ -63,14 +83,12 @@ def ais_summary(records: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides of the default")
-    parser.add_argument("--name", default="default_run_cpu")
+    parser.add_argument("--name", type=result_name, default="default_run_cpu")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="aisrl-bench-"))
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", "train", f"output_dir={out}",
            "report.console=false", *args.overrides]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
+    wall = run_train(cmd)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out, ignore_errors=True)
     emit(args.name, {"overrides": args.overrides, "wall_seconds_incl_startup": wall,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import emit  # noqa: E402
+from harness import emit, result_tag  # noqa: E402
 
 from system.models.warm_start import single_thread  # noqa: E402
 from system.rollout.fp8_kernels import KERNELS, choose_fp8_kernel, cpu_identity, probe_fp8_matmul  # noqa: E402
@@ -29,7 +29,7 @@ MODELS = {"tiny default": (64, 256), "Qwen2.5-0.5B": (896, 4864), "Qwen2.5-1.5B"
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tag", default="", help="suffix of the result's name (e.g. _amx)")
+    parser.add_argument("--tag", type=result_tag, default="", help="suffix of the result's name (e.g. _amx)")
     args = parser.parse_args()
     rows = []
     with single_thread():

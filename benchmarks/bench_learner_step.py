@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import emit  # noqa: E402
+from harness import emit, int_range, nonnegative_int, positive_float, positive_int  # noqa: E402
 
 from system.config.learner import LearnerConfig  # noqa: E402
 from system.config.rollout import RolloutConfig  # noqa: E402
@@ -147,15 +147,15 @@ def run(size: str, num_prompts: int, group_size: int, prompt_len: int, response_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--response-len", type=int, default=768)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--peak-tflops", type=float, default=None, help="dense BF16 peak of the device")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: all)")
+    parser.add_argument("--prompts", type=positive_int, default=8)
+    parser.add_argument("--group-size", type=int_range(2), default=8, help="samples per prompt (GRPO: at least 2)")
+    parser.add_argument("--prompt-len", type=positive_int, default=256)
+    parser.add_argument("--response-len", type=positive_int, default=768)
+    parser.add_argument("--micro-batch", type=positive_int, default=8)
+    parser.add_argument("--steps", type=positive_int, default=3, help="timed steps")
+    parser.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed steps before them")
+    parser.add_argument("--peak-tflops", type=positive_float, default=None, help="dense BF16 peak of the device")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads on CPU (default: all)")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
     if args.threads:

@@ -11,17 +11,15 @@ steps only.
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_default_run import summarise  # noqa: E402
-from harness import emit  # noqa: E402
+from bench_default_run import run_train, summarise  # noqa: E402
+from harness import emit, result_name  # noqa: E402
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "long_cpu.yaml"
 
@@ -42,14 +40,12 @@ def response_lengths(records: list[dict], window: int = 10) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides of the preset")
-    parser.add_argument("--name", default="long_task_cpu")
+    parser.add_argument("--name", type=result_name, default="long_task_cpu")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="aisrl-bench-long-"))
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", "train", str(PRESET),
            f"output_dir={out}", "report.console=false", *args.overrides]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
+    wall = run_train(cmd)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out, ignore_errors=True)
     emit(args.name, {"preset": "configs/long_cpu.yaml", "overrides": args.overrides,

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import emit  # noqa: E402
+from harness import emit, positive_int  # noqa: E402
 
 from system.learner.distributed import find_free_port  # noqa: E402
 
@@ -101,7 +101,7 @@ def memcpy_gbps(nbytes: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--mib", type=positive_int, default=512, help="MiB per transfer")
     args = parser.parse_args()
     nbytes = args.mib << 20
     memcpy = memcpy_gbps(nbytes)

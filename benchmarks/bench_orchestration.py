@@ -50,7 +50,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated actors
-from harness import emit  # noqa: E402
+from harness import choice_list, emit, positive_float, result_tag  # noqa: E402
 from orchestration_timeline import stamp_driver, timeline_links  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
@@ -70,6 +70,8 @@ BASE = ["model.warm_start_steps=0", "report.wandb.mode=disabled", "report.consol
         "report.dump_every=0", "checkpoint_every=0", "async.queue_ahead=true"]
 PROCESS_GB = 0.45
 """Memory budgeted per simulated actor process (Ray worker + torch import)."""
+PARTS = ("async", "lag", "timeline", "scaling", "weights")
+"""What ``--parts`` may name."""
 
 
 class TimedTrainer(Trainer):
@@ -312,16 +314,25 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def kept_if_measured(res: dict, part: str) -> bool:
+    """Whether a part's result is worth keeping: not when every row was skipped (an empty result would replace the
+    last measured one)."""
+    if res["rows"]:
+        return True
+    log(f"{part}: nothing measured (every row skipped for memory), its result file is not written")
+    return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (3-4 minutes)")
-    parser.add_argument("--parts", default="async,scaling,weights",
+    parser.add_argument("--parts", type=choice_list(PARTS), default="async,scaling,weights",
                         help="comma-separated subset of async, lag (R = L at max_lag 1 and 2), timeline, scaling, weights")
-    parser.add_argument("--train-seconds", type=float, default=0.5, help="L of part 1")
-    parser.add_argument("--tag", default="", help="suffix of the result names (e.g. _L0.5)")
+    parser.add_argument("--train-seconds", type=positive_float, default=0.5, help="L of part 1")
+    parser.add_argument("--tag", type=result_tag, default="", help="suffix of the result names (e.g. _L0.5)")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
-    parts = set(args.parts.split(","))
+    parts = set(args.parts)
     logging.getLogger("actors.trainer").setLevel(logging.ERROR)
     suffix = ("_quick" if args.quick else "") + args.tag
     payload = 1_000_000
@@ -357,13 +368,14 @@ def main() -> None:
             workers = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16]
             res = bench_scaling(workers, rollout_s=1.0, train_s=0.1, prompts_per_call=8,
                                 steps=7 if args.quick else 10, warmup=2, payload_params=payload)
-            emit(f"orchestration_scaling_cpu{suffix}", res, save=not args.no_save)
+            emit(f"orchestration_scaling_cpu{suffix}", res, save=not args.no_save and kept_if_measured(res, "scaling"))
             results["scaling"] = res
         if "weights" in parts:
             params = [0.1e9, 0.5e9] if args.quick else [0.1e9, 0.5e9, 1.5e9]
             res = bench_weight_sync(params, repeats=7, warmup=3, object_store_bytes=store)
             res["object_store_bytes"], res["dev_shm_free_bytes"] = store, shm_free
-            emit(f"orchestration_weight_sync_cpu{suffix}", res, save=not args.no_save)
+            emit(f"orchestration_weight_sync_cpu{suffix}", res,
+                 save=not args.no_save and kept_if_measured(res, "weight sync"))
             results["weights"] = res
     finally:
         ray.shutdown()

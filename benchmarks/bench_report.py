@@ -95,8 +95,11 @@ def measure(dump: Path, out: Path) -> dict:
 
 
 def main() -> None:
+    from harness import choice_list
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default=",".join(SIZES), help="Comma-separated subset of 64k,1M,10M.")
+    parser.add_argument("--sizes", type=choice_list(SIZES), default=",".join(SIZES),
+                        help="Comma-separated subset of 64k,1M,10M.")
     parser.add_argument("--child", nargs=2, metavar=("DUMP", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--no-save", action="store_true", help="Print the record without writing results/.")
     args = parser.parse_args()
@@ -109,7 +112,7 @@ def main() -> None:
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_report_") as tmp:
-        for size in args.sizes.split(","):
+        for size in args.sizes:
             n = SIZES[size]
             dump = Path(tmp) / f"dump_{size}.npz"
             t0 = time.perf_counter()

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import emit  # noqa: E402
+from harness import emit, positive_int, result_tag  # noqa: E402
 
 from system.config import resolve_config  # noqa: E402
 from system.cpu_info import cpuinfo_fields  # noqa: E402
@@ -61,9 +61,9 @@ def measure(engine, prompts, cfg, repeats, model) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--tag", default="", help="suffix of the result's name (e.g. _h512)")
+    parser.add_argument("--prompts", type=positive_int, default=64)
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--tag", type=result_tag, default="", help="suffix of the result's name (e.g. _h512)")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.hidden_size=512")
     args = parser.parse_args()
     cfg = resolve_config([], args.overrides)

@@ -22,17 +22,15 @@ the asynchronous object-store run minus the FP8 part. Writes ``weight_sync_split
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_default_run import summarise  # noqa: E402
-from harness import emit  # noqa: E402
+from bench_default_run import run_train, summarise  # noqa: E402
+from harness import SEED, emit, result_name  # noqa: E402
 
 TRANSPORTS = ("object_store", "collective", "delta")
 
@@ -72,9 +70,7 @@ def run_once(seed: int, overrides: list[str]) -> tuple[list[dict], float]:
     out = Path(tempfile.mkdtemp(prefix="aisrl-bench-sync-"))
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", "train", f"output_dir={out}",
            "report.console=false", f"seed={seed}", *overrides]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
+    wall = run_train(cmd)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out, ignore_errors=True)
     return records, wall
@@ -122,9 +118,9 @@ def split(seeds: list[int], overrides: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides of the default")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=SEED, nargs="+", default=[0])
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
-    parser.add_argument("--name", default="weight_sync_run_cpu")
+    parser.add_argument("--name", type=result_name, default="weight_sync_run_cpu")
     parser.add_argument("--split", action="store_true", help="the FP8 / codec / staleness split of the mismatch")
     args = parser.parse_args()
     if args.split:

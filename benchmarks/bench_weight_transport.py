@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from harness import emit  # noqa: E402
+from harness import emit, positive_float, positive_int, result_name  # noqa: E402
 from sim_actors import synthetic_weight_shapes  # noqa: E402
 
 from system.learner.distributed import find_free_port  # noqa: E402
@@ -42,6 +42,7 @@ from system.weight_broadcast import GroupAddress, WeightBroadcast  # noqa: E402
 from system.weight_payload import WeightPayload  # noqa: E402
 
 GB = 1e9
+TRANSPORTS = ("object_store", "collective", "collective_shm")
 
 
 def make_payload(params: float) -> WeightPayload:
@@ -149,11 +150,11 @@ def _mem_available() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--params", type=float, nargs="+", default=[0.1, 0.5, 1.5], help="billions")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--transports", nargs="+", default=["object_store", "collective", "collective_shm"])
-    parser.add_argument("--name", default="weight_transport_cpu")
+    parser.add_argument("--params", type=positive_float, nargs="+", default=[0.1, 0.5, 1.5], help="billions")
+    parser.add_argument("--workers", type=positive_int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    parser.add_argument("--name", type=result_name, default="weight_transport_cpu")
     args = parser.parse_args()
     rows, skipped = [], []
     available = _mem_available()
@@ -190,6 +191,9 @@ def main() -> None:
                       file=sys.stderr, flush=True)
     if "object_store" in args.transports:
         ray.shutdown()
+    if not rows:  # every size skipped: an empty result would replace the last measured one
+        raise SystemExit(f"nothing measured (every size x workers needs more memory than this machine has: "
+                         f"{available / GB:.1f} GB available); results/{args.name}.json not written")
     emit(args.name, {"rows": rows, "skipped": skipped, "mem_available_bytes": available, "note": "synthetic transformer-shaped bf16 payloads; loopback; "
                                            "seconds = until every worker holds its own copy"})
 
