@@ -12,6 +12,7 @@ waits in the learners' queue (``SubmittedStep.queued_ahead``).
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -63,6 +64,7 @@ class Trainer:
         self.actor_classes = (rollout_cls, learner_cls)
         self.run_dir = Path(cfg.output_dir)
         self.ckpt = None
+        created = not os.path.lexists(self.run_dir)
         self._lock = run_state.lock_run_dir(self.run_dir)  # one process per run directory
         self._accepted_new = False  # a new run accepted into an empty directory (or one overwritten)
         self._replaced: Path | None = None  # --overwrite: the old run, set aside until this one has started
@@ -85,14 +87,15 @@ class Trainer:
                     except OSError as exc:  # never hides the start's own error (raised below)
                         log.error("--overwrite: could not put the replaced run back from %s (%s)",
                                   self._replaced, exc)
-            self._release_lock()  # a refused or failed start leaves the directory free
+            self._release_lock(remove_dir=created)  # a refused or failed start leaves the directory free
             self._restore_signals()
             raise
 
-    def _release_lock(self) -> None:
+    def _release_lock(self, remove_dir: bool = False) -> None:
         lock, self._lock = getattr(self, "_lock", None), None
         if lock is not None:
-            lock.close()
+            run_state.release_run_dir(lock, self.run_dir, remove_dir)
+
 
     def _start(self, resume: bool, overwrite: bool) -> None:
         cfg, saved = self.cfg, {}

@@ -24,6 +24,7 @@ older complete checkpoint or a complete new one. A checkpoint damaged afterwards
 back to the newest checkpoint that is whole (:func:`usable_run_checkpoint`).
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -188,6 +189,19 @@ def lock_run_dir(run_dir: str | Path):
     handle.write(f"aisrl process {os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def release_run_dir(handle, run_dir: str | Path, remove_dir: bool = False) -> None:
+    """Close the lock ``lock_run_dir`` returned; with ``remove_dir`` (a start that failed in a directory it
+    created) remove the lock file, while still holding the lock, and then the directory when nothing
+    else is in it (a refused start left a directory holding only the lock file; found by a probe)."""
+    if remove_dir:
+        with contextlib.suppress(OSError):
+            (Path(run_dir) / LOCK_FILE).unlink()
+    handle.close()
+    if remove_dir:
+        with contextlib.suppress(OSError):  # not empty: what is there stays
+            Path(run_dir).rmdir()
 
 
 ROLLOUT_WORKERS_FILE = "rollout_workers.json"

@@ -260,6 +260,32 @@ def test_one_process_per_run_directory(tmp_path):
     assert run_state.existing_run(tmp_path / "run") == []  # the lock file is not a run artefact
 
 
+def test_a_failed_start_removes_the_directory_it_created_and_only_that(tmp_path, monkeypatch):
+    """Found by a probe: a refused start left a new output_dir holding only ``.aisrl.lock``. The Trainer
+    (its start made to fail here) removes the lock file and the directory it created; a directory that
+    was there before keeps what it holds, and one that got other files stays."""
+    import actors.trainer as trainer_module
+    from system.config import resolve_config
+
+    def refuse(self, resume, overwrite):
+        raise ValueError("refused")
+
+    monkeypatch.setattr(trainer_module.Trainer, "_start", refuse)
+    new = tmp_path / "new" / "run"
+    with pytest.raises(ValueError, match="refused"):
+        trainer_module.Trainer(resolve_config([], [f"output_dir={new}"]))
+    assert not new.exists() and (tmp_path / "new").is_dir()  # only the directory it made itself
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(ValueError, match="refused"):
+        trainer_module.Trainer(resolve_config([], [f"output_dir={mine}"]))
+    assert mine.is_dir()  # the user's directory stays
+    handle = run_state.lock_run_dir(tmp_path / "busy")
+    (tmp_path / "busy" / "notes.txt").write_text("x")
+    run_state.release_run_dir(handle, tmp_path / "busy", remove_dir=True)
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]  # not empty: kept
+
+
 def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path, monkeypatch, caplog):
     """Some NFS mounts have no lock daemon (flock: ENOLCK): that is not "another process holds it"."""
     import errno
