@@ -253,8 +253,10 @@ def demo_dump(
     sigma: float = typer.Option(0.05, min=0.0, help="Per-token log-ratio noise at lag 0 (grows with lag)."),
     seed: int = typer.Option(0, min=0, help="Random seed."),
 ) -> None:
-    """Write a synthetic batch dump with a controlled mismatch (for trying the report). Exit 2 with a
-    message on a path that cannot be written or a batch too large to build (over 10^8 positions)."""
+    """Write a synthetic batch dump with a controlled mismatch (for trying the report).
+
+    Exit 2 with a message on a path that cannot be written or a batch too large to build (over 10^8
+    positions)."""
     if not math.isfinite(sigma):
         _fail(f"--sigma must be finite, got {sigma}")
     if sequences * max_len > 10**8:
