@@ -119,6 +119,8 @@ def join(address: str, reach_timeout_s: float = 10.0, **init_kwargs) -> None:
     else:
         set_local_only(False)
     try:
+        # Ray's INFO lines ("Connecting to existing Ray cluster at ...") only with --verbose
+        init_kwargs.setdefault("logging_level", logging.INFO if verbose() else logging.WARNING)
         ray.init(address=address, log_to_driver=True, **init_kwargs)
     except ConnectionError as exc:  # "auto" with no cluster running here
         raise ClusterUnreachableError(f"ray.address={address}: {' '.join(str(exc).split())[:300]}") from None

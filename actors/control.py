@@ -93,10 +93,7 @@ def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHan
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = info.get("auth_mode", "disabled")
         reload_config()  # Ray caches its config at import; refresh it (as ray.init does)
-    # a board lookup, not a driver of the run: Ray's INFO lines ("Connecting to existing Ray cluster")
-    # only with --verbose
-    verbose = os.environ.get("AISRL_VERBOSE", "") not in ("", "0")
-    join(target, namespace=NAMESPACE, logging_level="INFO" if verbose else "WARNING")
+    join(target, namespace=NAMESPACE)  # Ray's INFO lines only with --verbose (actors.cluster.join)
     try:
         return ray.get_actor(info["actor"], namespace=NAMESPACE)
     except ValueError:
