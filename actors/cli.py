@@ -200,6 +200,7 @@ def scale(
     try:
         control = find_control(run_dir, address)
         before = ray.get(control.status.remote())["desired_workers"]
+        free = ray.available_resources()  # before the run's loop starts placing the new workers
         ray.get(control.set_workers.remote(workers))
         status = ray.get(control.status.remote())
     except ValueError as exc:  # a RayTaskError of the board's ValueError is one too
@@ -207,7 +208,7 @@ def scale(
     console.print(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
                   f"{status.get('workers_ready', '?')} ready now")
     if workers > before and "worker_needs" in status:  # a board of a run started before it had facts: none
-        note = scale_up_note(workers - before, status["worker_needs"], ray.available_resources(),
+        note = scale_up_note(workers - before, status["worker_needs"], free,
                              bool(status.get("private_cluster")))
         if note:
             console.print(f"[yellow]warning:[/] {note}", highlight=False)

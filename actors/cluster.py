@@ -87,7 +87,7 @@ def reachable(address: str, timeout_s: float = 2.0) -> bool:
     """Whether a TCP connection to ``address`` (``host:port``, ``ray://host:port``) opens within ``timeout_s``."""
     host, _, port = address.split("://")[-1].rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):  # [fd00::1]:6379
             return True
     except (OSError, ValueError):
         return False
@@ -152,9 +152,12 @@ def check_local_dirs(cfg: RunConfig, model_cache: Path) -> None:
     first step cannot be written: ``$TMPDIR`` (Ray's session files, the correction service's), the tiny
     model's cache (``model_cache``), and ``~/.ray`` when a private cluster's auth token is written there.
     (A file as TMPDIR, or an unwritable HOME, failed with 120-180-line tracebacks; found by a probe.)"""
-    if os.environ.get("TMPDIR"):
-        check_output_dir(os.environ["TMPDIR"], "TMPDIR")
-    if cfg.model.type == "tiny":
+    for var in ("RAY_TMPDIR", "TMPDIR"):  # Ray's temporary root: RAY_TMPDIR when set, else TMPDIR
+        if os.environ.get(var):
+            check_output_dir(os.environ[var], var)
+            break
+    if cfg.model.type == "tiny" and not (model_cache.is_dir() and any(model_cache.iterdir())):
+        # a cache that already holds builds may be read-only (a shared one): a missing build fails by itself
         check_output_dir(model_cache, "the model cache (AISRL_CACHE_DIR, default ~/.cache/aisrl/models)")
     if cfg.ray.address is None and ray_writes_auth_token():
         check_output_dir(Path.home() / ".ray", "~/.ray (where Ray saves a private cluster's auth token; "

@@ -171,19 +171,32 @@ def lock_run_dir(run_dir: str | Path):
     import fcntl
 
     root = Path(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    handle = open(root / LOCK_FILE, "a+")  # noqa: SIM115 - held open on purpose
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # held by another process (EWOULDBLOCK)
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
+    for _ in range(5):
+        root.mkdir(parents=True, exist_ok=True)
+        handle = open(root / LOCK_FILE, "a+")  # noqa: SIM115 - held open on purpose
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held by another process (EWOULDBLOCK)
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ValueError(f"output_dir {run_dir} is in use by {holder}: wait for it to end (or stop it) before "
+                             "starting, resuming or overwriting this run") from None
+        except OSError as exc:  # a file system without locks (some NFS mounts: ENOLCK): go on unguarded, say so
+            log.warning("output_dir %s: cannot lock %s (%s); nothing stops a second process from using this "
+                        "run directory", run_dir, LOCK_FILE, exc.strerror or exc)
+            break
+        # a failed start removes the lock file it held (release_run_dir): a lock taken on that removed
+        # file guards nothing, so take it again on the file now at the path
+        try:
+            if os.stat(root / LOCK_FILE).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         handle.close()
-        raise ValueError(f"output_dir {run_dir} is in use by {holder}: wait for it to end (or stop it) before "
-                         "starting, resuming or overwriting this run") from None
-    except OSError as exc:  # a file system without locks (some NFS mounts: ENOLCK): go on unguarded, say so
-        log.warning("output_dir %s: cannot lock %s (%s); nothing stops a second process from using this run "
-                    "directory", run_dir, LOCK_FILE, exc.strerror or exc)
+    else:
+        raise ValueError(f"output_dir {run_dir}: its lock file {LOCK_FILE} kept being replaced while this process "
+                         "took it; is another aisrl starting there?")
     handle.seek(0)
     handle.truncate()
     handle.write(f"aisrl process {os.getpid()}\n")

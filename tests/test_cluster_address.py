@@ -67,3 +67,24 @@ def test_directories_the_run_writes_here_are_checked_naming_the_variable(tmp_pat
     joined = resolve_config([], ["ray.address=auto"])  # a joined cluster's token is the cluster's matter
     monkeypatch.delenv("RAY_AUTH_TOKEN")
     check_local_dirs(joined, tmp_path / "cache")
+    # Ray's temporary root is RAY_TMPDIR when set: TMPDIR is then not Ray's matter
+    monkeypatch.setenv("TMPDIR", str(a_file))
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray-tmp"))
+    check_local_dirs(joined, tmp_path / "cache")
+    monkeypatch.setenv("RAY_TMPDIR", str(a_file))
+    with pytest.raises(ConfigError, match=r"RAY_TMPDIR '.*a-file' exists and is not a directory"):
+        check_local_dirs(joined, tmp_path / "cache")
+
+
+def test_an_ipv6_address_in_brackets_is_reachable():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        server = socket.socket(socket.AF_INET6)
+        server.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    with server:
+        server.listen()
+        port = server.getsockname()[1]
+        assert check_address(f"[::1]:{port}") == f"[::1]:{port}"

@@ -20,9 +20,10 @@ def test_relative_paths_become_absolute_against_the_working_directory(tmp_path):
     cfg = resolve_config([], ["output_dir=relrun", "data.task.type=gsm8k", "data.task.path=d/train.jsonl",
                               "data.reward.type=math-answer", "model.type=pretrained", "model.path=./m"])
     out = with_absolute_paths(cfg, cwd="/work/dir")
-    assert (out.output_dir, out.data.task.path, out.model.path) == (
-        "/work/dir/relrun", "/work/dir/d/train.jsonl", "/work/dir/m")
-    assert out.model_copy(update={"output_dir": "relrun", "data": cfg.data, "model": cfg.model}) == cfg  # nothing else
+    assert (out.output_dir, out.model.path) == ("/work/dir/relrun", "/work/dir/m")
+    # only the driver reads the data file: its path stays as given (a resubmitted job's copy resolves it)
+    assert out.data.task.path == "d/train.jsonl"
+    assert out.model_copy(update={"output_dir": "relrun", "model": cfg.model}) == cfg  # nothing else
     hub = resolve_config([], ["model.type=pretrained", "model.path=Qwen/Qwen2.5-0.5B", "output_dir=/abs/run"])
     kept = with_absolute_paths(hub, cwd="/work/dir")
     assert (kept.model.path, kept.output_dir) == ("Qwen/Qwen2.5-0.5B", "/abs/run")  # a hub id; already absolute
@@ -48,21 +49,22 @@ def test_a_missing_data_file_or_local_model_is_refused_by_field(tmp_path):
     check_input_paths(resolve_config([], ["model.type=pretrained", "model.path=Qwen/Qwen2.5-0.5B"]))  # not checked
 
 
-def test_the_dry_run_refuses_a_missing_data_file_and_prints_absolute_paths(tmp_path, monkeypatch):
+def test_the_dry_run_refuses_a_missing_data_file_and_prints_an_absolute_output_dir(tmp_path, monkeypatch):
     """Found by a probe: ``--dry-run`` of the GPU preset away from the checkout passed; the run then
     failed on ``data.task.path`` after starting its cluster (and the SLURM script relies on the dry run)."""
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["train", "--dry-run", "data.task.type=gsm8k", "data.reward.type=math-answer",
                                  "data.task.path=data/train.jsonl"])
-    assert result.exit_code == 2 and f"data.task.path: {tmp_path}/data/train.jsonl does not exist" in \
-        " ".join(result.output.split())
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "data.task.path: data/train.jsonl does not exist" in said
+    assert f"a relative path is read from the directory aisrl runs in, {tmp_path}" in said
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
     result = runner.invoke(app, ["train", "--dry-run", "data.task.type=gsm8k", "data.reward.type=math-answer",
                                  "data.task.path=data/train.jsonl", "output_dir=r"])
     assert result.exit_code == 0, result.output
     config = json.loads(result.stdout)["config"]
-    assert (config["output_dir"], config["data"]["task"]["path"]) == (f"{tmp_path}/r", f"{tmp_path}/data/train.jsonl")
+    assert (config["output_dir"], config["data"]["task"]["path"]) == (f"{tmp_path}/r", "data/train.jsonl")
 
 
 def test_the_dry_run_refuses_gpus_a_private_cluster_here_does_not_have(tmp_path, monkeypatch):

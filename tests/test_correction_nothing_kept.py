@@ -24,8 +24,8 @@ def test_consecutive_steps_that_keep_nothing_count_and_a_step_that_keeps_any_res
     with pytest.raises(NothingKeptError) as err:
         guard.observe(7, NOTHING)
     said = str(err.value)
-    # the streak is steps 4, 6 and 7 (5 had no valid token); the message counts from 7 - 3 + 1 = 5
-    assert "kept no token for 3 consecutive steps (steps 5-7; method seq-mis hi=1.000001" in said
+    # the streak is steps 4, 6 and 7 (5 had no valid token: skipped): it began at step 4
+    assert "kept no token for 3 consecutive steps (steps 4-7; method seq-mis hi=1.000001" in said
     assert "kl_k1 0.04, tokens outside 5x 0.01" in said and "correction.max_nothing_kept_steps=2" in said
 
 

@@ -44,7 +44,7 @@ def test_the_resumed_directory_is_the_one_named_whatever_its_name(tmp_path, monk
     _run_dir(tmp_path, name)
     rc, out = _train("--dry-run", "--resume", name, "max_steps=9", cwd=tmp_path, monkeypatch=monkeypatch)
     assert rc == 0, out
-    printed = json.loads(CliRunner().invoke(app, ["train", "--dry-run", "--resume", name, "max_steps=9"]).output)
+    printed = json.loads(CliRunner().invoke(app, ["train", "--dry-run", "--resume", name, "max_steps=9"]).stdout)
     assert printed["config"]["output_dir"] == str(tmp_path / name)  # made absolute where the command ran
 
 

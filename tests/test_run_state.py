@@ -274,7 +274,7 @@ def test_a_failed_start_removes_the_directory_it_created_and_only_that(tmp_path,
     new = tmp_path / "new" / "run"
     with pytest.raises(ValueError, match="refused"):
         trainer_module.Trainer(resolve_config([], [f"output_dir={new}"]))
-    assert not new.exists() and (tmp_path / "new").is_dir()  # only the directory it made itself
+    assert not new.exists()  # the run directory it made is gone (its parent, made on the way, stays)
     mine = tmp_path / "mine"
     mine.mkdir()
     with pytest.raises(ValueError, match="refused"):
@@ -284,6 +284,28 @@ def test_a_failed_start_removes_the_directory_it_created_and_only_that(tmp_path,
     (tmp_path / "busy" / "notes.txt").write_text("x")
     run_state.release_run_dir(handle, tmp_path / "busy", remove_dir=True)
     assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]  # not empty: kept
+
+
+def test_a_lock_taken_on_a_lock_file_removed_meanwhile_is_taken_again(tmp_path, monkeypatch):
+    """A failed start removes the lock file it holds (``release_run_dir``); a process that opened the file
+    just before and locks it after holds a lock on a removed file, which guards nothing: a third
+    process would create and lock a new one. ``lock_run_dir`` compares the inodes and locks again."""
+    import fcntl
+    import os
+
+    real_flock, calls = fcntl.flock, []
+
+    def flock_after_a_removal(fd, op):
+        calls.append(op)
+        if len(calls) == 1:  # the other process's failed start removes the file between open and flock
+            os.unlink(tmp_path / "run" / run_state.LOCK_FILE)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_removal)
+    handle = run_state.lock_run_dir(tmp_path / "run")
+    assert len(calls) == 2  # locked twice: the second time on the file at the path
+    assert os.fstat(handle.fileno()).st_ino == os.stat(tmp_path / "run" / run_state.LOCK_FILE).st_ino
+    handle.close()
 
 
 def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path, monkeypatch, caplog):

@@ -24,7 +24,7 @@ def config_warnings(cfg: RunConfig, cores: int | None = None) -> list[str]:
         out.append(f"learner.num_ranks={cfg.learner.num_ranks} and rollout.num_workers={cfg.rollout.num_workers} "
                    f"start {processes} computing processes on this machine's {cores} cores: they take turns on "
                    f"them, so ranks beyond the cores add no compute, and each holds its own memory (at most "
-                   f"{max(cores - cfg.rollout.num_workers, 1)} rank(s) here, or join a cluster with ray.address)")
+                   f"{max(2 * cores - cfg.rollout.num_workers, 1)} rank(s) here, or join a cluster with ray.address)")
     method = cfg.correction.method
     if method.type == "geo-rs" and (method.lo, method.hi) == (0.999, 1.001) and cfg.rollout.quantization == "fp8":
         out.append("correction.method geo-rs at its BF16 band [0.999, 1.001] with FP8 rollouts rejects nearly every "

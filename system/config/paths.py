@@ -18,23 +18,21 @@ def looks_local(model_path: str) -> bool:
 
 
 def with_absolute_paths(cfg: RunConfig, cwd: str | Path | None = None) -> RunConfig:
-    """``cfg`` with ``output_dir``, a file task's ``data.task.path`` and a pretrained model's local
-    ``model.path`` absolute against ``cwd`` (default: this process's). The driver hands its config to
-    actors whose working directory is not the user's (on a joined cluster: wherever its raylet was
-    started), where a relative path would name another place."""
+    """``cfg`` with ``output_dir`` and a pretrained model's local ``model.path`` absolute against ``cwd``
+    (default: this process's): the paths actors open. The driver hands its config to actors whose
+    working directory is not the user's (on a joined cluster: wherever its raylet was started), where
+    a relative path would name another place. ``data.task.path`` stays as given: only the driver reads
+    it (a relative one keeps resolving against a resubmitted job's own copy of the data)."""
     base = Path(cwd) if cwd is not None else Path.cwd()
 
     def absolute(path: str) -> str:
         path = os.path.expanduser(path)
         return path if os.path.isabs(path) else str(base / path)
 
-    data = cfg.data
-    if getattr(data.task, "path", None) is not None:
-        data = data.model_copy(update={"task": data.task.model_copy(update={"path": absolute(data.task.path)})})
     model = cfg.model
     if model.type == "pretrained" and looks_local(model.path):
         model = model.model_copy(update={"path": absolute(model.path)})
-    return cfg.model_copy(update={"output_dir": absolute(cfg.output_dir), "data": data, "model": model})
+    return cfg.model_copy(update={"output_dir": absolute(cfg.output_dir), "model": model})
 
 
 def check_input_paths(cfg: RunConfig) -> None:
@@ -44,8 +42,9 @@ def check_input_paths(cfg: RunConfig) -> None:
     path = getattr(cfg.data.task, "path", None)
     if path is not None and not os.path.isfile(path):
         what = "is a directory" if os.path.isdir(path) else "does not exist"
-        raise ConfigError(f"data.task.path: {path} {what} (a .jsonl or .parquet file; a relative path is "
-                          f"read from the directory aisrl runs in, {os.getcwd()})")
+        where = "" if os.path.isabs(path) else f"; a relative path is read from the directory aisrl runs in, {os.getcwd()}"
+        raise ConfigError(f"data.task.path: {path} {what} (a .jsonl or .parquet file{where}; on a resume "
+                          "pass data.task.path=... to read it from where it is now)")
     if cfg.model.type == "pretrained" and looks_local(cfg.model.path) and not os.path.isdir(
             os.path.expanduser(cfg.model.path)):
         raise ConfigError(f"model.path: {cfg.model.path} is not a directory (a local path; a hub id is written "

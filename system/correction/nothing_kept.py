@@ -24,17 +24,24 @@ class NothingKeptGuard:
         self.method = method  # the configured method, for the message (``seq-mis hi=3.0``)
         self.streak = 0
         """Consecutive steps that kept no token, up to the last one observed."""
+        self.first_step: int | None = None
+        """The step the streak began at (a batch without a valid token in it is skipped, not counted)."""
 
     def observe(self, step: int, correction_metrics: dict) -> None:
         keep = correction_metrics.get("correction/keep_token_frac")
         if keep is None:
             return
-        self.streak = self.streak + 1 if keep == 0 else 0
+        if keep != 0:
+            self.streak, self.first_step = 0, None
+            return
+        self.streak += 1
+        if self.first_step is None:
+            self.first_step = step
         if self.limit is not None and self.streak > self.limit:
             kl = correction_metrics.get("mismatch/kl_k1")
             outside = correction_metrics.get("mismatch/frac_outside_5x")
             raise NothingKeptError(
-                f"the correction kept no token for {self.streak} consecutive steps (steps {step - self.streak + 1}"
+                f"the correction kept no token for {self.streak} consecutive steps (steps {self.first_step}"
                 f"-{step}; method {self.method or '?'}; step {step}: kl_k1 {_fmt(kl)}, tokens outside 5x "
                 f"{_fmt(outside)}): those steps trained nothing. Widen correction.method's band, or lower the "
                 f"mismatch (async.max_lag, rollout.quantization); correction.max_nothing_kept_steps={self.limit} "
