@@ -136,8 +136,13 @@ def train(overrides: list[str], log_path: Path) -> tuple[list[dict], float]:
            "report.console=false", "report.dump_every=0", "checkpoint_every=0", *overrides]
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
+    if proc.returncode != 0:  # say why, not only CalledProcessError: the run's log is kept at log_path
+        shutil.rmtree(out, ignore_errors=True)
+        tail = log_path.read_text(errors="replace").splitlines()[-40:]
+        sys.exit(f"aisrl train {' '.join(overrides)} failed (exit {proc.returncode}); the last lines of "
+                 f"{log_path}:\n" + "\n".join(tail))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out, ignore_errors=True)  # a run directory (checkpoint included) per run otherwise stays
     return records, wall

@@ -205,6 +205,18 @@ def test_run_train_shows_the_end_of_a_failed_runs_stderr(capsys):
     assert bench_default_run.run_train([sys.executable, "-c", "pass"]) > 0
 
 
+def test_the_ablation_says_why_a_run_failed(tmp_path):
+    """A failed run of the ablation was a bare CalledProcessError; its log's last lines are said now.
+    ``max_steps=abc`` is refused by the config before anything starts (exit 2, a few seconds)."""
+    import bench_correction_ablation
+
+    with pytest.raises(SystemExit) as exc:
+        bench_correction_ablation.train(["max_steps=abc"], tmp_path / "run.log")
+    said = str(exc.value.code)
+    assert said.startswith("aisrl train max_steps=abc failed (exit 2); the last lines of ")
+    assert "max_steps" in said.split("\n", 1)[1]  # the config error itself, from the run's log
+
+
 # --- bench_cpu_targets: names, reference, failures (no benchmark runs)
 
 
