@@ -12,6 +12,8 @@ from actors.ray_internals import set_local_only
 from system.config import RunConfig, check_output_dir
 from system.config.cluster import RayConfig
 
+log = logging.getLogger(__name__)
+
 
 def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> None:
     """Join ``cfg.address`` if set, else start a private cluster on loopback (never an existing one)
@@ -20,6 +22,9 @@ def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> N
         return
     if cfg.address is not None:
         join(cfg.address, runtime_env=runtime_env)
+        # aisrl's own line (Ray's "Connecting to existing Ray cluster" is shown with --verbose only)
+        log.warning("joined the Ray cluster at %s (ray.address=%s)", ray.get_runtime_context().gcs_address,
+                    cfg.address)
         return
     use_loopback_only()
     quiet_workers()

@@ -66,7 +66,12 @@ def terminate_raises(start: bool = True):
         raise Terminated("SIGTERM during start-up")
 
     signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+    def restore() -> None:  # a trainer shut down from another thread (a test's runner) cannot
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+    return restore
 
 
 def as_terminated(exc: SystemExit) -> BaseException:

@@ -51,6 +51,7 @@ class Head:
     url: str
     token: str
     tmp: Path
+    gcs: str  # host:port of the head's GCS, the address a job's ray.address=auto joins
 
 
 def free_ports(n: int) -> list[int]:
@@ -71,7 +72,7 @@ def head_env(token: str, tmp: Path) -> dict:
             "WANDB_MODE": "offline"}
 
 
-def start_head(tmp: Path, token: str) -> tuple[subprocess.Popen, str]:
+def start_head(tmp: Path, token: str) -> tuple[subprocess.Popen, str, str]:
     gcs, dash, client, agent = free_ports(4)
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
@@ -80,7 +81,7 @@ def start_head(tmp: Path, token: str) -> tuple[subprocess.Popen, str]:
     log = open(tmp / "head.log", "w")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(cmd, env=head_env(token, tmp), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    return proc, f"http://127.0.0.1:{dash}"
+    return proc, f"http://127.0.0.1:{dash}", f"127.0.0.1:{gcs}"
 
 
 def wait_ready(proc: subprocess.Popen, url: str, token: str, tmp: Path, timeout_s: float = 90) -> None:
@@ -123,10 +124,10 @@ def stop_head(proc: subprocess.Popen, tmp: Path) -> None:
 def head():
     tmp = Path(tempfile.mkdtemp(prefix="aisrl-ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     token = secrets.token_hex(16)
-    proc, url = start_head(tmp, token)
+    proc, url, gcs = start_head(tmp, token)
     try:
         wait_ready(proc, url, token, tmp)
-        yield Head(url, token, tmp)
+        yield Head(url, token, tmp, gcs)
     finally:
         stop_head(proc, tmp)
 
@@ -170,7 +171,7 @@ def test_submit_runs_the_validated_config_to_success(head, tmp_path):
     assert status.returncode == 0 and status.stdout.startswith(f"{job_id} SUCCEEDED"), status.stdout + status.stderr
     logs = aisrl("job", "logs", job_id, "--address", head.url, token=head.token, home=tmp_path).stdout
     assert f"aisrl train {jobs.SHIPPED_CONFIG}" in logs and "done: 1 steps" in logs
-    assert "Connecting to existing Ray cluster" in logs  # ray.address=auto: it joined this head
+    assert f"joined the Ray cluster at {head.gcs}" in logs  # ray.address=auto: it joined this head
     # without --verbose the log has no library noise (before: progress bars of the driver's model write
     # and of the rank's weight load, vLLM's FutureWarnings, torch's NUMA binding warning)
     for noise in ("it/s]", "FutureWarning", "NUMA binding"):
