@@ -173,15 +173,19 @@ def choice_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+def _file_name_part(text: str, what: str, where: str) -> str:
+    """``text`` when it can be (part of) a file name in ``benchmarks/results/``: no '/', no NUL, short."""
+    if "/" in text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{what} {where}; it must not contain '/' or a NUL character, got {text!r}")
+    if len(text.encode()) > MAX_NAME_BYTES:
+        raise argparse.ArgumentTypeError(f"{what} is at most {MAX_NAME_BYTES} bytes, got {len(text.encode())}")
+    return text
+
+
 def result_tag(text: str) -> str:
     """An ``argparse`` type: a suffix of a result's name (``fp8_kernels_cpu<tag>``), possibly empty, so it must not
     make the name a path."""
-    if "/" in text or "\0" in text:
-        raise argparse.ArgumentTypeError("a result tag is appended to a file name in benchmarks/results/; it must not "
-                                         f"contain '/' or a NUL character, got {text!r}")
-    if len(text.encode()) > MAX_NAME_BYTES:
-        raise argparse.ArgumentTypeError(f"a result tag is at most {MAX_NAME_BYTES} bytes, got {len(text.encode())}")
-    return text
+    return _file_name_part(text, "a result tag", "is appended to a file name in benchmarks/results/")
 
 
 def result_name(text: str) -> str:
@@ -191,9 +195,4 @@ def result_name(text: str) -> str:
         raise argparse.ArgumentTypeError("a result name must not be empty")
     if text.startswith("."):
         raise argparse.ArgumentTypeError(f"a result name must not start with '.' (a hidden file), got {text!r}")
-    if "/" in text or "\0" in text:
-        raise argparse.ArgumentTypeError("a result name is a plain file name, written as benchmarks/results/<name>.json; "
-                                         f"it must not contain '/' or a NUL character, got {text!r}")
-    if len(text.encode()) > MAX_NAME_BYTES:
-        raise argparse.ArgumentTypeError(f"a result name is at most {MAX_NAME_BYTES} bytes, got {len(text.encode())}")
-    return text
+    return _file_name_part(text, "a result name", "is a plain file name, written as benchmarks/results/<name>.json")
