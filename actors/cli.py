@@ -74,8 +74,7 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
     return presets, overrides
 
 
-def load_run_config(args: list[str], resume: Path | None) -> RunConfig:
-    presets, overrides = split_args(args)
+def load_run_config(presets: list[str], overrides: list[str], resume: Path | None) -> RunConfig:
     if resume is not None:
         return resume_config(resume, presets, overrides)
     return resolve_config(presets, overrides)
@@ -93,9 +92,10 @@ def train(
     try:
         if resume is not None and overwrite:
             raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
+        presets, overrides = split_args(args or [])
         # absolute: the actors' working directory is not this one (on a joined cluster, the raylet's)
-        cfg = with_absolute_paths(load_run_config(args or [], resume))
-        cfg, env_notes = apply_environment(cfg, os.environ, split_args(args or [])[1])
+        cfg = with_absolute_paths(load_run_config(presets, overrides, resume))
+        cfg, env_notes = apply_environment(cfg, os.environ, overrides)
         check_output_dir(cfg.output_dir, "output_dir")
         check_input_paths(cfg)
         from actors.cluster import check_local_dirs
@@ -125,25 +125,12 @@ def train(
                 check_new_run_dir(cfg.output_dir, overwrite=False)
         except ValueError as exc:  # CheckpointError is one
             _fail(str(exc))
-        from actors.placement import (
-            describe_plan,
-            local_gpus,
-            plan_placement,
-            private_cluster_shortfall,
-            required_cpus,
-        )
+        from actors.placement import dry_run_plan
 
-        if cfg.ray.address is None:  # a private local cluster: the plan is the one that runs
-            roles = plan_placement(cfg, None)
-            plan = describe_plan(roles)
-            local = {"CPU": cfg.ray.num_cpus or required_cpus(roles), "GPU": local_gpus(cfg)}
-            short = private_cluster_shortfall(cfg, local)
-            if short:  # what the run refuses once its cluster is up
-                _fail("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))
-        else:  # a cluster joined at run time: its resources decide; say what each role asks for there
-            offered = {cfg.ray.rollout_resource: 1.0, cfg.ray.learner_resource: 1.0}
-            plan = [{**role, "resources": None, "resources_if_the_cluster_offers_them": role["resources"]}
-                    for role in describe_plan(plan_placement(cfg, offered))]
+        try:
+            plan = dry_run_plan(cfg)
+        except ValueError as exc:  # what the run refuses once its private cluster is up
+            _fail(str(exc))
         for warning in config_warnings(cfg):  # on stderr: stdout stays one JSON document
             console.print(f"[yellow]warning:[/] {warning}")
         print(json.dumps({"config": cfg.model_dump(mode="json", by_alias=True), "placement": plan}, indent=2))

@@ -98,11 +98,17 @@ def reachable(address: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _target(address: str) -> str | None:
+    """The address ``ray.init`` will dial: ``$RAY_ADDRESS`` for ``auto`` (None when unset: only
+    ``ray.init`` can look a local cluster up)."""
+    return (os.environ.get("RAY_ADDRESS") or None) if address == "auto" else address
+
+
 def check_address(address: str, timeout_s: float = 10.0) -> str | None:
     """Raise :class:`ClusterUnreachableError` when nothing answers at ``address`` (``auto``: at
-    ``$RAY_ADDRESS``) within ``timeout_s``; returns the address checked (None: ``auto`` without
-    ``RAY_ADDRESS``, which only ``ray.init`` can look up)."""
-    target = (os.environ.get("RAY_ADDRESS") or None) if address == "auto" else address
+    ``$RAY_ADDRESS``) within ``timeout_s`` (``ray.init`` would retry it for ever); returns the address
+    checked (None: ``auto`` without ``RAY_ADDRESS``). ``aisrl train`` calls it before the model build."""
+    target = _target(address)
     if target is not None and target != "auto" and not reachable(target, timeout_s):
         via = " (from RAY_ADDRESS, which ray.address=auto reads)" if address == "auto" else ""
         raise ClusterUnreachableError(f"ray.address: nothing answers at {target}{via} within {timeout_s:g} s: "
@@ -110,15 +116,13 @@ def check_address(address: str, timeout_s: float = 10.0) -> str | None:
     return target
 
 
-def join(address: str, reach_timeout_s: float = 10.0, **init_kwargs) -> None:
+def join(address: str, **init_kwargs) -> None:
     """Connect to a running cluster. One bound to loopback (an address on 127.0.0.1, or a head
     started with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, whose jobs inherit the variable) is
     joined in local-only mode, so this driver does not announce the machine's interface address.
-
-    An address nobody answers on is refused after ``reach_timeout_s`` (``ray.init`` would retry it
-    for ever), and ``auto`` without a running cluster in one line (:class:`ClusterUnreachableError`)."""
-    target = check_address(address, reach_timeout_s)
-    host = (target or address).split("://")[-1].rsplit(":", 1)[0]
+    ``auto`` without a running cluster is one line (:class:`ClusterUnreachableError`); whether
+    anything answers at an address is the callers' check (:func:`check_address`, :func:`reachable`)."""
+    host = (_target(address) or address).split("://")[-1].rsplit(":", 1)[0]
     if host in ("127.0.0.1", "localhost") or os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
         use_loopback_only()
     else:

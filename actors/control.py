@@ -15,7 +15,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.cluster import join, reachable
+from actors.placement import RoleOptions, actor_needs
 from actors.ray_internals import reload_config
+from system.config import RunConfig
 from system.config.rollout import MAX_ROLLOUT_WORKERS
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,11 @@ class RunControl:
         return {"desired_workers": self.desired_workers, **self.facts, **self.progress}
 
 
-def create_control(run_dir: Path, num_workers: int, ceiling: int = MAX_ROLLOUT_WORKERS,
-                   facts: dict | None = None) -> ray.actor.ActorHandle:
+def create_control(run_dir: Path, cfg: RunConfig, worker: RoleOptions) -> ray.actor.ActorHandle:
+    """The run's board (``rollout.num_workers`` at first, at most ``rollout.max_workers``), knowing what
+    one rollout worker (``worker``) reserves and whether the cluster is private (for ``aisrl scale``)."""
+    num_workers, ceiling = cfg.rollout.num_workers, cfg.rollout.max_workers or MAX_ROLLOUT_WORKERS
+    facts = {"private_cluster": cfg.ray.address is None, "worker_needs": actor_needs(worker)}
     name = control_name(run_dir)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     handle = RunControl.options(name=name, namespace=NAMESPACE, get_if_exists=True,

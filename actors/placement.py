@@ -92,6 +92,21 @@ def follow_target(floor: int, capacity: int, max_workers: int | None) -> int:
     return target
 
 
+def dry_run_plan(cfg: RunConfig) -> list[dict]:
+    """The plan ``--dry-run`` prints. On a private local cluster it is the one that runs, and the
+    shortfall the run would refuse once its cluster is up (``ValueError``) is refused here, with this
+    machine's GPUs; on a cluster joined at run time its resources decide: each role says what it asks
+    for there."""
+    if cfg.ray.address is None:
+        roles = plan_placement(cfg, None)
+        local = {"CPU": cfg.ray.num_cpus or required_cpus(roles), "GPU": local_gpus(cfg)}
+        check_placeable(cfg, local)
+        return describe_plan(roles)
+    offered = {cfg.ray.rollout_resource: 1.0, cfg.ray.learner_resource: 1.0}
+    return [{**role, "resources": None, "resources_if_the_cluster_offers_them": role["resources"]}
+            for role in describe_plan(plan_placement(cfg, offered))]
+
+
 def local_gpus(cfg: RunConfig) -> int:
     """GPUs a private cluster started here would see (torch's count, which honours
     ``CUDA_VISIBLE_DEVICES``); 0 without asking torch when the config reserves none."""
@@ -115,3 +130,10 @@ def private_cluster_shortfall(cfg: RunConfig, cluster_resources: dict[str, float
     return [f"the {cfg.learner.num_ranks} learner rank(s) and {r.num_workers} rollout worker(s) reserve {need[k]:g} "
             f"{k} but this machine's private cluster has {cluster_resources.get(k, 0.0):g} (set by {keys[k]})"
             for k in need if need[k] > cluster_resources.get(k, 0.0) + 1e-9]
+
+
+def check_placeable(cfg: RunConfig, cluster_resources: dict[str, float]) -> None:
+    """Raise ``ValueError`` listing :func:`private_cluster_shortfall` when it is not empty."""
+    short = private_cluster_shortfall(cfg, cluster_resources)
+    if short:
+        raise ValueError("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))

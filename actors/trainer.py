@@ -28,7 +28,7 @@ from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
-from actors.placement import actor_needs, plan_placement, private_cluster_shortfall, required_cpus
+from actors.placement import check_placeable, plan_placement, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
@@ -38,7 +38,6 @@ from actors.weight_sync import build_transport
 from system import controller_state, run_state
 from system.config import RunConfig, dump_config
 from system.config.advice import config_warnings
-from system.config.rollout import MAX_ROLLOUT_WORKERS
 from system.correction.nothing_kept import NothingKeptGuard
 from system.data.buffer import TrajectoryBuffer
 from system.data.context_fit import fit_dataset_prompts
@@ -150,9 +149,7 @@ class Trainer:
         except SystemExit as exc:  # ray.init's own SIGTERM handler exits while it starts the cluster
             raise as_terminated(exc) from None
         terminate_raises(start=False)  # again: ray.init replaced it
-        short = private_cluster_shortfall(cfg, ray.cluster_resources())
-        if short:
-            raise ValueError("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))
+        check_placeable(cfg, ray.cluster_resources())
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
@@ -182,9 +179,7 @@ class Trainer:
         self._write_rollout_workers()
         self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too
         self.rollout = RolloutLoop(cfg, self.pool, self.sampler, self.buffer, self.state, self.transport)
-        facts = {"private_cluster": cfg.ray.address is None, "worker_needs": actor_needs(roles["rollout_worker"])}
-        self.control = create_control(self.run_dir, cfg.rollout.num_workers,
-                                      cfg.rollout.max_workers or MAX_ROLLOUT_WORKERS, facts)
+        self.control = create_control(self.run_dir, cfg, roles["rollout_worker"])
         self.rollout.control = self.control
         return saved
 

@@ -314,15 +314,6 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def kept_if_measured(res: dict, part: str) -> bool:
-    """Whether a part's result is worth keeping: not when every row was skipped (an empty result would replace the
-    last measured one)."""
-    if res["rows"]:
-        return True
-    log(f"{part}: nothing measured (every row skipped for memory), its result file is not written")
-    return False
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="reduced grid, fewer steps (3-4 minutes)")
@@ -368,14 +359,13 @@ def main() -> None:
             workers = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16]
             res = bench_scaling(workers, rollout_s=1.0, train_s=0.1, prompts_per_call=8,
                                 steps=7 if args.quick else 10, warmup=2, payload_params=payload)
-            emit(f"orchestration_scaling_cpu{suffix}", res, save=not args.no_save and kept_if_measured(res, "scaling"))
+            emit(f"orchestration_scaling_cpu{suffix}", res, save=not args.no_save)
             results["scaling"] = res
         if "weights" in parts:
             params = [0.1e9, 0.5e9] if args.quick else [0.1e9, 0.5e9, 1.5e9]
             res = bench_weight_sync(params, repeats=7, warmup=3, object_store_bytes=store)
             res["object_store_bytes"], res["dev_shm_free_bytes"] = store, shm_free
-            emit(f"orchestration_weight_sync_cpu{suffix}", res,
-                 save=not args.no_save and kept_if_measured(res, "weight sync"))
+            emit(f"orchestration_weight_sync_cpu{suffix}", res, save=not args.no_save)
             results["weights"] = res
     finally:
         ray.shutdown()

@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -55,9 +56,13 @@ def time_median(fn: Callable[[], object], repeats: int = 7, warmup: int = 2, syn
 
 
 def emit(name: str, result: dict, save: bool = True) -> None:
-    """Print the result as the last line (one JSON object) and keep it under ``benchmarks/results/``."""
+    """Print the result as the last line (one JSON object) and keep it under ``benchmarks/results/``,
+    unless it has ``rows`` and they are empty (nothing was measured: the last measured result stays)."""
     record = {"benchmark": name, **environment(), **result}
     line = json.dumps(record)
+    if save and result.get("rows", True) in ([], {}):
+        print(f"{name}: nothing measured (no rows); results/{name}.json is not written", file=sys.stderr)
+        save = False
     if save:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -22,6 +22,7 @@ import bench_default_run  # noqa: E402
 from harness import (  # noqa: E402
     SEED,
     choice_list,
+    emit,
     float_range,
     int_list,
     int_range,
@@ -215,6 +216,24 @@ def test_the_ablation_says_why_a_run_failed(tmp_path):
     said = str(exc.value.code)
     assert said.startswith("aisrl train max_steps=abc failed (exit 2); the last lines of ")
     assert "max_steps" in said.split("\n", 1)[1]  # the config error itself, from the run's log
+
+
+def test_a_result_without_rows_does_not_replace_the_last_measured_one(capsys):
+    """A benchmark whose every row was skipped (too little memory) wrote ``rows: []`` over the committed
+    result; ``emit`` keeps the file as it was (and still prints the line)."""
+    name = f"test_emit_{uuid.uuid4().hex}"
+    path = RESULTS / f"{name}.json"
+    try:
+        emit(name, {"rows": []})
+        assert not path.exists() and "nothing measured (no rows)" in capsys.readouterr().err
+        emit(name, {"rows": [{"x": 1}]})
+        assert json.loads(path.read_text())["rows"] == [{"x": 1}]
+        emit(name, {"rows": []})  # the measured one stays
+        assert json.loads(path.read_text())["rows"] == [{"x": 1}]
+        emit(name, {"value": 3})  # a result without rows is written as before
+        assert json.loads(path.read_text())["value"] == 3
+    finally:
+        path.unlink(missing_ok=True)
 
 
 # --- bench_cpu_targets: names, reference, failures (no benchmark runs)
