@@ -94,7 +94,7 @@ def run(size: str, num_prompts: int, group_size: int, prompt_len: int, response_
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     batch = make_batch(num_prompts, group_size, prompt_len, response_len, SIZES[size]["vocab_size"])
     arrays = batch.response_arrays()
-    mask_BT = arrays["response_mask"]
+    mask_BT = arrays.mask_BT
     weights_BT = mask_BT.astype(np.float32)  # every valid token kept at weight 1
     tokens = int(batch.attention_mask_BS.sum())
     times = {"proximal": [], "update": [], "export": []}
@@ -106,7 +106,7 @@ def run(size: str, num_prompts: int, group_size: int, prompt_len: int, response_
         old_BT = core.compute_proximal_logprobs(batch)
         sync()
         t1 = time.perf_counter()
-        norms = loss_normalisers(mask_BT, arrays["behaviour_logp"], old_BT)
+        norms = loss_normalisers(mask_BT, arrays.behaviour_BT, old_BT)
         metrics = core.train_step(batch, weights_BT, norms)
         sync()
         t2 = time.perf_counter()

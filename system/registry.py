@@ -1,8 +1,8 @@
 """The one registry style: entries keyed by the ``type`` of a config's discriminated union.
 
-Correction methods, policy losses, loss aggregations, rewards and prompt sources each keep one
-``Registry``: built once at import from a plain dict, it refuses (at import) a dict that does
-not cover exactly the config's types, and a lookup of an unknown type raises a ``ValueError``
+Correction methods, policy losses, loss aggregations, advantages, rewards and prompt sources each
+keep one ``Registry``: built once at import from a plain dict, it refuses (at import) a dict that
+does not cover exactly the config's types, and a lookup of an unknown type raises a ``ValueError``
 naming the config field and the known types.
 """
 

@@ -70,10 +70,6 @@ class RolloutGroup:
             if c.prompt_id != self.prompt.prompt_id:
                 raise ValueError(f"group of {self.prompt.prompt_id} holds a completion of {c.prompt_id}")
 
-    @property
-    def rewards(self) -> np.ndarray:
-        return np.array([c.reward for c in self.completions], dtype=np.float32)
-
     def __reduce__(self):
         """Pickled as columns (``GroupList``'s packing of this one group), or field by field when its
         completions' arrays do not share one dtype per field."""

@@ -318,9 +318,9 @@ class SimulatedLearnerRank:
         t0 = time.perf_counter()
         batch = ray.get(holder[0])
         resp = batch.response_arrays()
-        mask = resp["response_mask"]
+        mask = resp.mask_BT
         noise = self._rng.normal(0.0, self.settings.proximal_noise, mask.shape)
-        proximal = np.where(mask, np.minimum(resp["behaviour_logp"] + noise, 0.0), 0.0).astype(np.float32)
+        proximal = np.where(mask, np.minimum(resp.behaviour_BT + noise, 0.0), 0.0).astype(np.float32)
         _deadline_sleep(t0, self.settings.proximal_seconds)
         t1 = time.perf_counter()
         # as run_step: the call starts, the update's first micro-batch forward runs, then the wait
@@ -353,7 +353,7 @@ class SimulatedLearnerRank:
 
     def _train_metrics(self, batch: LearnerBatch, weights_BT: np.ndarray) -> dict:
         """Global metrics with the real keys; the policy version advances by one."""
-        mask = batch.response_arrays()["response_mask"]
+        mask = batch.response_arrays().mask_BT
         weights = np.asarray(weights_BT, dtype=np.float32)
         if weights.shape != mask.shape:
             raise ValueError(f"weights {weights.shape} do not match the batch's response view {mask.shape}")

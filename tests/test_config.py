@@ -11,7 +11,6 @@ from system.config import (
     ConfigError,
     RunConfig,
     dump_config,
-    load_resolved,
     resolve_config,
 )
 from system.config.correction import IcePop, SeqMIS, TokenTIS
@@ -120,7 +119,7 @@ def test_resolved_dump_round_trips_with_user_spelling(tmp_path):
     assert json.loads(text)["async"]["max_lag"] == 0
     path = tmp_path / "config.json"
     path.write_text(text)
-    assert load_resolved(path) == cfg
+    assert resolve_config([path]) == cfg  # a run's config.json is the preset of its --resume
 
 
 def test_configs_are_frozen():

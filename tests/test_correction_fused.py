@@ -26,6 +26,7 @@ from system.correction import (
 )
 from system.correction.diagnostics import diagnostics_by_lag_of
 from system.correction.fused_build import build
+from system.correction.ratios import LOG_RATIO_CLAMP
 
 if build() is None:
     pytest.skip("no C++ compiler: the fused pass is not built (the torch path is used)", allow_module_level=True)
@@ -267,18 +268,22 @@ def test_the_build_without_avx512_matches_the_torch_path(tmp_path, monkeypatch):
 
 
 def test_a_library_of_another_abi_or_layout_is_not_used():
-    """A library built from an older source (another argument list or output layout) is refused,
-    so the torch path runs instead of a call with the wrong arguments."""
+    """A library built from an older source (another argument list or output layout, or a log-ratio
+    clamp other than ``LOG_RATIO_CLAMP``) is refused, so the torch path runs instead of a call with the
+    wrong arguments or a pass that clamps elsewhere."""
     from types import SimpleNamespace
 
     rows, glob = len(fused._ROW), len(fused._GLOB)
 
-    def lib(abi, rows, glob):
+    def lib(abi, rows, glob, clamp=LOG_RATIO_CLAMP):
         return SimpleNamespace(aisrl_fused_abi=lambda: abi, aisrl_fused_row_cols=lambda: rows,
-                               aisrl_fused_glob_cols=lambda: glob)
+                               aisrl_fused_glob_cols=lambda: glob, aisrl_fused_clamp=lambda: clamp)
     assert fused.compatible(lib(fused._ABI, rows, glob))
     assert not fused.compatible(lib(fused._ABI - 1, rows, glob))
     assert not fused.compatible(lib(fused._ABI, rows, glob - 1))
+    assert not fused.compatible(lib(fused._ABI, rows, glob, clamp=LOG_RATIO_CLAMP / 2))
+    if fused.available():  # the library built here links to the same constant
+        assert fused.compatible(fused._library())
     assert not fused.compatible(SimpleNamespace(aisrl_fused_row_cols=lambda: 8))  # before the ABI symbol
 
 

@@ -110,6 +110,7 @@ def test_keep_mask_is_the_decision_not_w_positive(monkeypatch):
 
 
 def test_registry_covers_every_config_type_and_defaults_are_the_spec_defaults():
+    assert METHOD_TYPES == ("none", "token-tis", "icepop", "seq-tis", "seq-mis", "geo-rs")  # the union's order
     assert tuple(METHOD_REGISTRY) == METHOD_TYPES
     defaults = default_method_configs()
     assert list(defaults) == list(METHOD_TYPES)

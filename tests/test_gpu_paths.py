@@ -108,7 +108,7 @@ def test_learner_rank_on_cuda_matches_naive_cpu_reference(tmp_path):
         w = make_weights(batch)
         old_BT = core.compute_proximal_logprobs(batch)
         arrays = batch.response_arrays()
-        norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT)
+        norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_BT)
         for _ in range(2):  # the second update has cur != old
             metrics = core.train_step(batch, w, norms, proximal_logp=old_BT)
             ref_loss, ref_norm = reference_step(ref, ref_opt, batch, old_BT, w, clip)

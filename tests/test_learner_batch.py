@@ -88,11 +88,11 @@ def test_collate_matches_a_row_by_row_reference_on_random_ragged_groups():
 def test_response_arrays_are_the_response_only_view():
     batch = collate_groups(_hand_groups(), scale_advantages_by_std=False)
     arrays = batch.response_arrays()
-    np.testing.assert_allclose(arrays["behaviour_logp"], [
+    np.testing.assert_allclose(arrays.behaviour_BT, [
         [-0.1, -0.2, 0], [-0.3, 0, 0], [-0.4, -0.5, -0.6], [0, 0, 0]])
-    np.testing.assert_array_equal(arrays["response_mask"], [
+    np.testing.assert_array_equal(arrays.mask_BT, [
         [1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
-    np.testing.assert_array_equal(arrays["response_ids"], [
+    np.testing.assert_array_equal(arrays.ids_BT, [
         [8, 9, 0], [10, 0, 0], [13, 14, 15], [0, 0, 0]])
     # Dr.GRPO: mean-centred only.
     np.testing.assert_allclose(batch.advantages_B, [0.5, -0.5, 0.0, 0.0])

@@ -5,12 +5,7 @@ The save/load round trip itself runs on 2 gloo ranks in ``test_learner_fsdp``.
 
 import pytest
 
-from system.learner.checkpoint import (
-    checkpoint_path,
-    is_complete,
-    latest_checkpoint,
-    load_checkpoint,
-)
+from system.learner.checkpoint import is_complete, load_checkpoint
 
 
 def _fake_checkpoint(path, metadata=True, trainer=True):
@@ -21,18 +16,15 @@ def _fake_checkpoint(path, metadata=True, trainer=True):
         (path / "trainer.json").write_text("{}")
 
 
-def test_latest_checkpoint_skips_partial_and_incomplete_directories(tmp_path):
-    assert latest_checkpoint(str(tmp_path / "missing")) is None
-    assert latest_checkpoint(str(tmp_path)) is None
-    _fake_checkpoint(tmp_path / "step_00000002")
+def test_a_checkpoint_is_complete_only_with_its_metadata_and_trainer_state(tmp_path):
+    """(The run picks among complete ones: ``system.run_state.complete_run_checkpoints``.)"""
     _fake_checkpoint(tmp_path / "step_00000010")
-    _fake_checkpoint(tmp_path / "step_00000030.partial")  # killed before the rename
     _fake_checkpoint(tmp_path / "step_00000020", trainer=False)  # killed before trainer.json
     _fake_checkpoint(tmp_path / "step_00000040", metadata=False)  # DCP never finished
-    _fake_checkpoint(tmp_path / "notes")
-    assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_00000010")
-    assert checkpoint_path(str(tmp_path), 10) == str(tmp_path / "step_00000010")
+    assert is_complete(str(tmp_path / "step_00000010"))
     assert not is_complete(str(tmp_path / "step_00000020"))
+    assert not is_complete(str(tmp_path / "step_00000040"))
+    assert not is_complete(str(tmp_path / "missing"))
 
 
 def test_loading_an_incomplete_checkpoint_is_an_error(tmp_path):

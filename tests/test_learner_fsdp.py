@@ -39,7 +39,7 @@ from system.config.learner import LearnerConfig
 from system.config.rollout import RolloutConfig
 from system.config.run import RunConfig
 from system.learner.batch import shard_batch
-from system.learner.checkpoint import checkpoint_path, latest_checkpoint
+from system.learner.checkpoint import is_complete
 from system.learner.distributed import find_free_port
 from system.learner.step import loss_normalisers
 from system.weight_payload import decode_weights
@@ -72,10 +72,10 @@ def _rank_main(rank, world_size, port, model_dir, param_dtype, out_dir):
     old = core.compute_proximal_logprobs(shard)
     old_global = _global_old(old)
     arrays = batch.response_arrays()
-    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_global)
+    norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_global)
     metrics = {"step1": core.train_step(shard, weights[rows], norms)}
     payloads["v1"] = core.export_weights()
-    ckpt = checkpoint_path(os.path.join(out_dir, "ckpt"), core.policy_version)
+    ckpt = os.path.join(out_dir, "ckpt", f"step_{core.policy_version:08d}")
     core.save_checkpoint(ckpt)
     metrics["step2"] = core.train_step(shard, weights[rows], norms, proximal_logp=old)
     payloads["v2"] = core.export_weights()
@@ -108,7 +108,7 @@ def _resume_main(rank, world_size, port, model_dir, param_dtype, out_dir, checkp
     shard = shard_batch(batch, rank, world_size)
     rows = slice(rank * shard.num_sequences, (rank + 1) * shard.num_sequences)
     arrays = batch.response_arrays()
-    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_global)
+    norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_global)
     metrics = {"restored_version": core.policy_version}
     metrics["step2"] = core.train_step(shard, weights[rows], norms, proximal_logp=old_global[rows])
     payload = core.export_weights()
@@ -248,7 +248,7 @@ def test_fresh_core_resumes_from_a_two_rank_checkpoint_on_one_rank(runs, model_d
 
 def test_checkpoint_directory_is_published_complete(runs):
     root = os.path.join(runs(2, "float32")[3], "ckpt")
-    assert latest_checkpoint(root) == os.path.join(root, "step_00000001")
+    assert is_complete(os.path.join(root, "step_00000001"))
     assert os.listdir(root) == ["step_00000001"]  # no .partial or .stale left behind
 
 

@@ -98,8 +98,8 @@ def test_proximal_recompute_reproduces_behaviour_logprobs_of_the_same_model():
     batch = collate_groups(groups, scale_advantages_by_std=True)
     old_BT = proximal_logprobs(model, shard_tensors(batch, torch.device("cpu")), 4, temperature)
     arrays = batch.response_arrays()
-    np.testing.assert_allclose(old_BT.numpy(), arrays["behaviour_logp"], atol=2e-6)
-    assert (old_BT.numpy()[~arrays["response_mask"]] == 0).all()
+    np.testing.assert_allclose(old_BT.numpy(), arrays.behaviour_BT, atol=2e-6)
+    assert (old_BT.numpy()[~arrays.mask_BT] == 0).all()
 
 
 # ---------------------------------------------------------------- top-k / top-p (spec section 0)
@@ -278,7 +278,7 @@ def test_sampling_settings_are_checked_and_threaded_into_the_proximal_recompute(
     batch = collate_groups(groups, scale_advantages_by_std=True)
     old_BT = proximal_logprobs(model, shard_tensors(batch, torch.device("cpu")), 4, sampling).numpy()
     arrays = batch.response_arrays()
-    mask = arrays["response_mask"]
-    np.testing.assert_allclose(old_BT[mask], arrays["behaviour_logp"][mask], atol=2e-6)
+    mask = arrays.mask_BT
+    np.testing.assert_allclose(old_BT[mask], arrays.behaviour_BT[mask], atol=2e-6)
     assert np.isneginf(old_BT[mask]).any() and np.isfinite(old_BT[mask]).any()
     assert (old_BT[~mask] == 0).all()

@@ -55,7 +55,7 @@ def _setup(tmp_path, **cfg_kwargs):
     shard = shard_tensors(batch, torch.device("cpu"))
     old_BT = proximal_logprobs(model, shard, cfg.micro_batch_size, TEMPERATURE, cfg.mini_batches)
     arrays = batch.response_arrays()
-    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+    norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_BT.numpy())
     w_BT = torch.from_numpy(make_weights(batch))
     return cfg, model, opt, build_scheduler(opt, cfg), batch, shard, old_BT, w_BT, norms
 
@@ -109,7 +109,7 @@ def test_mini_batch_normalisers_by_hand():
     assert per_rank[1] == [LossNormalisers(5, 2), LossNormalisers(5, 2)]
     assert summed == [LossNormalisers(8, 3), LossNormalisers(10, 4)]
     arrays = batch.response_arrays()
-    assert loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_NT) == LossNormalisers(18, 7)
+    assert loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_NT) == LossNormalisers(18, 7)
 
 
 def test_mini_batches_match_the_naive_reference(tmp_path):

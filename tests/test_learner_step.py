@@ -62,7 +62,7 @@ def reference_step(model, optimizer, batch, old_BT, w_BT, grad_clip, stats: dict
     next-token distribution), ``loss/ratio_mean``, ``loss/clip_frac`` (A > 0 and r > 1 + eps_hi, or
     A < 0 and r < 1 - eps_lo), ``loss/approx_kl_k1`` (old - cur) and ``loss/approx_kl`` (r - 1 - log r)."""
     arrays = batch.response_arrays()
-    valid_BT = arrays["response_mask"] & np.isfinite(arrays["behaviour_logp"]) & np.isfinite(old_BT)
+    valid_BT = arrays.mask_BT & np.isfinite(arrays.behaviour_BT) & np.isfinite(old_BT)
     terms, per_token = [], []
     for b in range(batch.num_sequences):
         p, n = int(batch.response_start_B[b]), int(batch.response_len_B[b])
@@ -118,7 +118,7 @@ def test_train_step_matches_naive_reference(tmp_path):
     np.testing.assert_allclose(old_BT.numpy(), naive_old_logprobs(ref, batch), atol=2e-6)
     w = make_weights(batch)
     arrays = batch.response_arrays()
-    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+    norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_BT.numpy())
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     for steps_done in (1, 2):
         metrics = train_step(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, torch.from_numpy(w), norms)
@@ -145,7 +145,7 @@ def test_train_step_matches_naive_reference(tmp_path):
             # Adam moves each weight by about lr * g / |g|: atol = 1e-3 * lr absorbs the elements
             # whose gradient is at rounding level, where the sign is down to summation order.
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-3 * cfg.lr, msg=lambda m, n=name: f"{n}: {m}")
-    valid = arrays["response_mask"] & np.isfinite(arrays["behaviour_logp"])
+    valid = arrays.mask_BT & np.isfinite(arrays.behaviour_BT)
     assert metrics["num_valid_tokens"] == norms.num_valid_tokens == valid.sum()
     assert metrics["num_sequences"] == norms.num_sequences == (valid.sum(1) > 0).sum()
     assert metrics["weight_mean"] == pytest.approx(w[valid].mean(), rel=1e-6)
@@ -162,7 +162,7 @@ def test_non_finite_gradient_skips_the_update(tmp_path):
     shard = shard_tensors(batch, torch.device("cpu"))
     old_BT = proximal_logprobs(model, shard, 4, TEMPERATURE)
     arrays = batch.response_arrays()
-    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+    norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_BT.numpy())
     with torch.no_grad():
         model.model.norm.weight[0] = float("inf")  # every logit becomes non-finite
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -182,7 +182,7 @@ def test_invalid_weights_are_rejected(tmp_path):
     shard = shard_tensors(batch, torch.device("cpu"))
     old_BT = proximal_logprobs(model, shard, 4, TEMPERATURE)
     arrays = batch.response_arrays()
-    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+    norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_BT.numpy())
     w = torch.from_numpy(make_weights(batch))
     w[2, 0] = -1.0
     with pytest.raises(ValueError, match="negative or non-finite"):
@@ -219,7 +219,7 @@ def test_ctpo_equals_ppo_on_the_first_update(tmp_path):
         opt = build_optimizer(model, cfg)
         old_BT = proximal_logprobs(model, shard, cfg.micro_batch_size, TEMPERATURE)
         arrays = batch.response_arrays()
-        norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old_BT.numpy())
+        norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_BT.numpy())
         results.append(train_step(Trainee(model, opt, build_scheduler(opt, cfg), cfg, TEMPERATURE), shard, old_BT, w, norms))
     ppo, ctpo = results
     assert ctpo["loss"] == pytest.approx(ppo["loss"], rel=1e-6)

@@ -1,7 +1,9 @@
 """The tiny model directory: loads in transformers, caches by config hash, is written atomically."""
 
+import json
 import math
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from system.config.data import ArithmeticTaskConfig
 from system.config.model import TinyModelConfig
 from system.data.arithmetic import ArithmeticPrompts
-from system.models.tiny import build_key, build_tiny_model, read_build_info
+from system.models.tiny import build_key, build_tiny_model
 from system.models.tokenizer import train_char_tokenizer
 from system.models.warm_start import IGNORE, answer_batch
 from system.types import Prompt
@@ -23,6 +25,10 @@ TASK = ArithmeticTaskConfig(num_prompts=1000)
 def built(tmp_path_factory):
     cache = tmp_path_factory.mktemp("models")
     return cache, build_tiny_model(MODEL, TASK, seed=0, cache_dir=cache)
+
+
+def build_info(model_dir) -> dict:
+    return json.loads((Path(model_dir) / "aisrl_build.json").read_text())
 
 
 def test_directory_loads_in_transformers_with_untied_head(built):
@@ -38,7 +44,7 @@ def test_directory_loads_in_transformers_with_untied_head(built):
     ids = tok.encode("37+45=82")
     assert len(ids) == 8 and tok.decode(ids) == "37+45=82"
     n = sum(p.numel() for p in model.parameters())
-    assert read_build_info(model_dir)["num_parameters"] == n
+    assert build_info(model_dir)["num_parameters"] == n
 
 
 def test_warm_start_learns_the_answers(built):
@@ -53,7 +59,7 @@ def test_warm_start_learns_the_answers(built):
                                             ignore_index=IGNORE)
     # a uniform guess over 15 tokens costs ln 15 = 2.71 nats; 60 steps must beat it clearly
     assert nll.item() < math.log(15) - 0.5
-    losses = read_build_info(model_dir)["warm_start_losses"]
+    losses = build_info(model_dir)["warm_start_losses"]
     assert len(losses) == 60 and losses[-1] < losses[0]
 
 

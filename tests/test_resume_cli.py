@@ -12,8 +12,7 @@ from test_run_state import make_checkpoint
 from typer.testing import CliRunner
 
 from actors.cli import app
-from system.config import ConfigError, RunConfig, dump_config
-from system.config.loading import load_resolved
+from system.config import ConfigError, RunConfig, dump_config, resolve_config
 
 
 @pytest.fixture(autouse=True)
@@ -84,19 +83,20 @@ def test_a_dry_run_refuses_what_the_run_would(tmp_path):
     assert (held / ".replaced").is_dir() and (held / "config.json").is_file()  # nothing moved
 
 
-def test_load_resolved_names_the_file(tmp_path):
+def test_a_saved_config_read_as_the_preset_names_the_file(tmp_path):
+    """--resume reads the run's config.json as its preset: a broken one is named, field and file."""
     bad = tmp_path / "bad.json"
     bad.write_text('{"seed": -1}')
-    with pytest.raises(ConfigError, match=r"bad.json: invalid config:\s+seed: Input should be greater"):
-        load_resolved(bad)
-    with pytest.raises(ConfigError, match="missing.json: cannot read it"):
-        load_resolved(tmp_path / "missing.json")
+    with pytest.raises(ConfigError, match=r"seed: Input should be greater.*bad.json"):
+        resolve_config([bad])
+    with pytest.raises(ConfigError, match="missing.json'?: no such file"):
+        resolve_config([tmp_path / "missing.json"])
     bad.write_text("{")
-    with pytest.raises(ConfigError, match="bad.json: not JSON"):
-        load_resolved(bad)
+    with pytest.raises(ConfigError, match="bad.json'?: invalid YAML"):
+        resolve_config([bad])
     good = tmp_path / "good.json"
     good.write_text(dump_config(RunConfig(seed=7)))
-    assert load_resolved(good).seed == 7
+    assert resolve_config([good]).seed == 7
 
 
 def test_train_refuses_conflicting_flags_and_a_dry_run_says_what_the_run_would_refuse(tmp_path):

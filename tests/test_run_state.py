@@ -394,3 +394,18 @@ def test_a_new_run_inside_another_runs_directory_is_refused(tmp_path):
     for flags in ([], ["--overwrite"]):
         result = CliRunner().invoke(app, ["train", "--dry-run", *flags, f"output_dir={outer / 'report'}"])
         assert result.exit_code == 2 and "is inside the run directory" in " ".join(result.output.split()), result.output
+
+
+def test_only_complete_published_step_directories_are_checkpoints(tmp_path):
+    """Newest first; a ``.partial`` directory (killed before its rename), a half without the other and
+    a directory of another name are never candidates."""
+    make_checkpoint(tmp_path, 2)
+    make_checkpoint(tmp_path, 10)
+    partial = make_checkpoint(tmp_path, 30)
+    partial.rename(partial.with_name("step_00000030.partial"))
+    (make_checkpoint(tmp_path, 20) / "learner" / "trainer.json").unlink()  # killed before trainer.json
+    (make_checkpoint(tmp_path, 40) / "controller.pkl").unlink()  # the controller's half never written
+    (tmp_path / "checkpoints" / "notes").mkdir()
+    assert [p.name for p in run_state.complete_run_checkpoints(tmp_path)] == ["step_00000010", "step_00000002"]
+    assert run_state.latest_run_checkpoint(tmp_path) == run_state.checkpoint_dir(tmp_path, 10)
+    assert run_state.latest_run_checkpoint(tmp_path / "missing") is None

@@ -45,7 +45,7 @@ def train_once(learner: LearnerCore, groups) -> None:
     batch = collate_groups(groups, scale_advantages_by_std=True)
     old = learner.compute_proximal_logprobs(batch)
     arrays = batch.response_arrays()
-    norms = loss_normalisers(arrays["response_mask"], arrays["behaviour_logp"], old)
+    norms = loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old)
     learner.train_step(batch, np.ones_like(old), norms)
 
 
@@ -55,9 +55,9 @@ def gap_after_sync(learner, worker, prompts) -> np.ndarray:
     batch = collate_groups(groups, scale_advantages_by_std=True)
     old = learner.compute_proximal_logprobs(batch)
     arrays = batch.response_arrays()
-    mask = arrays["response_mask"]
+    mask = arrays.mask_BT
     assert all(c.policy_version == learner.policy_version for g in groups for c in g.completions)
-    return np.abs(old - arrays["behaviour_logp"])[mask]
+    return np.abs(old - arrays.behaviour_BT)[mask]
 
 
 def test_sync_bf16_matches_learner_and_fp8_gap_is_larger(setup):
@@ -70,7 +70,7 @@ def test_sync_bf16_matches_learner_and_fp8_gap_is_larger(setup):
     assert learner.policy_version == 1
     # Before the sync the workers hold version 0: the learner's recompute must differ from them.
     batch = collate_groups(stale_groups, True)
-    stale_gap = np.abs(learner.compute_proximal_logprobs(batch) - batch.response_arrays()["behaviour_logp"])
+    stale_gap = np.abs(learner.compute_proximal_logprobs(batch) - batch.response_arrays().behaviour_BT)
     bf16_gap = gap_after_sync(learner, bf16, prompts)
     fp8_gap = gap_after_sync(learner, fp8, prompts)
     print(f"\nlog-prob gap to the learner (nats): stale v0 mean {stale_gap.mean():.4f}; "
@@ -78,4 +78,4 @@ def test_sync_bf16_matches_learner_and_fp8_gap_is_larger(setup):
           f"fp8 mean {fp8_gap.mean():.4f} max {fp8_gap.max():.4f}")
     assert bf16_gap.mean() < 0.005 and bf16_gap.max() < 0.02  # measured: mean 0.0014, max 0.009
     assert fp8_gap.mean() > bf16_gap.mean()
-    assert stale_gap[batch.response_arrays()["response_mask"]].mean() > bf16_gap.mean()
+    assert stale_gap[batch.response_arrays().mask_BT].mean() > bf16_gap.mean()

@@ -1,7 +1,7 @@
 """Strict pydantic configs (one module per section), composition and the resolved dump. No torch here."""
 
-from system.config.loading import ConfigError, dump_config, load_resolved, resolve_config
+from system.config.loading import ConfigError, dump_config, resolve_config
 from system.config.paths import check_output_dir
 from system.config.run import RunConfig
 
-__all__ = ["ConfigError", "RunConfig", "check_output_dir", "dump_config", "load_resolved", "resolve_config"]
+__all__ = ["ConfigError", "RunConfig", "check_output_dir", "dump_config", "resolve_config"]

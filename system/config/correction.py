@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from system.config.base import StrictModel
+from system.registry import config_types
 
 
 class _MethodBase(StrictModel):
@@ -113,7 +114,7 @@ MethodConfig = Annotated[
     NoCorrection | TokenTIS | IcePop | SeqTIS | SeqMIS | GeoRS,
     Field(discriminator="type"),
 ]
-METHOD_TYPES: tuple[str, ...] = ("none", "token-tis", "icepop", "seq-tis", "seq-mis", "geo-rs")
+METHOD_TYPES: tuple[str, ...] = config_types(MethodConfig)
 
 
 class AISConfig(StrictModel):

@@ -18,6 +18,10 @@ class ArithmeticTaskConfig(StrictModel):
     """Size of the prompt pool (at most 10 M: the sampler holds a permutation of it, 8 bytes a prompt);
     an epoch ends after this many prompts."""
 
+    def answer_chars(self) -> int:
+        """Characters of the longest reference answer: the n + 1 digits of a sum of two n-digit numbers."""
+        return self.num_digits + 1
+
 
 class ScratchpadAdditionTaskConfig(StrictModel):
     type: Literal["addition-scratchpad"] = "addition-scratchpad"
@@ -30,6 +34,10 @@ class ScratchpadAdditionTaskConfig(StrictModel):
     """Size of the prompt pool (at most 10 M: the sampler holds a permutation of it, 8 bytes a prompt);
     an epoch ends after this many prompts."""
 
+    def answer_chars(self) -> int:
+        """Characters of the longest reference answer: the tape's ``3 n^2 + 6 n + 1``."""
+        return 3 * self.num_digits**2 + 6 * self.num_digits + 1
+
 
 class JsonlTaskConfig(StrictModel):
     type: Literal["gsm8k"] = "gsm8k"
@@ -41,6 +49,10 @@ class JsonlTaskConfig(StrictModel):
     chat_template: bool = False
     """Send each prompt as one user turn in the model's chat template, the assistant's turn opened
     (Instruct models; the tokenizer must have a template). The learner scores the same token ids."""
+
+    def answer_chars(self) -> int:
+        """0: a dataset's answers are not known before it is read."""
+        return 0
 
     @field_validator("path")
     @classmethod

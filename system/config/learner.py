@@ -6,6 +6,9 @@ from pydantic import Field
 
 from system.config.base import StrictModel
 
+AdvantageType = Literal["grpo", "dr-grpo"]
+"""``learner.advantage``: GRPO (divided by the group std) or Dr. GRPO (centred only)."""
+
 
 class PPOLossConfig(StrictModel):
     type: Literal["ppo"] = "ppo"
@@ -57,7 +60,7 @@ class LearnerConfig(StrictModel):
     exactly those of one process."""
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """FSDP2 ``MixedPrecisionPolicy`` parameter dtype (gradients are reduced in float32)."""
-    advantage: Literal["grpo", "dr-grpo"] = "grpo"
+    advantage: AdvantageType = "grpo"
     """GRPO (group-normalised by std) or Dr.GRPO (mean-centred only)."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     """How per-token losses are reduced (spec section 5)."""

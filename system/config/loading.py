@@ -228,19 +228,3 @@ def resolve_config(presets: list[str | Path] = (), overrides: list[str] = (),
 def dump_config(config: RunConfig) -> str:
     """The resolved config as indented JSON, keys as users write them (``async``, not ``async_``)."""
     return json.dumps(config.model_dump(mode="json", by_alias=True), indent=2)
-
-
-def load_resolved(path: str | Path) -> RunConfig:
-    """Read back a ``config.json`` written by :func:`dump_config` (raises ConfigError naming the file)."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, ValueError) as exc:  # missing, unreadable, not UTF-8
-        raise ConfigError(f"{path}: cannot read it: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not JSON: {exc}") from None
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {_describe(exc, data, [(repr(str(path)), data)])}") from None

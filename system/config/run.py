@@ -85,7 +85,7 @@ class RunConfig(StrictModel):
                 f"model.max_position_embeddings ({tiny.max_position_embeddings}): prompt + response must fit "
                 "(vLLM would stop every response at the model's length without a word)"
             )
-        if tiny is not None and self.rollout.max_new_tokens < (need := answer_tokens(self.data.task)):
+        if tiny is not None and self.rollout.max_new_tokens < (need := self.data.task.answer_chars()):
             raise ValueError(
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) is below the {need} tokens of a full "
                 f"answer to data.task {self.data.task.type} with num_digits {self.data.task.num_digits} (the tiny "
@@ -105,13 +105,3 @@ class RunConfig(StrictModel):
                 f"{'scratchpad' if task == 'addition-scratchpad' else 'digit-match or math-answer'}, got {reward}: "
                 "the scratchpad task's reference is a tape that only the scratchpad reward scores "
                 "(configs/long_cpu.yaml sets both)")
-
-
-def answer_tokens(task) -> int:
-    """Characters of the longest reference answer of a synthetic task (0 for a dataset): n + 1 digits of a
-    sum of two n-digit numbers; the scratchpad's tape, 3 n**2 + 6 n + 1 (``ScratchpadAdditionTaskConfig``)."""
-    if task.type == "arithmetic":
-        return task.num_digits + 1
-    if task.type == "addition-scratchpad":
-        return 3 * task.num_digits**2 + 6 * task.num_digits + 1
-    return 0

@@ -58,14 +58,14 @@ def _pearson(ratios: LogRatios, n: int) -> float | None:
     row = int(ratios.seq_valid_B.nonzero()[0, 0].item())
     col = int(ratios.valid_BT[row].nonzero()[0, 0].item())
     valid_f_BT = ratios.valid_BT.to(torch.float64)
-    mu_BT = _centred(ratios.behaviour_BT, valid_f_BT, ratios.behaviour_BT[row, col], n)
-    old_BT = _centred(ratios.proximal_BT, valid_f_BT, ratios.proximal_BT[row, col], n)
-    var_mu, var_old, cov = torch.stack(
-        [_dot(mu_BT, mu_BT), _dot(old_BT, old_BT), _dot(mu_BT, old_BT)]
+    behaviour_c_BT = _centred(ratios.behaviour_BT, valid_f_BT, ratios.behaviour_BT[row, col], n)
+    proximal_c_BT = _centred(ratios.proximal_BT, valid_f_BT, ratios.proximal_BT[row, col], n)
+    var_behaviour, var_proximal, cov = torch.stack(
+        [_dot(behaviour_c_BT, behaviour_c_BT), _dot(proximal_c_BT, proximal_c_BT), _dot(behaviour_c_BT, proximal_c_BT)]
     ).tolist()
-    if var_mu == 0.0 or var_old == 0.0:
+    if var_behaviour == 0.0 or var_proximal == 0.0:
         return None
-    return max(-1.0, min(1.0, cov / (math.sqrt(var_mu) * math.sqrt(var_old))))
+    return max(-1.0, min(1.0, cov / (math.sqrt(var_behaviour) * math.sqrt(var_proximal))))
 
 
 def _log_ratio_means(ratios: LogRatios, n: int) -> dict[str, float]:

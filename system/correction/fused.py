@@ -38,12 +38,18 @@ import torch
 from system.correction.diagnostics import DIAGNOSTIC_KEYS, checked_lags
 from system.correction.fused_build import LIBRARY, build
 from system.correction.methods import sequence_weights_B
-from system.correction.ratios import LOG_RATIO_CLAMP, LogRatios, check_inputs, log_threshold
+from system.correction.ratios import (
+    LOG_RATIO_CLAMP,
+    LogRatios,
+    check_inputs,
+    log_threshold,
+    valid_tokens,
+)
 from system.correction.reductions import LENGTH_BUCKETS, ess_fraction, fraction_by_bucket
 
 _BAND_MIN_TOKENS = 1 << 16
 """Up to this many [B, T] positions the bracket is everything (no sample)."""
-_ABI = 7
+_ABI = 8
 """``fused_pass.cpp``'s ``aisrl_fused_abi()``: the exported functions' argument lists."""
 _POSITIONS_PER_THREAD = 1 << 17
 """A thread per 128k positions at most. The pass's threads are the process's OpenMP team (torch's);
@@ -95,11 +101,14 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def compatible(lib) -> bool:
-    """Whether a loaded library is the one this module calls: its ABI version and output widths."""
+    """Whether a loaded library is the one this module calls: its ABI version, output widths and log-ratio
+    clamp (``LOG_RATIO_CLAMP``, a compile-time constant there)."""
     if not all(hasattr(lib, f) for f in ("aisrl_fused_abi", "aisrl_fused_row_cols", "aisrl_fused_glob_cols")):
         return False
-    return (lib.aisrl_fused_abi(), lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols()) == (
-        _ABI, len(_ROW), len(_GLOB))
+    if (lib.aisrl_fused_abi(), lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols()) != (_ABI, len(_ROW), len(_GLOB)):
+        return False
+    lib.aisrl_fused_clamp.restype = ctypes.c_double
+    return lib.aisrl_fused_clamp() == LOG_RATIO_CLAMP
 
 
 def threads_backend() -> str | None:
@@ -162,15 +171,15 @@ def _as_inputs(behaviour_BT, proximal_BT, mask_BT) -> tuple[np.ndarray, np.ndarr
     with warnings.catch_warnings():
         # arrays read from Ray's object store are read-only; nothing here writes to them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        mu = torch.as_tensor(behaviour_BT).detach().cpu()
-        old = torch.as_tensor(proximal_BT).detach().cpu()
+        behaviour = torch.as_tensor(behaviour_BT).detach().cpu()
+        proximal = torch.as_tensor(proximal_BT).detach().cpu()
         mask = torch.as_tensor(mask_BT).detach().cpu()
-    weight_dtype = check_inputs(mu, old, mask)  # the torch path's checks and weight dtype
+    weight_dtype = check_inputs(behaviour, proximal, mask)  # the torch path's checks and weight dtype
     dtype = torch.float32 if weight_dtype == torch.float32 else torch.float64
-    mu_np = np.ascontiguousarray(mu.to(dtype).numpy())
-    old_np = np.ascontiguousarray(old.to(dtype).numpy())
+    behaviour_np = np.ascontiguousarray(behaviour.to(dtype).numpy())
+    proximal_np = np.ascontiguousarray(proximal.to(dtype).numpy())
     mask_np = np.ascontiguousarray((mask if mask.dtype == torch.bool else mask != 0).numpy()).view(np.uint8)
-    return mu_np, old_np, mask_np, weight_dtype
+    return behaviour_np, proximal_np, mask_np, weight_dtype
 
 
 @functools.lru_cache(maxsize=8)
@@ -183,17 +192,17 @@ def _sample_positions(num: int) -> np.ndarray:
     return positions
 
 
-def _sampled_valid(mu: np.ndarray, old: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float64 (mu, old) of the valid tokens among the fixed sample positions (``_sample_positions``;
+def _sampled_valid(behaviour: np.ndarray, proximal: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (behaviour, proximal) of the valid tokens among the fixed sample positions (``_sample_positions``;
     every position of a batch of at most ``_BAND_MIN_TOKENS``): what ``_bracket`` and ``_references``
     look at, gathered once."""
-    if mu.size <= _BAND_MIN_TOKENS:
-        m, o, k = mu.reshape(-1), old.reshape(-1), mask.reshape(-1)
+    if behaviour.size <= _BAND_MIN_TOKENS:
+        m, o, k = behaviour.reshape(-1), proximal.reshape(-1), mask.reshape(-1)
     else:
-        positions = _sample_positions(mu.size)
-        m, o, k = mu.reshape(-1)[positions], old.reshape(-1)[positions], mask.reshape(-1)[positions]
+        positions = _sample_positions(behaviour.size)
+        m, o, k = behaviour.reshape(-1)[positions], proximal.reshape(-1)[positions], mask.reshape(-1)[positions]
     m, o = m.astype(np.float64), o.astype(np.float64)
-    valid = (k != 0) & np.isfinite(o - m)
+    valid = valid_tokens(k, m, o)
     return m[valid], o[valid]
 
 
@@ -250,21 +259,21 @@ def fused_sums(behaviour_logp_BT, proximal_logp_BT, mask_BT, threads: int | None
     if lib is None:
         raise RuntimeError(f"the fused correction pass is not built ({_load_error}); "
                            "build it with: python -m system.correction.fused_build")
-    mu, old, mask, weight_dtype = _as_inputs(behaviour_logp_BT, proximal_logp_BT, mask_BT)
-    B, T = mu.shape
-    width = 4 if mu.dtype == np.float32 else 8
-    sampled = _sampled_valid(mu, old, mask)
-    lo, hi, capacity = _bracket(mu.size, *sampled)
-    ref_mu, ref_old = _references(*sampled)
+    behaviour, proximal, mask, weight_dtype = _as_inputs(behaviour_logp_BT, proximal_logp_BT, mask_BT)
+    B, T = behaviour.shape
+    width = 4 if behaviour.dtype == np.float32 else 8
+    sampled = _sampled_valid(behaviour, proximal, mask)
+    lo, hi, capacity = _bracket(behaviour.size, *sampled)
+    ref_behaviour, ref_proximal = _references(*sampled)
     num_threads = pass_threads(B * T, threads)
     log_2_and_5 = (log_threshold(2.0, weight_dtype), log_threshold(5.0, weight_dtype))
     while True:
         row = np.zeros((B, len(_ROW)), dtype=np.float64)
         glob = np.zeros(len(_GLOB), dtype=np.float64)
         band = np.empty(max(capacity, 1), dtype=np.float64)
-        rc = lib.aisrl_fused_pass(width, mu.ctypes.data, old.ctypes.data, mask.ctypes.data, B, T, lo, hi,
+        rc = lib.aisrl_fused_pass(width, behaviour.ctypes.data, proximal.ctypes.data, mask.ctypes.data, B, T, lo, hi,
                                   row.ctypes.data, glob.ctypes.data, band.ctypes.data, capacity, num_threads,
-                                  ref_mu, ref_old, *log_2_and_5)
+                                  ref_behaviour, ref_proximal, *log_2_and_5)
         if rc != 0:
             raise RuntimeError("the fused correction pass failed" + (": out of memory (or no thread could start)" if rc == -2 else ""))
         g = dict(zip(_GLOB, glob.tolist(), strict=True))

@@ -26,6 +26,8 @@
 
 namespace {
 
+// system.correction.ratios.LOG_RATIO_CLAMP: fused.compatible refuses a library whose aisrl_fused_clamp() differs
+// (the constant stays a compile-time one here: the row loop vectorises around it).
 constexpr double kClamp = 20.0;
 
 // Per-response outputs, ROW_* columns of the [B, kRowCols] array.
@@ -383,7 +385,7 @@ bool pass1(const F* mu, const F* old, const uint8_t* mask, int64_t B, int64_t T,
 extern "C" {
 
 // Bumped whenever an exported function's arguments change (fused.py refuses another version).
-int aisrl_fused_abi() { return 7; }
+int aisrl_fused_abi() { return 8; }
 // 1 when the ranges run on an OpenMP team, 0 on std::thread (a compiler without OpenMP).
 int aisrl_fused_openmp() {
 #if defined(_OPENMP)
@@ -393,6 +395,7 @@ int aisrl_fused_openmp() {
 #endif
 }
 int aisrl_fused_row_cols() { return kRowCols; }
+double aisrl_fused_clamp() { return kClamp; }
 int aisrl_fused_glob_cols() { return kGlobCols; }
 
 // dtype: 4 (float32 mu/old) or 8 (float64). row: [B, kRowCols] and glob: [kGlobCols], zeroed by the

@@ -118,17 +118,17 @@ def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatio
     weight_dtype = check_inputs(behaviour_BT, proximal_BT, mask_BT)
     # Fresh float64 copies, zeroed in place where not valid: non-finite values are replaced
     # first, so none survives the product with the mask.
-    mu_BT = behaviour_BT.to(torch.float64, copy=True)
-    old_BT = proximal_BT.to(torch.float64, copy=True)
+    behaviour64_BT = behaviour_BT.to(torch.float64, copy=True)
+    proximal64_BT = proximal_BT.to(torch.float64, copy=True)
     in_mask_BT = mask_BT if mask_BT.dtype == torch.bool else mask_BT != 0
     # In float64 the difference of two finite float32 log-probs is finite, and it is non-finite
     # whenever either operand is: one pass over it finds every excluded token.
-    d_BT = old_BT - mu_BT
+    d_BT = proximal64_BT - behaviour64_BT
     finite_BT = d_BT.abs() < float("inf")  # False for NaN and +-inf
     valid_BT = in_mask_BT & finite_BT
     nonfinite_B = (in_mask_BT & ~finite_BT).sum(dim=1)
     valid_f_BT = valid_BT.to(torch.float64)
-    for x_BT in (d_BT, mu_BT, old_BT):
+    for x_BT in (d_BT, behaviour64_BT, proximal64_BT):
         x_BT.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).mul_(valid_f_BT)
     dc_BT = d_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     rho_BT = dc_BT.exp().mul_(valid_f_BT)
@@ -144,8 +144,8 @@ def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatio
         seq_logratio_B=seq_logratio_B,
         rho_seq_B=seq_logratio_B.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp(),
         nonfinite_tokens=int(nonfinite_B.sum().item()),
-        behaviour_BT=mu_BT,
-        proximal_BT=old_BT,
+        behaviour_BT=behaviour64_BT,
+        proximal_BT=proximal64_BT,
         nonfinite_B=nonfinite_B,
         weight_dtype=weight_dtype,
     )

@@ -7,7 +7,7 @@
 Every reduction here runs in float64 on tensors that are already 0 (or masked) where not
 valid, and returns ``None`` instead of NaN when it is undefined.
 
-Shapes: B = responses, T = padded length, N = any flat count.
+Shapes: the README's legend (B responses, T padded length, N a flat count, M a subset of an N).
 """
 
 import math
@@ -68,19 +68,19 @@ def kth_smallest(values_N: torch.Tensor, ranks: list[int]) -> list[float]:
     num = values_N.numel()
     if num <= _BAND_MIN_SIZE:
         return _select(values_N, ranks)
-    positions_S = torch.randint(num, (_BAND_SAMPLE_SIZE,), generator=torch.Generator().manual_seed(_BAND_SEED))
-    sample_S = values_N[positions_S.to(values_N.device)]
-    size = sample_S.numel()
+    positions_M = torch.randint(num, (_BAND_SAMPLE_SIZE,), generator=torch.Generator().manual_seed(_BAND_SEED))
+    sample_M = values_N[positions_M.to(values_N.device)]
+    size = sample_M.numel()
     margin = 2.5 * math.sqrt(size) + 8.0  # >= 5 binomial std of a sample rank
     rank_lo = math.floor(min(ranks) / num * size - margin)
     rank_hi = math.ceil(max(ranks) / num * size + margin)
     keep_N = torch.ones_like(values_N, dtype=torch.bool)
     num_below = 0
     if rank_lo >= 1:
-        keep_N = values_N >= _select(sample_S, [rank_lo])[0]
+        keep_N = values_N >= _select(sample_M, [rank_lo])[0]
         num_below = num - int(keep_N.sum().item())
     if rank_hi <= size:
-        keep_N &= values_N <= _select(sample_S, [rank_hi])[0]
+        keep_N &= values_N <= _select(sample_M, [rank_hi])[0]
     band_M = values_N[keep_N]
     if num_below < min(ranks) and max(ranks) <= num_below + band_M.numel():
         return _select(band_M, [rank - num_below for rank in ranks])

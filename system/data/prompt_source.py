@@ -5,7 +5,7 @@ controller (and its exactly-once sampler) addresses prompts by index, so a resta
 sees the same prompt at the same index.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from system.config.data import (
@@ -46,8 +46,3 @@ def build_prompt_source(task: AnyTaskConfig, seed: int) -> PromptSource:
     return PROMPT_SOURCES[task.type](task, seed)
 
 
-def iter_prompts(task: AnyTaskConfig, seed: int) -> Iterator[Prompt]:
-    """Every prompt of the task once, in index order."""
-    source = build_prompt_source(task, seed)
-    for i in range(len(source)):
-        yield source[i]

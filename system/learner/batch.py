@@ -77,18 +77,27 @@ class LearnerBatch:
         resp = self.response_arrays()
         texts = (self.prompt_texts, self.response_texts) if self.prompt_texts else (("",) * self.num_sequences,) * 2
         return CorrectionInput(
-            behaviour_BT=resp["behaviour_logp"], proximal_BT=np.asarray(proximal_BT, dtype=np.float32),
-            mask_BT=resp["response_mask"], lag_B=self.lag_B(learner_policy_version),
+            behaviour_BT=resp.behaviour_BT, proximal_BT=np.asarray(proximal_BT, dtype=np.float32),
+            mask_BT=resp.mask_BT, lag_B=self.lag_B(learner_policy_version),
             advantage_B=self.advantages_B.astype(np.float32), reward_B=self.rewards_B.astype(np.float32),
-            response_ids_BT=resp["response_ids"], uids=self.uids, prompt_texts=texts[0], response_texts=texts[1])
+            response_ids_BT=resp.ids_BT, uids=self.uids, prompt_texts=texts[0], response_texts=texts[1])
 
-    def response_arrays(self) -> dict[str, np.ndarray]:
-        """Response-only ``[B, T]`` arrays for the correction service and batch dumps."""
-        return {
-            "behaviour_logp": self.response_view(self.behaviour_logp_BS).astype(np.float32),
-            "response_mask": self.response_view(self.response_mask_BS).astype(bool),
-            "response_ids": self.response_view(self.input_ids_BS).astype(np.int32),
-        }
+    def response_arrays(self) -> "ResponseArrays":
+        """The response-only ``[B, T]`` view of the batch (for the loss, the correction and dumps)."""
+        return ResponseArrays(
+            behaviour_BT=self.response_view(self.behaviour_logp_BS).astype(np.float32),
+            mask_BT=self.response_view(self.response_mask_BS).astype(bool),
+            ids_BT=self.response_view(self.input_ids_BS).astype(np.int32),
+        )
+
+
+@dataclass(frozen=True)
+class ResponseArrays:
+    """A batch's response positions only, left-aligned and padded to the longest response ``T``."""
+
+    behaviour_BT: np.ndarray  # float32 behaviour log-probs (0 at padding)
+    mask_BT: np.ndarray  # bool, response tokens
+    ids_BT: np.ndarray  # int32 token ids
 
 
 def gather_response(

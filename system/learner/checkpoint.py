@@ -8,7 +8,7 @@ Atomicity: every rank writes into ``<path>.partial``; only after DCP has finishe
 coordinator writes ``.metadata`` after every rank's data) and rank 0 has written
 ``trainer.json`` does rank 0 ``os.rename`` the directory to ``<path>``. A rename within one
 file system is atomic, so a process killed at any moment leaves either no ``<path>`` or a
-complete one; ``latest_checkpoint`` ignores ``*.partial`` directories and any directory
+complete one; ``system.run_state`` ignores ``*.partial`` directories and any directory
 without both ``.metadata`` and ``trainer.json``. ``trainer.json`` also lists every shard file
 with its size and CRC-32, so a file truncated, lost or damaged after publication (a full disk, a
 bad copy, flipped or zeroed bytes) is found by :func:`checkpoint_problems` before DCP tries to read
@@ -38,29 +38,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from system.learner import distributed
 
 _TRAINER_FILE = "trainer.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-def checkpoint_path(root: str, step: int) -> str:
-    """``<root>/step_<step:08d>``, the name ``latest_checkpoint`` looks for."""
-    return os.path.join(root, f"step_{step:08d}")
 
 
 def is_complete(path: str) -> bool:
     """A published checkpoint: DCP metadata and trainer state both present."""
     return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, _TRAINER_FILE))
-
-
-def latest_checkpoint(root: str) -> str | None:
-    """The complete ``step_*`` checkpoint under ``root`` with the highest step, or None."""
-    if not os.path.isdir(root):
-        return None
-    found = []
-    for name in os.listdir(root):
-        match = _STEP_DIR.match(name)
-        if match and is_complete(os.path.join(root, name)):
-            found.append((int(match.group(1)), os.path.join(root, name)))
-    return max(found)[1] if found else None
 
 
 def save_checkpoint(

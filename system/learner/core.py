@@ -93,9 +93,9 @@ class LearnerCore:
     def compute_proximal_logprobs(self, batch_shard: LearnerBatch) -> np.ndarray:
         """float32 ``old[B_shard, T]`` with the current weights (response view, 0 past each response)."""
         shard = shard_tensors(batch_shard, self.device)
-        old_BT = proximal_logprobs(self.model, shard, self.cfg.micro_batch_size, self.sampling, self.cfg.mini_batches)
-        self._proximal = (batch_shard.uids, old_BT)
-        return old_BT.cpu().numpy()
+        proximal_BT = proximal_logprobs(self.model, shard, self.cfg.micro_batch_size, self.sampling, self.cfg.mini_batches)
+        self._proximal = (batch_shard.uids, proximal_BT)
+        return proximal_BT.cpu().numpy()
 
     def train_step(
         self,
@@ -113,14 +113,14 @@ class LearnerCore:
         updates, ``last/<key>`` on the last update (``step_metrics.combine_updates``).
         """
         shard = shard_tensors(batch_shard, self.device)
-        old_BT = self._proximal_for(batch_shard, proximal_logp)
+        proximal_BT = self._proximal_for(batch_shard, proximal_logp)
         def as_tensor(w: np.ndarray) -> torch.Tensor:
             return torch.tensor(np.asarray(w, dtype=np.float32), device=self.device)
 
         # in flight (a callable): fetched by the update after its first forward pass (``step``)
         w_BT = (lambda: as_tensor(weights())) if callable(weights) else as_tensor(weights)
         trainee = Trainee(self.model, self.optimizer, self.scheduler, self.cfg, self.sampling)
-        metrics = train_updates(trainee, shard, old_BT, w_BT, normalisers)
+        metrics = train_updates(trainee, shard, proximal_BT, w_BT, normalisers)
         metrics["nonfinite_params"] = float(nonfinite_parameters(self.model))
         self.optimizer_step += int(metrics["updates"] - metrics["skipped_updates"])
         self._policy_version += 1

@@ -52,8 +52,8 @@ def shard_tensors(batch: LearnerBatch, device: torch.device) -> ShardTensors:
         attention_mask_BS=to(batch.attention_mask_BS).long(),
         response_start_B=to(batch.response_start_B).long(),
         response_len_B=to(batch.response_len_B).long(),
-        response_mask_BT=to(arrays["response_mask"]).bool(),
-        behaviour_logp_BT=to(arrays["behaviour_logp"]).float(),
+        response_mask_BT=to(arrays.mask_BT).bool(),
+        behaviour_logp_BT=to(arrays.behaviour_BT).float(),
         advantages_B=to(batch.advantages_B).float(),
         num_response_tokens=batch.num_response_tokens,
     )

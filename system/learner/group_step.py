@@ -103,17 +103,17 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
         got["wait"] = time.perf_counter() - tw
         # checked whole on every rank, so all refuse together: a rank refusing its rows alone would leave
         # the others waiting in the update's collectives until the process-group timeout
-        valid_BT = valid_tokens(resp["response_mask"], resp["behaviour_logp"], proximal_BT)
+        valid_BT = valid_tokens(resp.mask_BT, resp.behaviour_BT, proximal_BT)
         bad = valid_BT & ~(np.isfinite(weights_BT) & (weights_BT >= 0))
         if bad.any():
             raise ValueError(f"{int(bad.sum())} correction weights on valid tokens are negative or non-finite")
         return weights_BT[mine]
 
     resp = batch.response_arrays()
-    norms: LossNormalisers = loss_normalisers(resp["response_mask"], resp["behaviour_logp"], proximal_BT)
+    norms: LossNormalisers = loss_normalisers(resp.mask_BT, resp.behaviour_BT, proximal_BT)
     learner = core.train_step(shard, weights_of_this_shard, norms)
     learner["nonfinite_proximal_tokens"] = float(
-        nonfinite_proximal_tokens(resp["response_mask"], resp["behaviour_logp"], proximal_BT, core.sampling.truncates))
+        nonfinite_proximal_tokens(resp.mask_BT, resp.behaviour_BT, proximal_BT, core.sampling.truncates))
     t3 = time.perf_counter()
     payload = core.export_weights()
     t4 = time.perf_counter()

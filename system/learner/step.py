@@ -149,17 +149,17 @@ def train_step(
             f"[B, T] = {tuple(shard.response_mask_BT.shape)}"
         )
     valid_BT = valid_tokens(shard.response_mask_BT, shard.behaviour_logp_BT, proximal_logp_BT)
-    old_BT = torch.where(valid_BT, proximal_logp_BT, 0.0).detach()
+    proximal_valid_BT = torch.where(valid_BT, proximal_logp_BT, 0.0).detach()
     w_BT = _checked_weights(weights_BT, valid_BT) if isinstance(weights_BT, torch.Tensor) else None
     num_tok, num_seq = max(1, normalisers.num_valid_tokens), max(1, normalisers.num_sequences)
     sums = MetricSums(proximal_logp_BT.device)
     optimizer.zero_grad(set_to_none=True)
     for rows in micro_batch_slices(shard.num_sequences, cfg.micro_batch_size):
-        cur_BT, entropy_BT = response_logprobs(model, shard, rows, sampling, with_entropy=True)
+        current_BT, entropy_BT = response_logprobs(model, shard, rows, sampling, with_entropy=True)
         if w_BT is None:  # in flight until now: the first loss needs them
             w_BT = _checked_weights(weights_BT(), valid_BT)
         loss_BT, stats = policy_token_loss(
-            cur_BT, old_BT[rows], shard.advantages_B[rows], w_BT[rows], valid_BT[rows], cfg.loss
+            current_BT, proximal_valid_BT[rows], shard.advantages_B[rows], w_BT[rows], valid_BT[rows], cfg.loss
         )
         loss = aggregate(loss_BT, valid_BT[rows], cfg.aggregation, num_tok, num_seq)
         (loss * world_size).backward()

@@ -13,10 +13,13 @@ Shapes: B = responses in the batch.
 
 import torch
 
+from system.config.learner import AdvantageType
+from system.registry import Registry, config_types
+
 GRPO_STD_EPS = 1e-6
 """Added to the group std before dividing."""
 
-SCALE_BY_STD = {"grpo": True, "dr-grpo": False}
+SCALE_BY_STD: Registry[bool] = Registry("learner.advantage", config_types(AdvantageType), {"grpo": True, "dr-grpo": False})
 """``learner.advantage`` -> whether the group advantage is divided by the group std."""
 
 

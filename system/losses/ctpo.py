@@ -49,11 +49,11 @@ def _clip_statistics(valid_BT, pos_BT, ratio_BT, high_BT, low_BT, dual_BT) -> di
 
 def _cumulative_log_ratio(current_BT, proximal_BT, valid_BT) -> torch.Tensor:
     """``sg(min(prefix sum of clamped cur - old, 10)) + cur - sg(cur)``; 0-valued steps where not valid."""
-    cur_BT = torch.where(valid_BT, current_BT, 0.0)  # replaced before any arithmetic
-    old_BT = torch.where(valid_BT, proximal_BT, 0.0)
-    step_BT = (cur_BT.detach() - old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    current_valid_BT = torch.where(valid_BT, current_BT, 0.0)  # replaced before any arithmetic
+    proximal_valid_BT = torch.where(valid_BT, proximal_BT, 0.0)
+    step_BT = (current_valid_BT.detach() - proximal_valid_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     prefix_BT = step_BT.cumsum(dim=1).clamp(max=PREFIX_LOG_RATIO_CAP)
-    return prefix_BT + (cur_BT - cur_BT.detach())
+    return prefix_BT + (current_valid_BT - current_valid_BT.detach())
 
 
 def ctpo_token_loss(

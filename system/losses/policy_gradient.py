@@ -93,9 +93,9 @@ def ppo_token_loss(
     current_BT, proximal_BT, valid_BT = token_loss_inputs(
         current_logp_BT, proximal_logp_BT, advantages_B, weights_BT, valid_BT)
     dtype = current_BT.dtype
-    cur_BT = torch.where(valid_BT, current_BT, 0.0)
-    old_BT = torch.where(valid_BT, proximal_BT, 0.0)
-    log_ratio_BT = (cur_BT - old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    current_valid_BT = torch.where(valid_BT, current_BT, 0.0)
+    proximal_valid_BT = torch.where(valid_BT, proximal_BT, 0.0)
+    log_ratio_BT = (current_valid_BT - proximal_valid_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio_BT = log_ratio_BT.exp()
     adv_BT = advantages_B.detach().to(dtype)[:, None].expand_as(ratio_BT)
     clipped_ratio_BT = ratio_BT.clamp(1.0 - eps_lo, 1.0 + eps_hi)

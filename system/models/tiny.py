@@ -139,8 +139,3 @@ def build_tiny_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def read_build_info(model_dir: str | Path) -> dict:
-    """The ``aisrl_build.json`` of a built tiny model directory."""
-    return json.loads((Path(model_dir) / "aisrl_build.json").read_text())

@@ -7,6 +7,10 @@ with the policy lag the way staleness does.
 
 import numpy as np
 
+from system.losses.advantages import group_advantages
+from system.report.dump import dump_arrays
+from system.types import CorrectionInput
+
 _VOCAB = tuple("0123456789+=") + ("<eos>",)
 
 
@@ -18,7 +22,8 @@ def make_demo_dump(
     outlier_frac: float = 0.01,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Arrays in the section 6 format (every optional key filled)."""
+    """Arrays in the section 6 format (every optional key filled; the advantage is GRPO's of the reward
+    within each group of 8)."""
     if num_sequences < 1 or max_len < 1:
         raise ValueError("num_sequences and max_len must be >= 1")
     rng = np.random.default_rng(seed)
@@ -36,15 +41,12 @@ def make_demo_dump(
     token_text = np.array(_VOCAB, dtype=str)[ids]
     token_text = np.where(mask, token_text, "")
     groups = np.arange(n) // 8
-    return {
-        "rollout_logp": mu.astype(np.float32),
-        "train_logp": old.astype(np.float32),
-        "response_mask": mask,
-        "response_ids": np.where(mask, ids, 0).astype(np.int32),
-        "lag": lag,
-        "reward": rng.random(n).astype(np.float32),
-        "uid": np.array([f"p{g}#{i % 8}" for i, g in enumerate(groups)]),
-        "prompt_text": np.array([f"{10 + g}+{20 + g}=" for g in groups]),
-        "response_text": np.array(["".join(row[: length]) for row, length in zip(token_text, lengths, strict=True)]),
-        "token_text": token_text,
-    }
+    reward = rng.random(n).astype(np.float32)
+    batch = CorrectionInput(
+        behaviour_BT=mu.astype(np.float32), proximal_BT=old.astype(np.float32), mask_BT=mask, lag_B=lag,
+        advantage_B=group_advantages(reward, groups, scale_by_std=True).numpy(), reward_B=reward,
+        response_ids_BT=np.where(mask, ids, 0).astype(np.int32),
+        uids=tuple(f"p{g}#{i % 8}" for i, g in enumerate(groups)),
+        prompt_texts=tuple(f"{10 + g}+{20 + g}=" for g in groups),
+        response_texts=tuple("".join(row[: length]) for row, length in zip(token_text, lengths, strict=True)))
+    return dump_arrays(batch, token_text)

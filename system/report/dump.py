@@ -9,9 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from system.correction.ratios import valid_tokens
 from system.types import CorrectionInput
 
-REQUIRED = ("rollout_logp", "train_logp", "response_mask")
+BEHAVIOUR_KEY, PROXIMAL_KEY, MASK_KEY = "rollout_logp", "train_logp", "response_mask"
+"""The spec's (section 6) names of a dump's behaviour and proximal log-probs and response mask; also
+the names of those columns in ``samples.json``, which reads like the dump it was made from."""
+REQUIRED = (BEHAVIOUR_KEY, PROXIMAL_KEY, MASK_KEY)
 OPTIONAL_ROW = ("lag", "reward", "advantage", "uid", "prompt_text", "response_text")
 OPTIONAL_GRID = ("response_ids", "token_text")
 
@@ -22,11 +26,11 @@ class DumpError(ValueError):
 
 @dataclass(frozen=True)
 class BatchDump:
-    """The arrays of one dump; ``N`` responses padded to ``T`` tokens."""
+    """The arrays of one dump; ``N`` responses padded to ``T`` tokens (its keys: ``REQUIRED``, ``OPTIONAL_*``)."""
 
-    rollout_logp: np.ndarray  # float32 [N, T]  (mu)
-    train_logp: np.ndarray  # float32 [N, T]  (old)
-    response_mask: np.ndarray  # bool [N, T]
+    behaviour_NT: np.ndarray  # float32, key rollout_logp
+    proximal_NT: np.ndarray  # float32, key train_logp
+    mask_NT: np.ndarray  # bool, key response_mask
     lag: np.ndarray  # int32 [N] (all 0 when absent)
     reward: np.ndarray | None = None  # float32 [N]
     advantage: np.ndarray | None = None  # float32 [N] (what each response carried into the loss)
@@ -40,7 +44,11 @@ class BatchDump:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.rollout_logp.shape
+        return self.behaviour_NT.shape
+
+    def logps(self) -> dict[str, np.ndarray]:
+        """The two log-prob arrays under their dump keys (for output that names them as the file does)."""
+        return {BEHAVIOUR_KEY: self.behaviour_NT, PROXIMAL_KEY: self.proximal_NT}
 
 
 def _check_shape(name: str, arr: np.ndarray, want: tuple[int, ...], path: str) -> None:
@@ -138,7 +146,7 @@ def count_positive_logp(values: np.ndarray, mask: np.ndarray) -> int:
     or forward pass gives (an upstream bug, or not log-probs at all). Section 0 of the spec defines a
     valid token by finiteness alone, so they stay valid tokens; the report counts and says them."""
     with np.errstate(invalid="ignore"):
-        return int(((values > LOGP_TOLERANCE) & (mask != 0) & np.isfinite(values)).sum())
+        return int(((values > LOGP_TOLERANCE) & valid_tokens(mask, values)).sum())
 
 
 _NUMBER_KINDS = {"reward": "biuf", "advantage": "biuf", "response_ids": "iu"}
@@ -228,9 +236,9 @@ def load_dump(path: str | Path) -> BatchDump:
         reward = arrays["reward"].astype(np.float32) if "reward" in arrays else None
         advantage = arrays["advantage"].astype(np.float32) if "advantage" in arrays else None
     return BatchDump(
-        rollout_logp=mu32,
-        train_logp=old32,
-        response_mask=mask.astype(bool, copy=False),
+        behaviour_NT=mu32,
+        proximal_NT=old32,
+        mask_NT=mask.astype(bool, copy=False),
         lag=(lag if lag is not None else np.zeros(n)).astype(np.int32),
         reward=reward,
         advantage=advantage,
@@ -294,7 +302,7 @@ def token_text_grid(id_to_token, response_ids: np.ndarray, mask: np.ndarray) -> 
 def dump_arrays(batch: CorrectionInput, token_text: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The section 6 arrays of one batch: the spec's key names for the correction's typed input."""
     arrays = {
-        "rollout_logp": batch.behaviour_BT, "train_logp": batch.proximal_BT, "response_mask": batch.mask_BT,
+        BEHAVIOUR_KEY: batch.behaviour_BT, PROXIMAL_KEY: batch.proximal_BT, MASK_KEY: batch.mask_BT,
         "response_ids": batch.response_ids_BT, "lag": batch.lag_B, "reward": batch.reward_B,
         "advantage": batch.advantage_B, "uid": np.array(batch.uids, dtype=str),
         "prompt_text": np.array(batch.prompt_texts, dtype=str), "response_text": np.array(batch.response_texts, dtype=str),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import jinja2
 
+from system.report.dump import BEHAVIOUR_KEY, PROXIMAL_KEY
+
 TEMPLATE = "report.html.j2"
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 MAX_TABLES = 20
@@ -77,11 +79,11 @@ def token_rows(tokens: dict, limit: int = MAX_TOKENS) -> list[dict]:
         rows.append({
             "pos": tokens["position"][k],
             "label": repr(labels[k]),
-            "mu": tokens["rollout_logp"][k],
-            "old": tokens["train_logp"][k],
+            "behaviour": tokens[BEHAVIOUR_KEY][k],
+            "proximal": tokens[PROXIMAL_KEY][k],
             "diff": diff,
-            "p_mu": tokens["p_rollout"][k],
-            "p_old": tokens["p_train"][k],
+            "p_behaviour": tokens["p_rollout"][k],
+            "p_proximal": tokens["p_train"][k],
             "ratio": ratio,
             "marked": diff is None or abs(diff) > 0.5,
             "out": ratio is None or not (0.2 <= ratio <= 5.0),

@@ -56,11 +56,11 @@ def _figures(ratios, summary: dict) -> dict[str, dict]:
     valid = ratios.valid_BT.numpy()
     all_valid = summary["n_tokens"] == valid.size
     figures = {"ratio_hist": plots.ratio_histogram(_valid_values(ratios.dc_BT, valid, all_valid))}
-    mu = _valid_values(ratios.behaviour_BT, valid, all_valid)
-    old = _valid_values(ratios.proximal_BT, valid, all_valid)
+    behaviour = _valid_values(ratios.behaviour_BT, valid, all_valid)
+    proximal = _valid_values(ratios.proximal_BT, valid, all_valid)
     with np.errstate(over="ignore"):  # a log-prob above ~88 (float32) is counted already (logp_above_zero)
-        figures["prob_diff"] = plots.prob_diff_histogram(np.abs(np.exp(old) - np.exp(mu)))
-    figures["density"] = plots.logprob_density(mu, old, summary["logp_pearson"])
+        figures["prob_diff"] = plots.prob_diff_histogram(np.abs(np.exp(proximal) - np.exp(behaviour)))
+    figures["density"] = plots.logprob_density(behaviour, proximal, summary["logp_pearson"])
     figures["keep_by_len"] = plots.keep_by_length(summary["methods"])
     return figures
 

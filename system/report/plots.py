@@ -170,30 +170,30 @@ def _viridis(t: np.ndarray) -> np.ndarray:
     return np.stack([np.interp(t, anchors, _VIRIDIS[:, c]) for c in range(3)], axis=-1)
 
 
-def density_counts(mu: np.ndarray, old: np.ndarray, bins: int = DENSITY_BINS) -> tuple[np.ndarray, float]:
-    """Token counts on a ``bins x bins`` grid over ``[lo, 0]**2`` (row = old, column = mu) and ``lo``.
+def density_counts(behaviour: np.ndarray, proximal: np.ndarray, bins: int = DENSITY_BINS) -> tuple[np.ndarray, float]:
+    """Token counts on a ``bins x bins`` grid over ``[lo, 0]**2`` (row = proximal, column = behaviour) and ``lo``.
 
     ``lo`` is the lower of the two ``DENSITY_LOW_QUANTILE`` quantiles (at most -1; over a
     strided sample of about 1M values for larger inputs); values outside the square are counted
     in its edge bins.
     """
-    if mu.size == 0:
+    if behaviour.size == 0:
         return np.zeros((bins, bins), np.int64), -1.0
-    stride = max(1, mu.size // _QUANTILE_SAMPLE)  # the range only frames the plot: a strided sample will do
-    lo = min(float(np.quantile(mu[::stride], DENSITY_LOW_QUANTILE)),
-             float(np.quantile(old[::stride], DENSITY_LOW_QUANTILE)), -1.0)
+    stride = max(1, behaviour.size // _QUANTILE_SAMPLE)  # the range only frames the plot: a strided sample will do
+    lo = min(float(np.quantile(behaviour[::stride], DENSITY_LOW_QUANTILE)),
+             float(np.quantile(proximal[::stride], DENSITY_LOW_QUANTILE)), -1.0)
     scale = bins / (0.0 - lo)
 
     def index(x: np.ndarray) -> np.ndarray:
         return np.clip(np.floor((x - lo) * scale), 0, bins - 1).astype(np.int64)
 
-    flat = index(old) * bins + index(mu)
+    flat = index(proximal) * bins + index(behaviour)
     return np.bincount(flat, minlength=bins * bins).reshape(bins, bins), lo
 
 
-def logprob_density(mu: np.ndarray, old: np.ndarray, pearson: float | None) -> dict:
+def logprob_density(behaviour: np.ndarray, proximal: np.ndarray, pearson: float | None) -> dict:
     """Trainer vs rollout log-prob of every valid token as a 2-D density (log colour scale), against y = x."""
-    counts, lo = density_counts(mu, old)
+    counts, lo = density_counts(behaviour, proximal)
     r = "n/a" if pearson is None else f"{pearson:.4f}"
     chart = _chart(460, 400, title=f"Pearson r = {r}", xlabel="rollout log-prob (mu)",
                    ylabel="trainer log-prob (old)", box=(58, 28, 330, 330))

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from system.config.report import ReportConfig
+from system.correction.ratios import valid_tokens
 from system.report.dump import save_batch_dump
 from system.report.sinks import FanOutSink, JsonlSink, MetricSink
 from system.report.wandb_sink import WandbSink
@@ -73,11 +74,13 @@ class RunLogger:
 
 
 def worst_sequences_table(batch: CorrectionInput) -> tuple[list[str], list[list]]:
-    """Columns and rows of the sequences with the largest mean |proximal - behaviour|."""
+    """Columns and rows of the sequences with the largest mean |proximal - behaviour| over their valid
+    tokens (``length``: the response's tokens, valid or not)."""
     mask = batch.mask_BT.astype(bool)
-    d = np.where(mask, batch.proximal_BT.astype(np.float64) - batch.behaviour_BT, 0.0)
-    d = np.where(np.isfinite(d), d, 0.0)
-    n = np.maximum(mask.sum(1), 1)
+    valid = valid_tokens(mask, batch.behaviour_BT, batch.proximal_BT)
+    with np.errstate(invalid="ignore"):
+        d = np.where(valid, batch.proximal_BT.astype(np.float64) - batch.behaviour_BT, 0.0)
+    n = np.maximum(valid.sum(1), 1)
     mean_abs = np.abs(d).sum(1) / n
     order = np.argsort(-mean_abs, kind="stable")[:WORST_SEQUENCES]
     cols = ["uid", "mean_abs_diff", "max_abs_diff", "length", "lag", "reward", "response"]

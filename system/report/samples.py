@@ -27,7 +27,7 @@ the file is bounded by ``N`` + ``K * T`` values whatever the batch size.
 import numpy as np
 
 from system.correction import LogRatios, compute_weights, default_method_configs
-from system.report.dump import BatchDump
+from system.report.dump import BEHAVIOUR_KEY, PROXIMAL_KEY, BatchDump
 
 LAYOUT = "aisrl.samples/2"
 DEFAULT_WORST_K = 64
@@ -93,21 +93,21 @@ def _columns_json(columns: dict[str, np.ndarray]) -> dict[str, list]:
 
 def token_table(dump: BatchDump, ratios: LogRatios, row: int) -> dict[str, list]:
     """Column-oriented per-token table of one response over its masked-in positions."""
-    cols = np.flatnonzero(dump.response_mask[row])
-    mu = dump.rollout_logp[row, cols].astype(np.float64)
-    old = dump.train_logp[row, cols].astype(np.float64)
+    cols = np.flatnonzero(dump.mask_NT[row])
+    behaviour = dump.behaviour_NT[row, cols].astype(np.float64)
+    proximal = dump.proximal_NT[row, cols].astype(np.float64)
     valid = ratios.valid_BT[row].numpy()[cols]
     rho = ratios.rho_BT[row].numpy()[cols]
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(valid, old - mu, np.nan)
+        diff = np.where(valid, proximal - behaviour, np.nan)
         table = {
             "position": cols.tolist(),
             "valid": valid.tolist(),
-            "rollout_logp": _col(mu),
-            "train_logp": _col(old),
+            BEHAVIOUR_KEY: _col(behaviour),
+            PROXIMAL_KEY: _col(proximal),
             "diff": _col(diff),
-            "p_rollout": _col(np.exp(mu)),
-            "p_train": _col(np.exp(old)),
+            "p_rollout": _col(np.exp(behaviour)),
+            "p_train": _col(np.exp(proximal)),
             "ratio": _col(np.where(valid, rho, np.nan)),
         }
     if dump.token_text is not None:

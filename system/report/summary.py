@@ -20,9 +20,9 @@ from system.report.dump import BatchDump, count_positive_logp
 def dump_ratios(dump: BatchDump) -> LogRatios:
     """The per-token log-ratios of a dump (computed once, shared by summary and samples)."""
     return compute_log_ratios(
-        torch.from_numpy(dump.rollout_logp),
-        torch.from_numpy(dump.train_logp),
-        torch.from_numpy(dump.response_mask),
+        torch.from_numpy(dump.behaviour_NT),
+        torch.from_numpy(dump.proximal_NT),
+        torch.from_numpy(dump.mask_NT),
     )
 
 
@@ -55,8 +55,8 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
     if dump.advantage is not None:
         summary["advantage_nonfinite"] = int((~np.isfinite(dump.advantage)).sum())
     # log-probs above 0 stay valid tokens (spec section 0: validity is finiteness), counted and said
-    summary["logp_above_zero"] = {key: count_positive_logp(getattr(dump, key), dump.response_mask)
-                                  for key in ("rollout_logp", "train_logp")}
+    summary["logp_above_zero"] = {key: count_positive_logp(values, dump.mask_NT)
+                                  for key, values in dump.logps().items()}
     summary["n_rows"] = int(dump.shape[0])  # every response of the dump (n_sequences: those with a valid token)
     if dump.ignored_keys:
         summary["ignored_keys"] = list(dump.ignored_keys)

@@ -30,7 +30,9 @@ and ``ChannelWiseTorchFP8ScaledMMLinearKernel`` (subclassed) and the CPU list of
 ``vllm.model_executor.kernels.linear._POSSIBLE_FP8_KERNELS``. vLLM's public
 ``register_linear_kernel`` appends a kernel after vLLM's own, where it would never be chosen, so
 :func:`fp8_kernel_installed` puts ours first for one engine build and restores the list afterwards
-(vLLM picks a kernel per layer while it builds the model).
+(vLLM picks a kernel per layer while it builds the model). The scheme that ran is read from
+``LLM.llm_engine.vllm_config.model_config`` (the engine's config; not documented API, checked
+on 0.32.0 like the rest).
 """
 
 import contextlib
