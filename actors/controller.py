@@ -167,7 +167,8 @@ class RolloutLoop:
             self.pool.launch(self.target_workers - live)
         elif live > self.target_workers:
             self.pool.retire(live - self.target_workers, starting_only=self.cfg.rollout.follow_cluster)
-        for slot in [s for s in self.pool.slots_now() if s.retiring and not s.calls]:
+        for slot in [s for s in self.pool.slots_now() if s.retiring and not s.calls
+                     and self.transport.releases(s.worker_id)]:
             self.pool.remove(slot)
         if self.pool.ready() or not self._lost_since_ready:
             self._last_alive = time.monotonic()

@@ -111,6 +111,10 @@ class LearnerRank:
         (returns at once; the workers join in the background, see ``system.weight_broadcast``)."""
         return self.sender.open(f"generation-{number}", world_size, ray.util.get_node_ip_address(), number)
 
+    def close_broadcast(self) -> None:
+        """Rank 0: leave the current broadcast generation (every worker left), none replacing it."""
+        self.sender.close()
+
     def export_weights(self):
         return self.core.export_weights()
 

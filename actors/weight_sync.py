@@ -22,6 +22,7 @@ import ray
 
 from actors.learner_worker import LearnerGroup
 from actors.rollout_pool import RolloutPool
+from actors.runtime import RAY, RayRuntime
 from system.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ class WeightTransport(Protocol):
 
     def maintain(self, pool: RolloutPool) -> None:
         """Called on every turn of the rollout loop (never blocks)."""
+        ...
+
+    def releases(self, worker_id: str) -> bool:
+        """Whether a retiring worker may be removed now: the weight path no longer counts on it."""
         ...
 
     def step_done(self, weight_sync_metrics: dict) -> None:
@@ -60,6 +65,9 @@ class ObjectStoreTransport:
     def maintain(self, pool: RolloutPool) -> None:
         pass
 
+    def releases(self, worker_id: str) -> bool:
+        return True
+
     def step_done(self, weight_sync_metrics: dict) -> None:
         pass
 
@@ -67,7 +75,9 @@ class ObjectStoreTransport:
 class CollectiveTransport(ObjectStoreTransport):
     name = "collective"
 
-    def __init__(self, cfg: RunConfig, learners: LearnerGroup) -> None:
+    def __init__(self, cfg: RunConfig, learners: LearnerGroup, runtime: RayRuntime = RAY) -> None:
+        """``runtime``: the Ray calls (``actors.runtime``: ``maintain`` runs in the rollout loop)."""
+        self.runtime = runtime
         self.timeout_s = cfg.weight_sync.timeout_s
         self.delta = cfg.weight_sync.type == "delta"
         self.rank0 = learners.ranks[0]
@@ -87,19 +97,27 @@ class CollectiveTransport(ObjectStoreTransport):
     def maintain(self, pool: RolloutPool) -> None:
         if self._opening is not None:
             ref, members = self._opening
-            if not ray.wait([ref], timeout=0)[0]:
+            if not self.runtime.poll(ref):
                 return
             self._opening = None
-            address = ray.get(ref)
+            address = self.runtime.get(ref)  # None: the generation was closed, none replaces it
             for rank, slot in enumerate(members, start=1):
                 slot.handle.join_broadcast.remote(address, rank, self.timeout_s, self.delta)
             self.members = tuple(s.worker_id for s in members)
             return
-        # not the retiring: a generation including one would break as soon as it is removed
+        # not the retiring: a generation including one would break as soon as it is removed (which
+        # waits, ``releases``, until rank 0 has left the generation holding it)
         ready = sorted((s for s in pool.ready() if not s.retiring), key=lambda s: s.worker_id)
         if ready and (tuple(s.worker_id for s in ready) != self.members or self.reform):
             self.generation += 1
             self._opening = (self.rank0.open_broadcast.remote(self.generation, len(ready) + 1), ready)
+        elif not ready and self.members:  # every worker left (scaled to 0): close, open none
+            self._opening = (self.rank0.close_broadcast.remote(), [])
+
+    def releases(self, worker_id: str) -> bool:
+        """Not while the current generation holds the worker, or one is being opened: removed now, it
+        would fail the next broadcast of the workers that stay."""
+        return self._opening is None and worker_id not in self.members
 
     def step_done(self, weight_sync_metrics: dict) -> None:
         # only a failure of the newest generation: a step that ran before it was opened may report the
@@ -107,9 +125,9 @@ class CollectiveTransport(ObjectStoreTransport):
         if weight_sync_metrics.get("broadcast_failed"):
             failed = weight_sync_metrics.get("broadcast_generation", self.generation)
             if failed > self.failed_generation:  # once per generation: the console, not only the metric
-                log.warning("weight broadcast generation %d failed (a receiver did not join or answer within "
-                            "weight_sync.timeout_s); its workers load the object store's copy while a new "
-                            "generation forms", failed)
+                log.warning("weight broadcast generation %d failed (a receiver left, or did not join or answer "
+                            "within weight_sync.timeout_s); its workers load the object store's copy while a "
+                            "new generation forms", failed)
             self.failed_generation = max(self.failed_generation, failed)
 
 

@@ -142,6 +142,8 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
     assert stats["weights_via_broadcast"] >= 1 and trainer.transport.generation >= 3  # 1, 2, then 1 worker
     recs = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(r["weight_sync/broadcast_receivers"] for r in recs) == 2
+    # the retired worker left only once rank 0 had left the generation holding it: no broadcast failed
+    assert not any(r["weight_sync/broadcast_failed"] for r in recs)
     ok = [r for r in recs if r["weight_sync/broadcast_receivers"] and not r["weight_sync/broadcast_failed"]]
     assert ok and ok[0]["weight_sync/full_version"] == 1  # a generation starts from the full weights
     # one machine: every worker sees rank 0's /dev/shm, so the data went through a shared segment
