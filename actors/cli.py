@@ -137,7 +137,7 @@ def train(
         return
     if verbose:
         os.environ["AISRL_VERBOSE"] = "1"
-    from actors.cluster import check_address, quiet_workers
+    from actors.cluster import check_address, quiet_workers, stop_session
     from actors.trainer import Trainer
 
     if cfg.ray.address is not None:  # before the model build: an address nobody answers on fails now
@@ -168,6 +168,7 @@ def train(
     finally:
         if trainer is not None:
             trainer.shutdown()
+        stop_session()
     report = trainer.report_path or f"none (no dump yet: report.dump_every={cfg.report.dump_every})"
     console.print(f"[green]done[/]: {trainer.step} steps in {cfg.output_dir}; "
                   f"final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {report}")
@@ -191,7 +192,8 @@ def scale(
         ray.get(control.set_workers.remote(workers))
         status = ray.get(control.status.remote())
     except ValueError as exc:  # a RayTaskError of the board's ValueError is one too
-        _fail(failure_text(exc))
+        refused = getattr(exc, "cause", None)  # the board refusing the count: the user's error, its message only
+        _fail(str(refused) if isinstance(refused, ValueError) else failure_text(exc))
     console.print(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
                   f"{status.get('workers_ready', '?')} ready now")
     if workers > before and "worker_needs" in status:  # a board of a run started before it had facts: none

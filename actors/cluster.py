@@ -9,6 +9,7 @@ from pathlib import Path
 import ray
 
 from actors.ray_internals import set_local_only
+from actors.stop_signals import defer_signals
 from system.config import RunConfig, check_output_dir
 from system.config.cluster import RayConfig
 
@@ -40,6 +41,17 @@ def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> N
         logging_level=logging.INFO if verbose() else logging.ERROR,
     )
 
+
+
+def stop_session() -> None:
+    """End this process's Ray session now (a private cluster: its processes stop with it), a Ctrl-C or
+    SIGTERM meanwhile noted instead of raised: raised inside ``ray.shutdown``, as Ray's exit hook would
+    run it, it left the cluster's dashboard and runtime-env agents running after the CLI had exited."""
+    restore = defer_signals()
+    try:
+        ray.shutdown()
+    finally:
+        restore()
 
 QUIET_ENV = {
     "PYTHONWARNINGS": "ignore",  # Python warnings (FutureWarning, DeprecationWarning) of libraries

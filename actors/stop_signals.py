@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM during a run: stop after the current step, not in the middle of it."""
 
 import logging
+import os
 import signal
 import threading
 
@@ -11,14 +12,25 @@ def stop_on_signals(stop: threading.Event):
     """Make SIGTERM (``ray job stop``, a scheduler's preemption) and a first Ctrl-C (SIGINT) set ``stop``:
     the run ends after the current step, with a final checkpoint, the report and a finished W&B run;
     a second Ctrl-C interrupts at once (Python's ``KeyboardInterrupt``, restored by the first).
+
+    Two Ctrl-Cs that arrive while the main thread waits inside a library call (a step's ``ray.get``)
+    reach Python as one call of the handler; a wake-up pipe (``signal.set_wakeup_fd``: one byte per
+    signal delivered) tells the handler how many came, so the second still stops at once.
     Only in the main thread (elsewhere a no-op). Returns a function that restores the handlers before."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    wakeup_before = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
 
     def handler(signum, frame):
+        delivered = _drain(read_fd)  # every signal since the handler last ran, this one included
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            if delivered.count(signal.SIGINT) >= 2:
+                raise KeyboardInterrupt  # a second Ctrl-C came before this handler could run
             log.warning("Ctrl-C: stopping after the current step (checkpoint, report, W&B finish); "
                         "Ctrl-C again to stop at once, without them")
         else:
@@ -31,7 +43,23 @@ def stop_on_signals(stop: threading.Event):
     def restore() -> None:
         for sig, old in before.items():
             signal.signal(sig, old)
+        signal.set_wakeup_fd(wakeup_before)
+        os.close(read_fd)
+        os.close(write_fd)
     return restore
+
+
+def _drain(fd: int) -> bytes:
+    """What a non-blocking pipe holds now (one byte, the signal's number, per delivered signal)."""
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 512)
+        except BlockingIOError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
 
 
 _TERMINATED: list[int] = []
@@ -83,14 +111,23 @@ def as_terminated(exc: SystemExit) -> BaseException:
     return exc
 
 
-def defer_sigterm():
-    """While a shutdown or a failed start cleans up, a SIGTERM is noted and the cleanup goes on (raised
-    in the middle, it would leave actors, the W&B run or the replaced run's files behind; a scheduler
-    follows with SIGKILL after its grace period anyway). Main thread only."""
+def defer_signals():
+    """While a shutdown or a failed start cleans up, or the private cluster stops, a SIGTERM or a Ctrl-C
+    is noted and the cleanup goes on (raised in the middle, it would leave actors, the W&B run, the
+    replaced run's files or the cluster's processes behind; a scheduler follows with SIGKILL after its
+    grace period anyway). Main thread only (elsewhere a no-op). Returns a function that restores the
+    handlers before the call."""
     if threading.current_thread() is not threading.main_thread():
-        return
+        return lambda: None
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(signum, frame):
-        log.warning("SIGTERM: finishing the shutdown first")
+        log.warning("%s: finishing the shutdown first", "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C")
 
-    signal.signal(signal.SIGTERM, handler)
+    for sig in before:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, old in before.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+    return restore

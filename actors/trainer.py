@@ -33,7 +33,7 @@ from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
 from actors.step_records import RecordsInFlight, SubmittedStep
-from actors.stop_signals import as_terminated, defer_sigterm, stop_on_signals, terminate_raises
+from actors.stop_signals import as_terminated, defer_signals, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
 from system import controller_state, run_state
 from system.config import RunConfig, dump_config
@@ -73,7 +73,7 @@ class Trainer:
         try:
             self._start(resume, overwrite)
         except BaseException:
-            defer_sigterm()  # the cleanup below runs to its end
+            restore_deferred = defer_signals()  # the cleanup below runs to its end
             if self._accepted_new:  # a new run that failed to start: what it wrote is not a run
                 removed = run_state.remove_run_artefacts(self.run_dir)
                 if removed:
@@ -87,6 +87,7 @@ class Trainer:
                         log.error("--overwrite: could not put the replaced run back from %s (%s)",
                                   self._replaced, exc)
             self._release_lock(remove_dir=created)  # a refused or failed start leaves the directory free
+            restore_deferred()
             self._restore_signals()
             raise
 
@@ -365,11 +366,12 @@ class Trainer:
             ray.get(self.service.close.remote(), timeout=timeout_s)
 
     def shutdown(self) -> None:
-        defer_sigterm()
+        restore_deferred = defer_signals()
         try:
             self._stop_parts()
         finally:
             self._release_lock()
+            restore_deferred()
             self._restore_signals()
 
     def _stop_parts(self) -> None:

@@ -279,9 +279,10 @@ def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
     if not found:
         return None
     if not overwrite:
-        raise ValueError(
-            f"output_dir {run_dir} already holds a run ({', '.join(found)}): continue it with "
-            f"'aisrl train --resume {run_dir}', pass --overwrite to replace it, or choose another output_dir")
+        resume = (f"continue it with 'aisrl train --resume {run_dir}', " if complete_run_checkpoints(run_dir)
+                  else "it has no complete checkpoint to continue from: ")
+        raise ValueError(f"output_dir {run_dir} already holds a run ({', '.join(found)}): {resume}pass --overwrite "
+                         "to replace it, or choose another output_dir")
     aside.mkdir()
     moved = []
     try:

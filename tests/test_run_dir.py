@@ -15,11 +15,17 @@ def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):
     (tmp_path / "config.json").write_text('{"max_steps": 3}')
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match=r"already holds a run \(config.json, metrics.jsonl\).*--resume.*--overwrite"):
+    # no checkpoint (stopped at once before the first): --resume would be refused, so it is not offered
+    with pytest.raises(ValueError, match=r"already holds a run \(config.json, metrics.jsonl\): it has no complete "
+                                         r"checkpoint to continue from: pass --overwrite") as refused:
         run_state.check_new_run_dir(tmp_path, overwrite=False)
+    assert "--resume" not in str(refused.value)
     assert (tmp_path / "config.json").read_text() == '{"max_steps": 3}'  # touched nothing
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
     make_checkpoint(tmp_path, 2)
+    with pytest.raises(ValueError, match=r"already holds a run \(config.json, metrics.jsonl, checkpoints\): continue "
+                                         r"it with 'aisrl train --resume .*--overwrite"):
+        run_state.check_new_run_dir(tmp_path, overwrite=False)
     aside = run_state.check_new_run_dir(tmp_path, overwrite=True)
     # only the run's own files went, set aside until the new run has started
     assert sorted(p.name for p in tmp_path.iterdir()) == [".replaced", "notes.txt"]

@@ -74,7 +74,7 @@ def test_sigterm_inside_ray_init_and_during_cleanup(caplog):
     """A review: ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``) while it starts the
     cluster, so a SIGTERM then ended the CLI with exit 15 and no word; and after the loop the start-up
     handler raised inside the shutdown, leaving actors and the W&B run behind."""
-    from actors.stop_signals import as_terminated, defer_sigterm, sigterm_received
+    from actors.stop_signals import as_terminated, defer_signals, sigterm_received
 
     terminate_raises()  # a fresh start: no SIGTERM noted
     assert not sigterm_received()
@@ -83,9 +83,10 @@ def test_sigterm_inside_ray_init_and_during_cleanup(caplog):
     assert as_terminated(other) is other
     before = signal.getsignal(signal.SIGTERM)
     try:
-        defer_sigterm()
+        restore = defer_signals()
         os.kill(os.getpid(), signal.SIGTERM)  # noted, nothing raised: the cleanup goes on
         time.sleep(0.2)
+        restore()
     finally:
         signal.signal(signal.SIGTERM, before)
     assert "SIGTERM: finishing the shutdown first" in caplog.text
@@ -168,6 +169,10 @@ def test_scale_says_when_the_new_workers_do_not_fit(loopback_ray, monkeypatch, t
            "this run's private cluster never grows" in said, said
     down = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "2"])
     assert down.exit_code == 0 and "room for" not in down.output
+    over = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "9"])  # above the board's ceiling, 8
+    said = " ".join(over.output.split())
+    assert over.exit_code == 2 and said.startswith("error: --workers must be in 0 .. 8 (rollout.max_workers"), said
+    assert "ValueError" not in said and "RunControl" not in said  # the user's count, not a failure of the board
     ray.kill(board)
 
 
