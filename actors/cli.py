@@ -166,9 +166,11 @@ def train(
     except RuntimeError as exc:
         _training_failed(exc, cfg.output_dir)
     finally:
-        if trainer is not None:
-            trainer.shutdown()
-        stop_session()
+        try:
+            if trainer is not None:
+                trainer.shutdown()
+        finally:
+            stop_session()
     report = trainer.report_path or f"none (no dump yet: report.dump_every={cfg.report.dump_every})"
     console.print(f"[green]done[/]: {trainer.step} steps in {cfg.output_dir}; "
                   f"final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {report}")

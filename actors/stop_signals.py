@@ -41,12 +41,19 @@ def stop_on_signals(stop: threading.Event):
         signal.signal(sig, handler)
 
     def restore() -> None:
-        for sig, old in before.items():
-            signal.signal(sig, old)
-        signal.set_wakeup_fd(wakeup_before)
-        os.close(read_fd)
-        os.close(write_fd)
+        try:
+            _put_back(before)
+        finally:
+            signal.set_wakeup_fd(wakeup_before)
+            os.close(read_fd)
+            os.close(write_fd)
     return restore
+
+
+def _put_back(handlers: dict) -> None:
+    """Reinstall saved handlers (None, one installed from C, becomes the default)."""
+    for sig, old in handlers.items():
+        signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
 def _drain(fd: int) -> bytes:
@@ -127,7 +134,4 @@ def defer_signals():
     for sig in before:
         signal.signal(sig, handler)
 
-    def restore() -> None:
-        for sig, old in before.items():
-            signal.signal(sig, old if old is not None else signal.SIG_DFL)
-    return restore
+    return lambda: _put_back(before)

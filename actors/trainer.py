@@ -74,22 +74,20 @@ class Trainer:
             self._start(resume, overwrite)
         except BaseException:
             restore_deferred = defer_signals()  # the cleanup below runs to its end
-            if self._accepted_new:  # a new run that failed to start: what it wrote is not a run
-                removed = run_state.remove_run_artefacts(self.run_dir)
-                if removed:
-                    log.warning("the run failed to start; removed what it had written (%s)", ", ".join(removed))
-                if self._replaced is not None:
-                    try:
-                        back = run_state.restore_replaced(self.run_dir, self._replaced)
-                        log.warning("--overwrite: the run this one was to replace is back in place (%s)",
-                                    ", ".join(back))
-                    except OSError as exc:  # never hides the start's own error (raised below)
-                        log.error("--overwrite: could not put the replaced run back from %s (%s)",
-                                  self._replaced, exc)
-            self._release_lock(remove_dir=created)  # a refused or failed start leaves the directory free
-            restore_deferred()
-            self._restore_signals()
+            try:
+                self._clean_failed_start(created)
+            finally:
+                restore_deferred()
+                self._restore_signals()
             raise
+
+    def _clean_failed_start(self, created: bool) -> None:
+        """A refused or failed start leaves the directory free (``run_state.undo_new_run``)."""
+        try:
+            if self._accepted_new:
+                run_state.undo_new_run(self.run_dir, self._replaced)
+        finally:
+            self._release_lock(remove_dir=created)
 
     def _release_lock(self, remove_dir: bool = False) -> None:
         lock, self._lock = getattr(self, "_lock", None), None
@@ -370,9 +368,11 @@ class Trainer:
         try:
             self._stop_parts()
         finally:
-            self._release_lock()
-            restore_deferred()
-            self._restore_signals()
+            try:
+                self._release_lock()
+            finally:
+                restore_deferred()
+                self._restore_signals()
 
     def _stop_parts(self) -> None:
         rollout = getattr(self, "rollout", None)

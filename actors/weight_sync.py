@@ -11,7 +11,9 @@ right after its export, to the ready workers over a process group of their own
 (``system.weight_broadcast``; the data through a shared-memory segment when every worker is on
 rank 0's host and sees its ``/dev/shm``, else over gloo); a worker loads the copy it received and
 falls back to the object store for a version it missed. The group (a *generation*) is re-formed, without
-blocking anyone, whenever the set of ready workers changes or a broadcast failed.
+blocking anyone, whenever the set of ready workers changes or a broadcast failed; when none is left it is
+closed. A worker that retires is removed only once no generation rank 0 hosts (or is opening) holds it
+(``releases``): removed earlier, it would fail the next broadcast of the workers that stay.
 ``weight_sync.type=delta`` is the same transport carrying lossy deltas (``system.weight_delta``).
 """
 
@@ -115,9 +117,10 @@ class CollectiveTransport(ObjectStoreTransport):
             self._opening = (self.rank0.close_broadcast.remote(), [])
 
     def releases(self, worker_id: str) -> bool:
-        """Not while the current generation holds the worker, or one is being opened: removed now, it
-        would fail the next broadcast of the workers that stay."""
-        return self._opening is None and worker_id not in self.members
+        """Not while the current generation holds the worker, or the one being opened (or closed) does
+        not replace it yet: removed now, it would fail the next broadcast of the workers that stay."""
+        opening = self._opening[1] if self._opening is not None else []
+        return worker_id not in self.members and all(s.worker_id != worker_id for s in opening)
 
     def step_done(self, weight_sync_metrics: dict) -> None:
         # only a failure of the newest generation: a step that ran before it was opened may report the

@@ -340,6 +340,20 @@ def restore_replaced(run_dir: str | Path, aside: Path) -> list[str]:
     return names
 
 
+def undo_new_run(run_dir: str | Path, aside: Path | None) -> None:
+    """A new run that failed to start: what it wrote is not a run (removed), and the run ``--overwrite``
+    set aside in ``aside`` is put back (logged, never raised: the start's own error is the one to see)."""
+    removed = remove_run_artefacts(run_dir)
+    if removed:
+        log.warning("the run failed to start; removed what it had written (%s)", ", ".join(removed))
+    if aside is not None:
+        try:
+            back = restore_replaced(run_dir, aside)
+            log.warning("--overwrite: the run this one was to replace is back in place (%s)", ", ".join(back))
+        except OSError as exc:
+            log.error("--overwrite: could not put the replaced run back from %s (%s)", aside, exc)
+
+
 def drop_replaced(aside: Path | None) -> None:
     """Delete the replaced run's artefacts (the new run has started)."""
     if aside is not None:

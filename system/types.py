@@ -202,7 +202,8 @@ def _group_from_columns(prompt: Prompt, policy_version: int, worker_id: str, col
 class CorrectionInput:
     """One global batch as the correction service sees it (spec section 0), built from the learner's
     batch and its proximal log-probs (``LearnerBatch.correction_input``). Batch dumps hold these
-    fields under the spec's key names (``system.report.dump``: the only place those names live)."""
+    fields under the spec's key names (``system.report.dump``'s constants; ``samples.json`` and its
+    page reuse them)."""
 
     behaviour_BT: np.ndarray  # float32, mu: log-prob of each sampled token under the behaviour policy
     proximal_BT: np.ndarray  # float32, old: the learner's recompute at the start of the step

@@ -86,13 +86,13 @@ def test_worst_sequences_table_orders_by_mean_abs_diff():
     assert rows[0][cols.index("mean_abs_diff")] == pytest.approx(1.0)
     assert rows[0][cols.index("lag")] == 1 and rows[0][cols.index("response")] == "y"
     # a non-finite token is not a valid one: c's mean |d| is over its one valid token (|-0.5 - 0| = 0.5),
-    # not halved by the NaN beside it; its length is still its two response tokens
+    # not halved by the NaN beside it, and its length is that one token
     batch.proximal_BT[2] = [-0.5, np.nan]
     batch.mask_BT[2] = [1, 1]
     cols, rows = worst_sequences_table(batch)
     assert [r[0] for r in rows] == ["b", "c", "a"]
     assert rows[1][cols.index("mean_abs_diff")] == pytest.approx(0.5)
-    assert rows[1][cols.index("length")] == 2
+    assert rows[1][cols.index("length")] == 1
 
 
 def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):

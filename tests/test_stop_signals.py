@@ -58,24 +58,31 @@ def test_outside_the_main_thread_nothing_is_installed():
 
 
 def signals_during_a_long_library_call(*sigs: int) -> None:
-    """Deliver ``sigs`` while the main thread is inside a C call that releases the GIL and checks no
-    signal (as a step's ``ray.get`` does): Python runs its handler once, after the call returns."""
-    started = threading.Event()
+    """Deliver ``sigs``, 20 ms apart, while the main thread is inside a C call that releases the GIL and
+    checks no signal (as a step's ``ray.get`` does): Python runs its handler once, after the call
+    returns. (Sent back to back, the kernel would merge them into one pending signal; keys pressed
+    by a person are delivered one by one, as here.)"""
+    started, sent = threading.Event(), []
 
     def send():
         started.wait()
         for sig in sigs:
             os.kill(os.getpid(), sig)
+            time.sleep(0.02)
+        sent.append(time.perf_counter())
 
     sender = threading.Thread(target=send)
     sender.start()
     data = bytes(512 << 20)
     started.set()
-    hashlib.sha256(data).digest()  # ~0.3-1 s in C without the GIL: both signals land meanwhile
+    hashlib.sha256(data).digest()  # ~0.3-1 s in C without the GIL
+    returned = time.perf_counter()
     sender.join()
+    assert sent[0] < returned, "the signals came after the call: this test needs a longer one"
 
 
 def test_two_ctrl_cs_that_python_sees_as_one_still_stop_at_once(handlers, caplog):
+    caplog.set_level(logging.WARNING)
     stop = threading.Event()
     restore = stop_on_signals(stop)
     try:
@@ -89,6 +96,7 @@ def test_two_ctrl_cs_that_python_sees_as_one_still_stop_at_once(handlers, caplog
 
 def test_one_ctrl_c_stops_after_the_step_and_a_later_one_at_once(handlers, caplog):
     caplog.set_level(logging.WARNING)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     stop = threading.Event()
     restore = stop_on_signals(stop)
     try:
@@ -100,7 +108,8 @@ def test_one_ctrl_c_stops_after_the_step_and_a_later_one_at_once(handlers, caplo
             time.sleep(0.5)
     finally:
         restore()
-    assert signal.getsignal(signal.SIGINT) is not None and signal.set_wakeup_fd(-1) == -1  # all put back
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # all put back
+    assert signal.set_wakeup_fd(-1) == -1  # and no wake-up pipe left installed
 
 
 def test_a_signal_while_the_cluster_stops_is_noted_and_the_stop_goes_on(handlers, monkeypatch, caplog):
@@ -123,8 +132,10 @@ def test_a_signal_while_the_cluster_stops_is_noted_and_the_stop_goes_on(handlers
 
 
 def test_defer_signals_off_the_main_thread_is_a_no_op():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     out = []
     thread = threading.Thread(target=lambda: out.append(defer_signals()))
     thread.start()
     thread.join()
-    assert out[0]() is None and signal.getsignal(signal.SIGINT) is not None
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert out[0]() is None

@@ -83,7 +83,9 @@ def _library() -> ctypes.CDLL | None:
             _load_error = str(exc)
             return None
         if not compatible(lib):
-            _load_error = f"{LIBRARY.name} is out of date (rebuild: python -m system.correction.fused_build)"
+            _load_error = (f"{LIBRARY.name} does not match this module (built from an older fused_pass.cpp: rebuild "
+                           "with python -m system.correction.fused_build; or its kClamp differs from "
+                           "LOG_RATIO_CLAMP: change both)")
             return None
         _lib = declare(lib)
     return _lib
@@ -103,7 +105,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 def compatible(lib) -> bool:
     """Whether a loaded library is the one this module calls: its ABI version, output widths and log-ratio
     clamp (``LOG_RATIO_CLAMP``, a compile-time constant there)."""
-    if not all(hasattr(lib, f) for f in ("aisrl_fused_abi", "aisrl_fused_row_cols", "aisrl_fused_glob_cols")):
+    if not all(hasattr(lib, f) for f in ("aisrl_fused_abi", "aisrl_fused_row_cols", "aisrl_fused_glob_cols",
+                                         "aisrl_fused_clamp")):
         return False
     if (lib.aisrl_fused_abi(), lib.aisrl_fused_row_cols(), lib.aisrl_fused_glob_cols()) != (_ABI, len(_ROW), len(_GLOB)):
         return False

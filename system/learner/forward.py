@@ -85,7 +85,8 @@ def proximal_logprobs(
     model: nn.Module, shard: ShardTensors, micro_batch_size: int, sampling: float | Sampling,
     mini_batches: int = 1,
 ) -> torch.Tensor:
-    """fp32 ``old_BT`` of the whole shard with the current weights (no grad). Collective under FSDP.
+    """fp32 proximal log-probs ``[B_shard, T]`` of the whole shard with the current weights (no grad).
+    Collective under FSDP.
     Through the micro-batches the update will use (``update_micro_slices``: each mini-batch's own),
     since another batch shape changes the kernels' summation order (measured: 2.4e-7 in fp32 on
     the tiny model when the slices differ)."""

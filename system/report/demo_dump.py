@@ -7,7 +7,6 @@ with the policy lag the way staleness does.
 
 import numpy as np
 
-from system.losses.advantages import group_advantages
 from system.report.dump import dump_arrays
 from system.types import CorrectionInput
 
@@ -24,6 +23,8 @@ def make_demo_dump(
 ) -> dict[str, np.ndarray]:
     """Arrays in the section 6 format (every optional key filled; the advantage is GRPO's of the reward
     within each group of 8)."""
+    from system.losses.advantages import group_advantages  # torch: only when a demo dump is made
+
     if num_sequences < 1 or max_len < 1:
         raise ValueError("num_sequences and max_len must be >= 1")
     rng = np.random.default_rng(seed)

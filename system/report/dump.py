@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from system.correction.ratios import valid_tokens
 from system.types import CorrectionInput
 
 BEHAVIOUR_KEY, PROXIMAL_KEY, MASK_KEY = "rollout_logp", "train_logp", "response_mask"
@@ -145,6 +144,10 @@ def count_positive_logp(values: np.ndarray, mask: np.ndarray) -> int:
     """Finite masked-in log-probs above ``LOGP_TOLERANCE``: a probability above 1, which no sampler
     or forward pass gives (an upstream bug, or not log-probs at all). Section 0 of the spec defines a
     valid token by finiteness alone, so they stay valid tokens; the report counts and says them."""
+    from system.correction.ratios import (
+        valid_tokens,  # torch: not for every CLI command that reads dumps
+    )
+
     with np.errstate(invalid="ignore"):
         return int(((values > LOGP_TOLERANCE) & valid_tokens(mask, values)).sum())
 
@@ -203,22 +206,22 @@ def load_dump(path: str | Path) -> BatchDump:
     for key in REQUIRED:
         if key not in arrays:
             raise DumpError(f"{p}: missing required key {key!r} (have {sorted(arrays)})")
-    mu = arrays["rollout_logp"]
+    mu = arrays[BEHAVIOUR_KEY]
     if mu.ndim != 2:
-        raise DumpError(f"{p}: key 'rollout_logp' must be 2-D [N, T], got shape {mu.shape}")
+        raise DumpError(f"{p}: key {BEHAVIOUR_KEY!r} must be 2-D [N, T], got shape {mu.shape}")
     n, t = mu.shape
     if n == 0 or t == 0:
-        raise DumpError(f"{p}: empty batch: key 'rollout_logp' has shape {mu.shape}")
-    for key in ("train_logp", "response_mask") + tuple(k for k in OPTIONAL_GRID if k in arrays):
+        raise DumpError(f"{p}: empty batch: key {BEHAVIOUR_KEY!r} has shape {mu.shape}")
+    for key in (PROXIMAL_KEY, MASK_KEY) + tuple(k for k in OPTIONAL_GRID if k in arrays):
         _check_shape(key, arrays[key], (n, t), p)
     for key in (k for k in OPTIONAL_ROW if k in arrays):
         _check_shape(key, arrays[key], (n,), p)
-    for key in ("rollout_logp", "train_logp"):
+    for key in (BEHAVIOUR_KEY, PROXIMAL_KEY):
         if not np.issubdtype(arrays[key].dtype, np.floating):
             raise DumpError(f"{p}: key {key!r} must be floating point, got {arrays[key].dtype}")
-    mask = arrays["response_mask"]
+    mask = arrays[MASK_KEY]
     if mask.dtype != np.bool_ and not np.isin(mask, (0, 1)).all():
-        raise DumpError(f"{p}: key 'response_mask' must hold only 0/1")
+        raise DumpError(f"{p}: key {MASK_KEY!r} must hold only 0/1")
     # A mask that selects no token is a legal batch: the report says so, with null statistics.
     _check_kinds(arrays, p)
     ids = arrays.get("response_ids")
@@ -232,7 +235,7 @@ def load_dump(path: str | Path) -> BatchDump:
     # float64 values beyond float32's range become +-inf: non-finite, excluded and counted like any
     # other (spec section 0), without numpy's overflow warning on the console
     with np.errstate(over="ignore"):
-        mu32, old32 = mu.astype(np.float32, copy=False), arrays["train_logp"].astype(np.float32, copy=False)
+        mu32, old32 = mu.astype(np.float32, copy=False), arrays[PROXIMAL_KEY].astype(np.float32, copy=False)
         reward = arrays["reward"].astype(np.float32) if "reward" in arrays else None
         advantage = arrays["advantage"].astype(np.float32) if "advantage" in arrays else None
     return BatchDump(

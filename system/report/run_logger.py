@@ -75,15 +75,15 @@ class RunLogger:
 
 def worst_sequences_table(batch: CorrectionInput) -> tuple[list[str], list[list]]:
     """Columns and rows of the sequences with the largest mean |proximal - behaviour| over their valid
-    tokens (``length``: the response's tokens, valid or not)."""
-    mask = batch.mask_BT.astype(bool)
-    valid = valid_tokens(mask, batch.behaviour_BT, batch.proximal_BT)
+    tokens (``length``: how many, as in ``samples.json``)."""
+    valid = valid_tokens(batch.mask_BT, batch.behaviour_BT, batch.proximal_BT)
     with np.errstate(invalid="ignore"):
         d = np.where(valid, batch.proximal_BT.astype(np.float64) - batch.behaviour_BT, 0.0)
-    n = np.maximum(valid.sum(1), 1)
+    n_valid = valid.sum(1)
+    n = np.maximum(n_valid, 1)
     mean_abs = np.abs(d).sum(1) / n
     order = np.argsort(-mean_abs, kind="stable")[:WORST_SEQUENCES]
     cols = ["uid", "mean_abs_diff", "max_abs_diff", "length", "lag", "reward", "response"]
-    rows = [[batch.uids[i], float(mean_abs[i]), float(np.abs(d[i]).max()), int(mask[i].sum()), int(batch.lag_B[i]),
+    rows = [[batch.uids[i], float(mean_abs[i]), float(np.abs(d[i]).max()), int(n_valid[i]), int(batch.lag_B[i]),
              float(batch.reward_B[i]), batch.response_texts[i]] for i in order]
     return cols, rows
