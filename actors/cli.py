@@ -148,7 +148,7 @@ def train(
 
     quiet_workers()  # this process too: the model build's progress bars, library warnings
 
-    trainer = None
+    trainer, own_session = None, not ray.is_initialized()  # a caller's session (a notebook's) is theirs to end
     try:
         trainer = Trainer(cfg, resume=resume is not None, overwrite=overwrite)
         last = trainer.run()
@@ -170,7 +170,8 @@ def train(
             if trainer is not None:
                 trainer.shutdown()
         finally:
-            stop_session()
+            if own_session:
+                stop_session()
     report = trainer.report_path or f"none (no dump yet: report.dump_every={cfg.report.dump_every})"
     console.print(f"[green]done[/]: {trainer.step} steps in {cfg.output_dir}; "
                   f"final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {report}")

@@ -105,6 +105,8 @@ def test_a_remote_value_error_is_a_training_failure_in_one_line(loopback_ray, mo
     result = CliRunner().invoke(app, ["train", "max_steps=1", "output_dir=/tmp/never-made-by-this-test"])
     assert result.exit_code == 1
     assert "training failed: ValueError: bad shard (in _Sink.write)" in " ".join(result.output.split())
+    # the session was this module's, not the command's: it is still there (aisrl train ends only its own)
+    assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 8
 
 
 def test_a_remote_failure_is_one_line_naming_the_actor_method(monkeypatch):
