@@ -109,6 +109,19 @@ def max_broadcast_receivers(run_dir) -> int:
     return most
 
 
+def broadcast_after(run_dir, step: int) -> bool:
+    """Whether a step after ``step`` broadcast its weights (to a generation formed since)."""
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the line being written right now
+            continue
+        if record["step"] > step and record.get("weight_sync/broadcast_receivers", 0) >= 1:
+            return True
+    return False
+
+
 def aisrl_scale(run_dir, workers: int) -> None:
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", "scale", str(run_dir), "--workers", str(workers)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -136,6 +149,12 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
     step_down = trainer.step
     wait_for(lambda: trainer.step >= step_down + 3, 60, "training to go on with 1 worker")
     stats = ray.get(next(iter(trainer.pool.slots.values())).handle.stats.remote())
+    # down to none: the generation is closed (a broadcast to a worker gone would fail), then up again
+    aisrl_scale(trainer.run_dir, 0)
+    wait_for(lambda: not trainer.pool.slots and trainer.transport.members == (), 60, "no worker, no generation")
+    step_none = trainer.step
+    aisrl_scale(trainer.run_dir, 1)
+    wait_for(lambda: broadcast_after(trainer.run_dir, step_none), 240, "a broadcast to the new worker")
     trainer.stop_requested.set()
     runner.join(timeout=120)
     print(f"\nsecond worker ready {up:.1f} s after `aisrl scale`; weight loads {stats}")
