@@ -42,7 +42,6 @@ def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> N
     )
 
 
-
 def stop_session() -> None:
     """End this process's Ray session now (a private cluster: its processes stop with it), a Ctrl-C or
     SIGTERM meanwhile noted instead of raised: raised inside ``ray.shutdown``, as Ray's exit hook would
@@ -52,6 +51,7 @@ def stop_session() -> None:
         ray.shutdown()
     finally:
         restore()
+
 
 QUIET_ENV = {
     "PYTHONWARNINGS": "ignore",  # Python warnings (FutureWarning, DeprecationWarning) of libraries
