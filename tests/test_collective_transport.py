@@ -5,16 +5,11 @@ and the workers' calls are the in-process stand-ins of ``tests/controller_fakes.
 
 from types import SimpleNamespace
 
-from controller_fakes import FakeWorkerClass, InProcessRuntime, Method
+from controller_fakes import InProcessRuntime, Method
 
-from actors.controller import RolloutLoop, SharedState
-from actors.placement import RoleOptions
-from actors.rollout_pool import RolloutPool, WorkerSlot
+from actors.rollout_pool import WorkerSlot
 from actors.weight_sync import CollectiveTransport
 from system.config import resolve_config
-from system.data.buffer import TrajectoryBuffer
-from system.data.prompt_source import build_prompt_source
-from system.data.sampler import PromptSampler
 
 
 def rank0(log: list, held: list):
@@ -72,25 +67,3 @@ def test_generations_follow_the_ready_workers_down_to_none_and_hold_a_leaving_wo
     transport.maintain(SimpleNamespace(ready=lambda: []))
     assert log == [("close",)] and transport.generation == 2  # closed once; nothing to re-form
 
-
-def test_the_rollout_loop_removes_a_retiring_worker_only_when_the_transport_releases_it():
-    cfg = resolve_config(overrides=["prompts_per_step=2", "rollout.prompts_per_call=2", "rollout.group_size=2",
-                                    "rollout.num_workers=2", "max_steps=50"])
-    cls = FakeWorkerClass()
-    pool = RolloutPool(cfg, "unused", RoleOptions("rollout_worker", 2, 1.0, 0.0, {}), cls, InProcessRuntime())
-    pool.start(2)
-    sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
-    held_back = {"rollout-0", "rollout-1"}
-    transport = SimpleNamespace(maintain=lambda pool: None, releases=lambda worker_id: worker_id not in held_back,
-                                push=lambda handle, ref, version: handle.offer_weights.remote(version, [ref]))
-    loop = RolloutLoop(cfg, pool, sampler, TrajectoryBuffer(1), SharedState(0, (0, 0)), transport)
-    for _ in range(4):
-        loop.tick(timeout=0)
-    loop.desired_workers = 1
-    for _ in range(4):
-        loop.tick(timeout=0)
-    assert len(pool.slots) == 2 and not any(h.killed for h in cls.handles.values())  # retiring, held back
-    held_back.clear()
-    for _ in range(4):
-        loop.tick(timeout=0)
-    assert len(pool.slots) == 1 and sum(h.killed for h in cls.handles.values()) == 1

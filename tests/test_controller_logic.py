@@ -21,8 +21,9 @@ from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
 
 
-def build(max_lag: int = 1, workers: int = 1, calls_per_worker: int = 2):
-    """A loop with B = 2 prompts per step, one 2-prompt call per step, ``workers`` started workers."""
+def build(max_lag: int = 1, workers: int = 1, calls_per_worker: int = 2, transport=None):
+    """A loop with B = 2 prompts per step, one 2-prompt call per step, ``workers`` started workers
+    (weights through ``transport``, the object store's by default)."""
     cfg = resolve_config(overrides=[
         f"async.max_lag={max_lag}", "prompts_per_step=2", "rollout.prompts_per_call=2", "rollout.group_size=2",
         f"rollout.num_workers={workers}", "max_steps=50", f"rollout.calls_per_worker={calls_per_worker}"])
@@ -32,7 +33,7 @@ def build(max_lag: int = 1, workers: int = 1, calls_per_worker: int = 2):
     sampler = PromptSampler(build_prompt_source(cfg.data.task, cfg.seed), cfg.seed)
     buffer = TrajectoryBuffer(max_lag)
     state = SharedState(0, (0, 0))
-    loop = RolloutLoop(cfg, pool, sampler, buffer, state, ObjectStoreTransport())
+    loop = RolloutLoop(cfg, pool, sampler, buffer, state, transport or ObjectStoreTransport())
     return cfg, cls, pool, sampler, buffer, state, loop
 
 
@@ -138,6 +139,24 @@ def test_scaling_follows_desired_workers():
     assert len(pool.slots) == 1
     assert sum(h.killed for h in cls.handles.values()) == 2
 
+
+
+def test_a_retiring_worker_is_removed_only_when_the_transport_releases_it():
+    """(A collective transport holds a worker while a broadcast generation it is in is still hosted.)"""
+    held_back = {"rollout-0", "rollout-1"}
+
+    class Holding(ObjectStoreTransport):
+        def releases(self, worker_id: str) -> bool:
+            return worker_id not in held_back
+
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1, workers=2, transport=Holding())
+    ticks(loop, 4)
+    loop.desired_workers = 1
+    ticks(loop, 4)
+    assert len(pool.slots) == 2 and not any(h.killed for h in cls.handles.values())  # retiring, held back
+    held_back.clear()
+    ticks(loop, 4)
+    assert len(pool.slots) == 1 and sum(h.killed for h in cls.handles.values()) == 1
 
 @pytest.mark.parametrize("max_lag", [0, 1, 3])
 def test_no_buffered_group_exceeds_the_bound_over_many_steps(max_lag):
