@@ -163,7 +163,7 @@ def train(
         console.print(f"[bold red]stopped[/] by {'SIGTERM' if sigterm else 'Ctrl-C'}"
                       + ("" if trainer is not None else " during start-up: nothing was trained"))
         raise typer.Exit(code=143 if sigterm else 130) from None
-    except RuntimeError as exc:
+    except (RuntimeError, OSError) as exc:  # OSError: a full disk or a file that cannot be written here
         _training_failed(exc, cfg.output_dir)
     finally:
         try:

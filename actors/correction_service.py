@@ -9,6 +9,7 @@ import numpy as np
 import ray
 from transformers import AutoTokenizer
 
+from actors.cluster import verbose
 from system.config import RunConfig, dump_config
 from system.correction.service import CorrectionCore
 from system.report.dump import newest_dump, token_text_grid
@@ -21,6 +22,8 @@ from system.types import CorrectionInput, StepRecord
 @ray.remote
 class CorrectionService:
     def __init__(self, cfg: RunConfig, run_dir: str, model_dir: str, wandb_run_id: str | None = None) -> None:
+        if not verbose():  # a log file the disk cannot take (W&B's debug.log on a full disk): no traceback per record
+            logging.raiseExceptions = False
         self.core = CorrectionCore(cfg.correction)
         self.logger = RunLogger(run_dir, cfg.report, json.loads(dump_config(cfg)), wandb_run_id)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)

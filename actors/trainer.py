@@ -105,6 +105,7 @@ class Trainer:
         else:
             run_state.check_no_replaced_run(self.run_dir)
             self.ckpt, saved, skipped = run_state.checkpoint_to_resume(self.run_dir, cfg.max_steps)
+            run_state.check_metrics(self.run_dir)  # before anything starts or is written
             for reason in skipped:
                 log.warning("checkpoint %s; falling back to an older one", reason)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -124,8 +125,8 @@ class Trainer:
             dropped = run_state.trim_metrics(self.run_dir, saved["step"])
             moved, dumps = run_state.set_aside_after(self.run_dir, saved["step"])
             if dropped or moved or dumps:
-                log.warning("resuming at step %d: dropped %d metrics records and %d dumps written after that "
-                            "checkpoint%s", saved["step"], dropped, dumps,
+                log.warning("resuming at step %d: dropped %d metrics lines (records past that checkpoint, and a "
+                            "line cut at the end) and %d dumps written after it%s", saved["step"], dropped, dumps,
                             f"; moved the later checkpoints {moved} to checkpoints/{run_state.ABANDONED_DIR}/"
                             if moved else "")
         self._saved_step = saved.get("step")  # the checkpoint on disk for this step (None: none)

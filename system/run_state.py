@@ -108,23 +108,53 @@ def checkpoint_to_resume(run_dir: str | Path, max_steps: int) -> tuple[Path, dic
     return ckpt, saved, skipped
 
 
+def _record_step(line: str) -> int | None:
+    """The step of one ``metrics.jsonl`` line, None if it is not a record (not JSON, not an object,
+    a step that is not a whole number)."""
+    try:
+        record = json.loads(line)
+        return int(record["step"]) if isinstance(record, dict) and "step" in record else None
+    except (ValueError, TypeError, OverflowError):  # not JSON, no number, a step of Infinity
+        return None
+
+
+def _metrics_lines(path: Path) -> tuple[list[tuple[str, int | None]], int]:
+    """Each line of ``metrics.jsonl`` with its step, and how many lines at the end are not records: a
+    line cut by a kill or a full disk (the run stops there). A line that is not a record with records
+    after it was not cut so (the file was edited or damaged): refused with its line numbers."""
+    lines = [(line, _record_step(line)) for line in path.read_text(errors="replace").splitlines()]
+    torn = 0
+    while torn < len(lines) and lines[len(lines) - 1 - torn][1] is None:
+        torn += 1
+    damaged = [i + 1 for i, (_, step) in enumerate(lines[:len(lines) - torn]) if step is None]
+    if damaged:
+        raise ValueError(f"{path}: line{'s' if len(damaged) > 1 else ''} {', '.join(map(str, damaged[:10]))}"
+                         f"{' ...' if len(damaged) > 10 else ''} {'are' if len(damaged) > 1 else 'is'} not a step record (JSON with a whole-number "
+                         f"\"step\"), with records after {'them' if len(damaged) > 1 else 'it'}: not a line cut by "
+                         "a stop but an edited or damaged file; repair or delete "
+                         f"{'those lines' if len(damaged) > 1 else 'that line'}, then resume")
+    return lines, torn
+
+
+def check_metrics(run_dir: str | Path) -> None:
+    """Refuse a ``metrics.jsonl`` a resume cannot trim without losing a record: a line that is not a
+    record before the last record (:func:`trim_metrics` drops only cut lines at the end)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.is_file():
+        _metrics_lines(path)
+
+
 def trim_metrics(run_dir: str | Path, step: int) -> int:
-    """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from); returns
-    how many were dropped. Lines that are not JSON records (a line cut by a kill) are dropped too."""
+    """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from) and the
+    lines at its end that are not records (cut by a kill or a full disk); returns how many lines were
+    dropped. A line that is not a record before another record is refused (:func:`check_metrics`),
+    never dropped: it is not one a stop cuts."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-            keep = isinstance(record, dict) and int(record.get("step", step + 1)) <= step
-        except (ValueError, TypeError, OverflowError):  # not JSON, no number, a step of Infinity
-            keep = False
-        if keep:
-            kept.append(line)
-        else:
-            dropped += 1
+    lines, torn = _metrics_lines(path)
+    kept = [line for line, s in lines[:len(lines) - torn] if s <= step]
+    dropped = len(lines) - len(kept)
     if dropped:
         _write_text_whole(path, "".join(f"{line}\n" for line in kept))
     return dropped
@@ -369,8 +399,14 @@ def write_rollout_workers(run_dir: str | Path, record: dict) -> None:
 def _write_text_whole(path: Path, text: str) -> None:
     """``path`` holds ``text`` or its old contents, never a part: written beside it, then renamed."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written temp file left beside it
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: this one
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
 
 
 def fp8_kernel_pins(run_dir: str | Path) -> dict[str, str]:

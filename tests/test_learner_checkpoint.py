@@ -3,6 +3,8 @@
 The save/load round trip itself runs on 2 gloo ranks in ``test_learner_fsdp``.
 """
 
+import shutil
+
 import pytest
 
 from system.learner.checkpoint import is_complete, load_checkpoint
@@ -105,3 +107,25 @@ def test_a_load_that_fails_leaves_the_configs_hyperparameters():
     group = opt.param_groups[0]
     assert (group["initial_lr"], group["weight_decay"]) == (5e-4, 0.0)
     assert sched.lr_lambdas[0].warmup_steps == 0
+
+
+def test_a_failed_save_raises_the_first_ranks_own_error_naming_the_checkpoint(tmp_path):
+    """Found by a probe: a full disk during a checkpoint printed DCP's text (every rank's traceback),
+    cut to one line before the cause; now the lowest failed rank's error, an OSError kept as one."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from system.learner.checkpoint import write_failure
+
+    full = OSError(28, "No space left on device", "/runs/a/checkpoints/step_00000005.partial/__1_0.distcp")
+    exc = CheckpointException("save failed", {1: (full, None), 3: (ValueError("x"), None)})
+    err = write_failure("/runs/a/checkpoints/step_00000005.partial", exc)
+    assert isinstance(err, OSError) and err.errno == 28 and err.filename == full.filename
+    assert str(err) == ("[Errno 28] No space left on device (checkpoint /runs/a/checkpoints/step_00000005.partial, "
+                        "rank 1 and 1 more): '/runs/a/checkpoints/step_00000005.partial/__1_0.distcp'")
+    # torch's writer reports a full disk as a RuntimeError: the message says how much room is left
+    torn = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    other = write_failure(str(tmp_path / "c.partial"), CheckpointException("save failed", {0: (torn, None)}))
+    free = shutil.disk_usage(tmp_path).free / 2**20
+    assert isinstance(other, RuntimeError) and str(other) == (
+        f"checkpoint {tmp_path / 'c.partial'}, rank 0: RuntimeError: [enforce fail at inline_container.cc:672] . "
+        f"unexpected pos 704 vs 598; {free:.1f} MiB free on its file system" + (" (full)" if free < 1 else ""))

@@ -137,6 +137,21 @@ def test_save_dump_stores_strings_as_unicode(tmp_path):
         save_dump(tmp_path / "e.npz", **arrays)
 
 
+def test_a_dump_the_disk_cannot_hold_names_itself_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Found by a probe: a full disk failed the run with "[Errno 28] No space left on device" naming no
+    file, and left the hidden ``.step_N.npz.partial.npz`` behind."""
+    def full(file, **arrays):
+        Path(file).write_bytes(b"PK")  # the start of the archive, then the disk is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", full)
+    target = tmp_path / "dumps" / "step_000021.npz"
+    with pytest.raises(OSError, match=r"\[Errno 28\] cannot write the dump: No space left on device: "
+                                      r"'.*dumps/step_000021.npz'"):
+        save_dump(target, **make_demo_dump(4, 3, seed=0))
+    assert list((tmp_path / "dumps").iterdir()) == []
+
+
 def test_a_directory_given_as_the_dump_names_its_dumps(tmp_path):
     run = tmp_path / "run"
     for step in (2, 4):

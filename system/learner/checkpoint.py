@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from system.learner import distributed
@@ -60,7 +61,10 @@ def save_checkpoint(
         os.makedirs(os.path.dirname(path), exist_ok=True)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
+    except CheckpointException as exc:
+        raise write_failure(partial, exc) from None
     # each rank reads back the shard files it wrote (``__<rank>_<i>.distcp``; rank 0 also the rest, the
     # ``.metadata``), in parallel: no rank reads the whole checkpoint while the others wait
     names = sorted(os.listdir(partial))
@@ -76,6 +80,32 @@ def save_checkpoint(
             json.dump(trainer, f)
         _publish(partial, path)
     dist.barrier()
+
+
+def write_failure(partial: str, exc: CheckpointException) -> Exception:
+    """The error of a failed DCP save to raise instead of DCP's (whose text is every rank's traceback:
+    the cause, a full disk, fell past the console's one line): the lowest failed rank's own
+    exception, naming the checkpoint. An ``OSError`` stays one (its number and file kept)."""
+    failures = exc.failures or {}
+    if not failures:
+        return RuntimeError(f"checkpoint {partial}: the save failed ({' '.join(str(exc).split())[:300]})")
+    rank = min(failures)
+    cause = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+    where = f"checkpoint {partial}, rank {rank}{f' and {len(failures) - 1} more' if len(failures) > 1 else ''}"
+    if isinstance(cause, OSError):
+        return OSError(cause.errno, f"{cause.strerror or cause} ({where})", cause.filename or partial)
+    # torch's writer reports a full disk as "unexpected pos 704 vs 598": say how full the disk is
+    text = " ".join(str(cause).split())
+    return RuntimeError(f"{where}: {type(cause).__name__}: {text}{_free_space(partial)}")
+
+
+def _free_space(path: str) -> str:
+    """``"; N MiB free on its file system"`` for the directory holding ``path`` (empty if unknown)."""
+    try:
+        free = shutil.disk_usage(os.path.dirname(path) or ".").free
+    except OSError:
+        return ""
+    return f"; {free / 2**20:.1f} MiB free on its file system" + (" (full)" if free < 2**20 else "")
 
 
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")

@@ -288,8 +288,12 @@ def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial.npz")  # hidden, and matched by no ``step_*.npz`` glob
-    np.savez_compressed(tmp, **{k: _storable(path, k, v) for k, v in arrays.items() if v is not None})
-    tmp.replace(out)
+    try:
+        np.savez_compressed(tmp, **{k: _storable(path, k, v) for k, v in arrays.items() if v is not None})
+        tmp.replace(out)
+    except OSError as exc:  # a full disk: no partial file left, and the message names the dump
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, f"cannot write the dump: {exc.strerror or exc}", str(out)) from None
     return out
 
 
