@@ -92,6 +92,7 @@ def quiet_workers() -> None:
 
         disable_progress_bars()
         transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()  # imported before TRANSFORMERS_VERBOSITY was set here
     if not (sys.stdout.isatty() and sys.stderr.isatty()):
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # read by the driver as it prints each line
 
