@@ -109,13 +109,14 @@ def checkpoint_to_resume(run_dir: str | Path, max_steps: int) -> tuple[Path, dic
 
 
 def _record_step(line: str) -> int | None:
-    """The step of one ``metrics.jsonl`` line, None if it is not a record (not JSON, not an object,
-    a step that is not a whole number)."""
+    """The step of one ``metrics.jsonl`` line, None if it is not a record (not JSON, not an object, no
+    whole-number ``step``)."""
     try:
         record = json.loads(line)
-        return int(record["step"]) if isinstance(record, dict) and "step" in record else None
-    except (ValueError, TypeError, OverflowError):  # not JSON, no number, a step of Infinity
+    except ValueError:
         return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _metrics_lines(path: Path) -> tuple[list[tuple[str, int | None]], int]:
@@ -128,11 +129,12 @@ def _metrics_lines(path: Path) -> tuple[list[tuple[str, int | None]], int]:
         torn += 1
     damaged = [i + 1 for i, (_, step) in enumerate(lines[:len(lines) - torn]) if step is None]
     if damaged:
-        raise ValueError(f"{path}: line{'s' if len(damaged) > 1 else ''} {', '.join(map(str, damaged[:10]))}"
-                         f"{' ...' if len(damaged) > 10 else ''} {'are' if len(damaged) > 1 else 'is'} not a step record (JSON with a whole-number "
-                         f"\"step\"), with records after {'them' if len(damaged) > 1 else 'it'}: not a line cut by "
-                         "a stop but an edited or damaged file; repair or delete "
-                         f"{'those lines' if len(damaged) > 1 else 'that line'}, then resume")
+        one = len(damaged) == 1
+        numbers = ", ".join(map(str, damaged[:10])) + (" ..." if len(damaged) > 10 else "")
+        raise ValueError(
+            f"{path}: line{'' if one else 's'} {numbers} {'is' if one else 'are'} not a step record (JSON with a "
+            f"whole-number \"step\"), with records after {'it' if one else 'them'}: not a line cut by a stop but an "
+            f"edited or damaged file; repair or delete {'that line' if one else 'those lines'}, then resume")
     return lines, torn
 
 

@@ -54,7 +54,8 @@ def test_resume_trims_records_past_the_checkpoint_and_a_cut_last_line(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
-@pytest.mark.parametrize("bad", ["this is not json", '{"step": 3, "lo', '{"step": Infinity}', "[3]", '{"loss": 1}'])
+@pytest.mark.parametrize("bad", ["this is not json", '{"step": 3, "lo', '{"step": Infinity}', "[3]", '{"loss": 1}',
+                                 '{"step": 3.5}', '{"step": true}', '{"step": "3"}', ""])
 def test_a_damaged_line_before_other_records_is_refused_and_nothing_dropped(tmp_path, bad):
     """Found by a probe: a damaged line in the middle of the file was deleted by the resume's trim
     (step 3 lost for good) and reported as a record "written after that checkpoint"."""
