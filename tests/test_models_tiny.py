@@ -167,3 +167,19 @@ def test_the_warm_start_draws_again_past_a_prompt_too_long_for_the_context(monke
     losses = ws.warm_start(model, tok, prompts, num_steps=3, lr=1e-3, seed=0, batch_size=8)
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses) and max(widths) <= 9  # "10+20=30<eos>"
     assert ws.warm_start(model, tok, [Prompt("long", "1+2=" * 5000, "3")], 3, 1e-3, 0, batch_size=8) == []
+
+
+def test_a_context_too_short_for_the_tasks_prompt_and_answer_is_refused_and_nothing_cached(tmp_path):
+    """Found by a probe: ``num_digits=9`` with a 24-position context (a 20-character prompt, a 10-digit
+    answer) warm-started 0 of its steps, silently; the untrained model was cached and trained on."""
+    model = TinyModelConfig(warm_start_steps=5, max_position_embeddings=24)
+    with pytest.raises(ValueError, match=r"model.max_position_embeddings=24: the task's prompts and answers do not "
+                                         r"fit .* it ended after 0 of 5 steps"):
+        build_tiny_model(model, ArithmeticTaskConfig(num_prompts=100, num_digits=9), seed=0, cache_dir=tmp_path)
+    assert not any(p.is_dir() and (p / "config.json").exists() for p in tmp_path.rglob("*"))
+    # such a model cached by an older version (0 warm-start steps recorded) is built again, so refused
+    cached = tmp_path / f"tiny-{build_key(model, ArithmeticTaskConfig(num_prompts=100, num_digits=9), 0)}"
+    cached.mkdir()
+    (cached / "aisrl_build.json").write_text(json.dumps({"warm_start_losses": []}))
+    with pytest.raises(ValueError, match="ended after 0 of 5 steps"):
+        build_tiny_model(model, ArithmeticTaskConfig(num_prompts=100, num_digits=9), seed=0, cache_dir=tmp_path)

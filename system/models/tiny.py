@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 from system.config.model import TinyModelConfig
 from system.data.prompt_source import AnyTaskConfig, PromptSource, build_prompt_source
 from system.models.tokenizer import train_char_tokenizer
-from system.models.warm_start import warm_start
+from system.models.warm_start import MAX_DRAWS_PER_ROW, warm_start
 
 BUILD_FORMAT = 2
 """Bumped whenever the build recipe changes, so stale cache entries are never reused (2: the byte-level
@@ -100,6 +100,12 @@ def _write_model(out: Path, model_cfg: TinyModelConfig, prompts: PromptSource, s
     started = time.perf_counter()
     losses = warm_start(model, tokenizer, prompts, model_cfg.warm_start_steps,
                         model_cfg.warm_start_lr, seed, model_cfg.warm_start_label_smoothing)
+    if len(losses) < model_cfg.warm_start_steps:  # an untrained model must not be cached and trained on
+        raise ValueError(
+            f"model.max_position_embeddings={model_cfg.max_position_embeddings}: the task's prompts and answers do "
+            f"not fit in the context (the warm start drew {MAX_DRAWS_PER_ROW} prompts in a row whose text + answer + "
+            f"<eos> take more positions; it ended after {len(losses)} of {model_cfg.warm_start_steps} steps). Raise "
+            "it, or shorten the task's prompts and answers")
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out, safe_serialization=True)
@@ -120,7 +126,10 @@ def build_tiny_model(
     key = build_key(model_cfg, task_cfg, seed)
     final = cache_dir / f"tiny-{key}"
     if (final / "aisrl_build.json").is_file():
-        return final
+        info = json.loads((final / "aisrl_build.json").read_text())
+        if len(info.get("warm_start_losses", ())) >= model_cfg.warm_start_steps:
+            return final
+        shutil.rmtree(final, ignore_errors=True)  # cached by an older version with its warm start cut short
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_dir))
     try:
