@@ -70,7 +70,8 @@ def warm_start(
     character is at least one token, so it cannot fit) is drawn again: the run's context check
     refuses or skips it later (``data.overlong_prompts``), and one such prompt must not pad every
     batch to its length (a 50 KB prompt asked for 160 GB). When draws keep finding none that fits
-    (``MAX_DRAWS_PER_ROW`` a row), the warm start ends early."""
+    (``MAX_DRAWS_PER_ROW`` a row), the warm start ends early (and the tiny model's build refuses the
+    context, ``system.models.tiny``: an untrained model must not be trained on)."""
     with single_thread():
         return _train(model, tokenizer, prompts, num_steps, lr, seed, label_smoothing, batch_size)
 
