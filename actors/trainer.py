@@ -35,7 +35,7 @@ from actors.run_checkpoint import controller_snapshot, load_learner_half, restor
 from actors.step_records import RecordsInFlight, SubmittedStep
 from actors.stop_signals import as_terminated, defer_signals, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
-from system import controller_state, run_state
+from system import controller_state, metrics_file, run_state
 from system.config import RunConfig, dump_config
 from system.config.advice import config_warnings
 from system.correction.nothing_kept import NothingKeptGuard
@@ -105,7 +105,7 @@ class Trainer:
         else:
             run_state.check_no_replaced_run(self.run_dir)
             self.ckpt, saved, skipped = run_state.checkpoint_to_resume(self.run_dir, cfg.max_steps)
-            run_state.check_metrics(self.run_dir)  # before anything starts or is written
+            metrics_file.check_metrics(self.run_dir)  # before anything starts or is written
             for reason in skipped:
                 log.warning("checkpoint %s; falling back to an older one", reason)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,7 @@ class Trainer:
             raise
         # written once the run is accepted: a refused --resume leaves the directory as it was
         if self.ckpt is not None:
-            dropped = run_state.trim_metrics(self.run_dir, saved["step"])
+            dropped = metrics_file.trim_metrics(self.run_dir, saved["step"])
             moved, dumps = run_state.set_aside_after(self.run_dir, saved["step"])
             if dropped or moved or dumps:
                 log.warning("resuming at step %d: dropped %d metrics lines (records past that checkpoint, and a "

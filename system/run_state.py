@@ -108,60 +108,6 @@ def checkpoint_to_resume(run_dir: str | Path, max_steps: int) -> tuple[Path, dic
     return ckpt, saved, skipped
 
 
-def _record_step(line: str) -> int | None:
-    """The step of one ``metrics.jsonl`` line, None if it is not a record (not JSON, not an object, no
-    whole-number ``step``)."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
-def _metrics_lines(path: Path) -> tuple[list[tuple[str, int | None]], int]:
-    """Each line of ``metrics.jsonl`` with its step, and how many lines at the end are not records: a
-    line cut by a kill or a full disk (the run stops there). A line that is not a record with records
-    after it was not cut so (the file was edited or damaged): refused with its line numbers."""
-    lines = [(line, _record_step(line)) for line in path.read_text(errors="replace").splitlines()]
-    torn = 0
-    while torn < len(lines) and lines[len(lines) - 1 - torn][1] is None:
-        torn += 1
-    damaged = [i + 1 for i, (_, step) in enumerate(lines[:len(lines) - torn]) if step is None]
-    if damaged:
-        one = len(damaged) == 1
-        numbers = ", ".join(map(str, damaged[:10])) + (" ..." if len(damaged) > 10 else "")
-        raise ValueError(
-            f"{path}: line{'' if one else 's'} {numbers} {'is' if one else 'are'} not a step record (JSON with a "
-            f"whole-number \"step\"), with records after {'it' if one else 'them'}: not a line cut by a stop but an "
-            f"edited or damaged file; repair or delete {'that line' if one else 'those lines'}, then resume")
-    return lines, torn
-
-
-def check_metrics(run_dir: str | Path) -> None:
-    """Refuse a ``metrics.jsonl`` a resume cannot trim without losing a record: a line that is not a
-    record before the last record (:func:`trim_metrics` drops only cut lines at the end)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if path.is_file():
-        _metrics_lines(path)
-
-
-def trim_metrics(run_dir: str | Path, step: int) -> int:
-    """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from) and the
-    lines at its end that are not records (cut by a kill or a full disk); returns how many lines were
-    dropped. A line that is not a record before another record is refused (:func:`check_metrics`),
-    never dropped: it is not one a stop cuts."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    lines, torn = _metrics_lines(path)
-    kept = [line for line, s in lines[:len(lines) - torn] if s <= step]
-    dropped = len(lines) - len(kept)
-    if dropped:
-        _write_text_whole(path, "".join(f"{line}\n" for line in kept))
-    return dropped
-
-
 ABANDONED_DIR = "abandoned"
 """``checkpoints/abandoned/<unix time>/``: where a resume moves the checkpoints past the one it starts from."""
 
@@ -171,7 +117,7 @@ def set_aside_after(run_dir: str | Path, step: int, now: float | None = None) ->
     checkpoints ``step_N`` (N > step, complete or not: one the resume skipped as damaged, or one
     this attempt will publish again beside the old ``controller.pkl``) are moved to
     ``checkpoints/abandoned/<time>/`` (kept for inspection, never resumed from), its dumps
-    ``dumps/step_N.npz`` are deleted (as its metrics records are, :func:`trim_metrics`). Returns the
+    ``dumps/step_N.npz`` are deleted (as its metrics records are, :func:`system.metrics_file.trim_metrics`). Returns the
     names moved and the number of dumps deleted."""
     import time
 
@@ -395,10 +341,10 @@ def drop_replaced(aside: Path | None) -> None:
 def write_rollout_workers(run_dir: str | Path, record: dict) -> None:
     """``rollout_workers.json`` (``RolloutPool.workers_record``), written whole then renamed: a resume reads
     the FP8 kernel pins from it (:func:`fp8_kernel_pins`), and a kill mid-write must not tear them."""
-    _write_text_whole(Path(run_dir) / ROLLOUT_WORKERS_FILE, json.dumps(record, indent=1))
+    write_text_whole(Path(run_dir) / ROLLOUT_WORKERS_FILE, json.dumps(record, indent=1))
 
 
-def _write_text_whole(path: Path, text: str) -> None:
+def write_text_whole(path: Path, text: str) -> None:
     """``path`` holds ``text`` or its old contents, never a part: written beside it, then renamed."""
     tmp = path.with_name(path.name + ".tmp")
     try:

@@ -293,7 +293,7 @@ def save_dump(path: str | Path, **arrays: np.ndarray) -> Path:
         tmp.replace(out)
     except OSError as exc:  # a full disk: no partial file left, and the message names the dump
         tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, f"cannot write the dump: {exc.strerror or exc}", str(out)) from None
+        raise OSError(exc.errno, exc.strerror or str(exc), str(out)) from None
     return out
 
 

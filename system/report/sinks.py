@@ -28,7 +28,7 @@ class NullSink:
 
 class JsonlSink(NullSink):
     """Appends one JSON object per ``log`` call to ``metrics.jsonl`` (flushed each line). The file is
-    opened at the first record, by path: a resume trims the file (``run_state.trim_metrics`` replaces
+    opened at the first record, by path: a resume trims the file (``metrics_file.trim_metrics`` replaces
     it) after this sink exists and before the first record."""
 
     def __init__(self, path: str | Path) -> None:
