@@ -36,3 +36,12 @@ def test_the_rate_forgets_steps_older_than_its_window():
 def test_a_record_without_the_rate_or_its_seconds_shows_what_it_has():
     lines = lines_of([{"reward/mean": 0.5}, {"throughput/rollout_tokens_per_s": 7.0}])
     assert "tok/s -" in lines[0] and "tok/s 7" in lines[1]
+
+
+def test_kept_shows_sequences_and_tokens():
+    """A token-level method keeps nearly every sequence while it masks tokens: the line showed only the
+    sequence fraction (a probe read ``kept 99%`` at 15 % of tokens masked). Both fractions, as logged."""
+    [line] = lines_of([{"correction/keep_seq_frac": 0.995, "correction/keep_token_frac": 0.85}])
+    assert "kept seq 100%  tok 85%" in line  # 0.995 rounds to 100 % at the console's precision
+    [line] = lines_of([{"correction/keep_seq_frac": 0.5}])
+    assert "kept seq 50%  tok -" in line

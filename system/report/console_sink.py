@@ -1,4 +1,8 @@
-"""The live console display: a rich progress bar with step, reward, KL, kept fraction, staleness, throughput.
+"""The live console display: a rich progress bar with step, reward, KL, kept fractions, staleness, throughput.
+
+``kept`` is the correction method's kept fraction of sequences (those with at least one kept token) and
+of tokens (valid tokens with a weight above 0): a token-level method (token-tis, icepop) keeps nearly
+every sequence while it masks tokens, a sequence-level one masks whole sequences.
 
 ``tok/s`` on the console is the rollout rate over the last ``RATE_WINDOW`` steps (tokens generated
 over their seconds: ``sum(rate_i * step_s_i) / sum(step_s_i)``), so a step in which nothing was
@@ -16,7 +20,8 @@ from system.report.sinks import NullSink
 _FIELDS = (
     ("reward", "reward/mean", "{:.3f}"),
     ("kl", "mismatch/kl_k1", "{:.2e}"),
-    ("kept", "correction/keep_seq_frac", "{:.0%}"),
+    ("kept seq", "correction/keep_seq_frac", "{:.0%}"),
+    ("tok", "correction/keep_token_frac", "{:.0%}"),
     ("lag", "staleness/lag_mean", "{:.2f}"),
     ("tok/s", "throughput/rollout_tokens_per_s", "{:.0f}"),
     ("learner waited", "time/wait_rollout", "{:.2f}s"),
