@@ -171,6 +171,8 @@ def test_ais_sanity_refuses_a_run_without_dumps(tmp_path, kind):
     ("bench_correction_ablation.py", ["--steps", "0"], "error: argument --steps: expected a positive integer, got '0'"),
     ("bench_correction.py", ["--sizes", "100"], "error: argument --sizes: each size (tokens) must be at least 1024"),
     ("bench_loopback_ceiling.py", ["--mib", "0"], "error: argument --mib: expected a positive integer, got '0'"),
+    ("bench_memory_growth.py", ["--steps", "0"], "error: argument --steps: expected a positive integer, got '0'"),
+    ("bench_memory_growth.py", ["no_such_key=1"], "error: overrides: "),
 ])
 def test_scripts_refuse_bad_arguments(script, args, message):
     before = _snapshot()
