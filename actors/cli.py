@@ -344,8 +344,21 @@ def _follow(address: str, job_id: str) -> None:
         raise typer.Exit(code=1)
 
 
+def _job_id(value: str) -> str:
+    """A job id is one word (an unset shell variable gave "": the API then answered with its job list)."""
+    if not value.strip() or any(c.isspace() for c in value):
+        raise typer.BadParameter(f"{value!r}: a job id (raysubmit_...) as `aisrl submit` printed it")
+    return value
+
+
+def _wait_seconds(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise typer.BadParameter(f"{value}: seconds, a finite number >= 0")
+    return value
+
+
 @job_app.command("status")
-def job_status(job_id: str = typer.Argument(...), address: str = typer.Option(..., "--address", help=ADDRESS_HELP)) -> None:
+def job_status(job_id: str = typer.Argument(..., callback=_job_id), address: str = typer.Option(..., "--address", help=ADDRESS_HELP)) -> None:
     """Print the job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) and its message."""
     from actors import jobs
 
@@ -358,9 +371,10 @@ def job_status(job_id: str = typer.Argument(...), address: str = typer.Option(..
 
 @job_app.command("stop")
 def job_stop(
-    job_id: str = typer.Argument(...),
+    job_id: str = typer.Argument(..., callback=_job_id),
     address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
-    timeout_s: float = typer.Option(300.0, "--timeout-s", help="How long to wait for the job to end."),
+    timeout_s: float = typer.Option(300.0, "--timeout-s", callback=_wait_seconds,
+                                    help="How long to wait for the job to end (the stop is sent either way)."),
 ) -> None:
     """Stop the job: SIGTERM (training finishes its step and checkpoints), SIGKILL after the job's stop wait."""
     from actors import jobs
@@ -374,9 +388,9 @@ def job_stop(
 
 @job_app.command("logs")
 def job_logs(
-    job_id: str = typer.Argument(...),
+    job_id: str = typer.Argument(..., callback=_job_id),
     address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
-    follow: bool = typer.Option(False, "--follow", help="Stream until the job ends."),
+    follow: bool = typer.Option(False, "--follow", help="Stream until the job ends; exit 1 unless it SUCCEEDED."),
 ) -> None:
     """Print the job's logs (the entry point's stdout and stderr)."""
     from actors import jobs

@@ -139,12 +139,17 @@ def check_address(address: str, timeout_s: float = 10.0) -> str | None:
     return target
 
 
-def join(address: str, **init_kwargs) -> None:
+TOKEN_HINT = ("with token authentication on (Ray's default), this process needs the cluster's token: export "
+              "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) as in the shell that started the head")
+
+
+def join(address: str, what: str = "ray.address", **init_kwargs) -> None:
     """Connect to a running cluster. One bound to loopback (an address on 127.0.0.1, or a head
     started with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, whose jobs inherit the variable) is
     joined in local-only mode, so this driver does not announce the machine's interface address.
     ``auto`` without a running cluster is one line (:class:`ClusterUnreachableError`); whether
-    anything answers at an address is the callers' check (:func:`check_address`, :func:`reachable`)."""
+    anything answers at an address is the callers' check (:func:`check_address`, :func:`reachable`).
+    A refused token is one line too, naming ``what`` (the setting or flag the address came from)."""
     host = (_target(address) or address).split("://")[-1].rsplit(":", 1)[0]
     if host in ("127.0.0.1", "localhost") or os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
         use_loopback_only()
@@ -154,8 +159,15 @@ def join(address: str, **init_kwargs) -> None:
         # Ray's INFO lines ("Connecting to existing Ray cluster at ...") only with --verbose
         init_kwargs.setdefault("logging_level", logging.INFO if verbose() else logging.WARNING)
         ray.init(address=address, log_to_driver=True, **init_kwargs)
-    except ConnectionError as exc:  # "auto" with no cluster running here
-        raise ClusterUnreachableError(f"ray.address={address}: {' '.join(str(exc).split())[:300]}") from None
+    except ray.exceptions.AuthenticationError as exc:  # no token here for a cluster that requires one
+        first = " ".join(str(exc).split("\n\n")[0].split())[:200]
+        raise ClusterUnreachableError(f"{what}={address}: authentication failed ({first}); {TOKEN_HINT}") from None
+    except ConnectionError as exc:  # "auto" with no cluster running here, or a token the cluster refused
+        said = " ".join(str(exc).split())[:300]
+        target = _target(address)
+        if target is not None and reachable(target):  # it answers, yet refused this process: the token
+            said += f"; the cluster answers at {target} but did not accept this process: {TOKEN_HINT}"
+        raise ClusterUnreachableError(f"{what}={address}: {said}") from None
 
 
 def use_loopback_only() -> None:

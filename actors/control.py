@@ -90,15 +90,22 @@ def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHan
     if not info_path.is_file():
         raise ValueError(f"{info_path}: not found; is a run using {run_dir} as output_dir running?")
     info = json.loads(info_path.read_text())
+    if address and address.split("://")[0].lower() in ("http", "https"):
+        raise ValueError(f"--address {address}: a dashboard (Jobs API) URL, which `aisrl submit` and `aisrl job` "
+                         "take; `aisrl scale` joins the cluster itself: its GCS address (host:port, as in "
+                         "control.json), or leave --address out")
     target = address or info["gcs_address"]
+    what = "--address" if address else f"{info_path}'s gcs_address"
     if not reachable(target):
-        raise ValueError(f"cannot reach the run's cluster at {target}: the run has ended (or pass --address)")
+        raise ValueError(f"{what} {target}: nothing answers there (a Ray cluster's GCS address, host:port, as "
+                         f"in control.json)" if address else
+                         f"cannot reach the run's cluster at {target}: the run has ended (or pass --address)")
     # The token itself is never written here: Ray's client reads it the way the cluster did
     # ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token).
     if "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = info.get("auth_mode", "disabled")
         reload_config()  # Ray caches its config at import; refresh it (as ray.init does)
-    join(target, namespace=NAMESPACE)  # Ray's INFO lines only with --verbose (actors.cluster.join)
+    join(target, what, namespace=NAMESPACE)  # Ray's INFO lines only with --verbose (actors.cluster.join)
     try:
         return ray.get_actor(info["actor"], namespace=NAMESPACE)
     except ValueError:

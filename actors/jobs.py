@@ -30,10 +30,14 @@ from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlparse
 
+import aiohttp
+import requests
 from ray.exceptions import AuthenticationError
 from ray.job_submission import JobStatus, JobSubmissionClient
 
+from actors import ray_internals
 from actors.cluster import QUIET_ENV
+from actors.ray_internals import TimedJobSubmissionClient
 from system.config import RunConfig, dump_config, resolve_config
 from system.config.resume import resume_config
 
@@ -116,7 +120,13 @@ def job_api(address: str) -> Iterator[JobSubmissionClient]:
     token, source = find_auth_token()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        yield JobSubmissionClient(check_address(address), headers=headers)
+        yield TimedJobSubmissionClient(check_address(address), headers=headers)
+    except requests.exceptions.Timeout:
+        connect_s, read_s = ray_internals.JOBS_API_TIMEOUT_S
+        raise JobError(f"{address}: the Ray Jobs API did not answer (connect {connect_s:g} s, read {read_s:g} s): "
+                       "is the head stuck, or the port forwarded to something else?") from None
+    except aiohttp.ClientError as exc:  # the log stream (--follow): its websocket is refused
+        raise JobError(f"{address}: the job's log stream failed: {' '.join(str(exc).split())[:300]}") from None
     except AuthenticationError as exc:
         server_says = " ".join(exc.message.split("\n\n")[0].split())  # e.g. "Authentication failed: Forbidden: ..."
         raise JobError(f"{address}: authentication failed ({source}). {server_says}") from None
@@ -300,7 +310,10 @@ def stop(address: str, job_id: str, timeout_s: float = 60.0) -> JobStatus:
     """Ask the job to stop (SIGTERM, SIGKILL after its ``RAY_JOB_STOP_WAIT_TIME_S``); wait for the end."""
     with job_api(address) as client:
         client.stop_job(job_id)
-    return wait(address, job_id, timeout_s)
+    try:
+        return wait(address, job_id, timeout_s)
+    except JobError as exc:
+        raise JobError(f"stop sent; {exc}") from None
 
 
 def wait(address: str, job_id: str, timeout_s: float, poll_s: float = 0.5) -> JobStatus:
@@ -309,7 +322,8 @@ def wait(address: str, job_id: str, timeout_s: float, poll_s: float = 0.5) -> Jo
     with job_api(address) as client:
         while (current := client.get_job_status(job_id)) not in TERMINAL:
             if time.monotonic() > deadline:
-                raise JobError(f"job {job_id} still {current} after {timeout_s:.0f} s")
+                raise JobError(f"job {job_id} still {current} after {timeout_s:g} s (it may still end: "
+                               f"aisrl job status {job_id} --address {address})")
             time.sleep(poll_s)
     return current
 
@@ -317,6 +331,7 @@ def wait(address: str, job_id: str, timeout_s: float, poll_s: float = 0.5) -> Jo
 def follow(address: str, job_id: str, out: TextIO = sys.stdout) -> JobStatus:
     """Stream the job's logs to ``out`` until it ends; return its final status."""
     with job_api(address) as client:
+        client.get_job_status(job_id)  # an unknown id: the API's "does not exist", not a refused websocket
         asyncio.run(_tail(client, job_id, out))
     return wait(address, job_id, timeout_s=60.0)
 

@@ -7,10 +7,18 @@
 - :func:`reload_config` calls ``ray._raylet.Config.initialize("")``: Ray caches its system config
   (including ``RAY_AUTH_MODE``) at import; ``aisrl scale`` sets the run's auth mode after the
   import and must refresh it, as ``ray.init`` itself does.
+- :class:`TimedJobSubmissionClient` overrides ``JobSubmissionClient._do_request`` (the one place the
+  Jobs SDK calls ``requests``) to give every request a timeout: the SDK sends none and takes none, so a
+  dashboard port that accepts and never answers (a stuck head, a half-dead port-forward) hung
+  ``aisrl job`` and ``aisrl submit`` for ever.
 """
 
 from ray._private import ray_constants
 from ray._raylet import Config
+from ray.job_submission import JobSubmissionClient
+
+JOBS_API_TIMEOUT_S = (10.0, 60.0)
+"""(connect, read) seconds of each Jobs API request: read is the longest silence between bytes."""
 
 
 def set_local_only(local_only: bool) -> None:
@@ -21,3 +29,11 @@ def set_local_only(local_only: bool) -> None:
 def reload_config() -> None:
     """Re-read Ray's system config from the environment."""
     Config.initialize("")
+
+
+class TimedJobSubmissionClient(JobSubmissionClient):
+    """``JobSubmissionClient`` whose requests time out (``JOBS_API_TIMEOUT_S``) unless given one."""
+
+    def _do_request(self, method, endpoint, **kwargs):
+        kwargs.setdefault("timeout", JOBS_API_TIMEOUT_S)
+        return super()._do_request(method, endpoint, **kwargs)

@@ -235,6 +235,31 @@ def test_submission_without_the_token_is_refused(head, tmp_path):
 def test_unknown_job_id_is_a_clear_error(head, tmp_path):
     out = aisrl("job", "status", "raysubmit_doesnotexist", "--address", head.url, token=head.token, home=tmp_path)
     assert out.returncode == 2 and "raysubmit_doesnotexist" in out.stderr, out.stderr
+    # --follow too (probe 9: a traceback of the refused websocket, WSServerHandshakeError 404)
+    out = aisrl("job", "logs", "raysubmit_doesnotexist", "--follow", "--address", head.url, token=head.token,
+                home=tmp_path)
+    assert out.returncode == 2 and "raysubmit_doesnotexist" in out.stderr and "does not exist" in out.stderr, out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_scale_without_the_token_says_so_in_one_line(head, tmp_path):
+    """Found by probe 9: `aisrl scale` in the README's second terminal (no RAY_AUTH_TOKEN there) ended in a
+    traceback (AuthenticationError); with the token it reaches the cluster and finds no such run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "control.json").write_text(json.dumps({"gcs_address": head.gcs, "actor": "aisrl-control-none",
+                                                  "auth_mode": "token"}))
+    missing = aisrl("scale", str(run), "--workers", "1", token=None, home=tmp_path, timeout=120)
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert "authentication failed" in missing.stderr and "RAY_AUTH_TOKEN" in missing.stderr, missing.stderr
+    assert "Traceback" not in missing.stdout + missing.stderr
+    assert f"control.json's gcs_address={head.gcs}" in missing.stderr  # where the address came from
+    held = aisrl("scale", str(run), "--workers", "1", token=head.token, home=tmp_path, timeout=120)
+    assert held.returncode == 2 and "no running job owns aisrl-control-none" in held.stderr, held.stderr
+    dashboard = aisrl("scale", str(run), "--workers", "1", "--address", head.url, token=head.token, home=tmp_path)
+    assert dashboard.returncode == 2 and "a dashboard (Jobs API) URL" in dashboard.stderr, dashboard.stderr
 
 
 # -- local: nothing is sent ----------------------------------------------------------------------
@@ -361,3 +386,32 @@ def test_a_relative_data_path_is_flagged_with_where_it_would_be_read(tmp_path):
     assert "uploaded with the job" in shipped
     absolute = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=/app/data/gsm8k/train.jsonl"])
     assert jobs.placement_warnings(absolute) == []
+
+
+def test_a_dashboard_port_that_never_answers_times_out_in_one_line(monkeypatch):
+    """Found by probe 9: a port that accepts and never answers (a stuck head, a half-dead port-forward) hung
+    `aisrl job status/logs/stop` and `aisrl submit` for ever: the Jobs SDK sends requests without a timeout."""
+    from actors import ray_internals
+
+    monkeypatch.setattr(ray_internals, "JOBS_API_TIMEOUT_S", (1.0, 1.0))
+    with socket.socket() as silent:  # the kernel completes the handshake (backlog); nothing ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(jobs.JobError, match=r"did not answer \(connect 1 s, read 1 s\)"):
+            jobs.status(url, "raysubmit_x")
+        assert time.monotonic() - t0 < 20
+
+
+def test_an_empty_or_spaced_job_id_is_refused_before_anything_is_sent(tmp_path):
+    """Found by probe 9: `aisrl job status ""` (an unset shell variable) reached /api/jobs/, whose job list
+    crashed the SDK with a TypeError; stop and logs printed a bare 404. A negative or NaN wait was accepted."""
+    url = closed_port_url()  # never contacted: the refusal comes first
+    for args in (["job", "status", ""], ["job", "logs", "", "--follow"], ["job", "stop", "a b"]):
+        out = aisrl(*args, "--address", url, token="t", home=tmp_path, timeout=120)
+        assert out.returncode == 2 and "a job id (raysubmit_...)" in out.stderr, out.stderr
+        assert "cannot reach" not in out.stderr
+    for bad in ("-1", "nan"):
+        out = aisrl("job", "stop", "raysubmit_x", "--timeout-s", bad, "--address", url, token="t", home=tmp_path)
+        assert out.returncode == 2 and "a finite number >= 0" in out.stderr, out.stderr

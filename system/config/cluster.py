@@ -1,6 +1,6 @@
 """Config of the asynchronous pipeline (staleness bound) and of the Ray cluster it runs on."""
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from system.config.base import StrictModel
 
@@ -33,3 +33,14 @@ class RayConfig(StrictModel):
     """GPUs each rollout worker reserves (1 on GPU clusters)."""
     learner_gpus: float = Field(default=0.0, ge=0.0)
     """GPUs each learner rank reserves (1 on GPU clusters)."""
+
+    @field_validator("address")
+    @classmethod
+    def _a_cluster_address(cls, value: str | None) -> str | None:
+        """A dashboard URL here failed only at ``ray.init``, whose message blamed ``RAY_ADDRESS`` (``aisrl
+        submit`` and ``aisrl job`` take that URL with ``--address``, so it is an easy slip)."""
+        if value is not None and value.split("://")[0].lower() in ("http", "https"):
+            raise ValueError(f"{value!r} is a dashboard (Jobs API) URL, which `aisrl submit --address` takes; "
+                             "ray.address is the cluster's GCS address (host:port, e.g. 127.0.0.1:6379), "
+                             "ray://host:10001 or auto")
+        return value
