@@ -40,7 +40,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "not gpu" --durations=25
 
 report-demo: $(STAMP)
-	$(BIN)/aisrl demo-dump runs/demo/step_000000.npz
+	$(BIN)/aisrl demo-dump runs/demo/step_000000.npz --overwrite
 	$(BIN)/aisrl report runs/demo/step_000000.npz --out runs/demo/report
 
 # verl 0.9.1 for the side-by-side only: into its own folder (never a dependency of aisrl), no deps

@@ -58,6 +58,13 @@ def _home(path: Path | None) -> Path | None:
     return path.expanduser() if path is not None else None
 
 
+def _out_path(value: str) -> Path:
+    """``--out``: a path, never the empty string (an unset shell variable: it read as the current directory)."""
+    if not value.strip():
+        raise typer.BadParameter("empty: give the report's directory")
+    return Path(value).expanduser()
+
+
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
     """Presets (``*.yaml`` / ``*.yml`` / ``*.json`` files) and ``dotted.key=value`` overrides. An
     existing preset file whose path holds ``=`` (``runs/lr=3e-4/base.yaml``) is a preset."""
@@ -209,7 +216,7 @@ def scale(
 @app.command()
 def report(
     dump: Path = typer.Argument(..., callback=_home, help="A batch dump (.npz, CORRECTION_SPEC.md section 6)."),
-    out: Path = typer.Option(..., "--out", "-o", callback=_home, help="Directory for summary.json, samples.json, report.html."),
+    out: str = typer.Option(..., "--out", "-o", callback=_out_path, help="Directory for summary.json, samples.json, report.html."),
 ) -> None:
     """Write the mismatch report of one batch dump.
 
@@ -245,17 +252,24 @@ def demo_dump(
     max_len: int = typer.Option(48, min=1, help="Padded response length."),
     sigma: float = typer.Option(0.05, min=0.0, help="Per-token log-ratio noise at lag 0 (grows with lag)."),
     seed: int = typer.Option(0, min=0, help="Random seed."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing file at PATH."),
 ) -> None:
     """Write a synthetic batch dump with a controlled mismatch (for trying the report).
 
-    Exit 2 with a message on a path that cannot be written or a batch too large to build (over 10^8
-    positions)."""
+    Exit 2 with a message on a path that cannot be written, an existing file (unless --overwrite: it may
+    be a run's dump) or a batch too large to build (over 10^8 positions)."""
     if not math.isfinite(sigma):
         _fail(f"--sigma must be finite, got {sigma}")
     if sequences * max_len > 10**8:
         _fail(f"--sequences x --max-len = {sequences * max_len} positions: at most 10^8 for a demo dump")
     if not path.name or path.is_dir():
         _fail(f"path {str(path)!r}: give a file name for the .npz (it names a directory)")
+    if path.exists() and not overwrite:
+        _fail(f"path {str(path)!r} exists: pass --overwrite to replace it (a run's dumps/step_*.npz would be lost)")
+    try:
+        check_output_dir(path.parent, "path's directory")
+    except ConfigError as exc:
+        _fail(str(exc))
     try:
         save_dump(path, **make_demo_dump(sequences, max_len, sigma=sigma, seed=seed))
     except OSError as exc:

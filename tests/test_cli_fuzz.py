@@ -119,13 +119,23 @@ def test_demo_dump_and_report_refuse_bad_paths_and_sizes_with_exit_2(tmp_path):
         (["train", "--dry-run", "learner.mini_batches=1000"], "learner.mini_batches (1000) is more than"),
     ]
     (tmp_path / "afile").write_text("x")
-    cases.append((["demo-dump", str(tmp_path / "afile" / "x.npz")], "cannot write the dump"))
+    # probe 9: "cannot write the dump (File exists)" did not say which part was wrong
+    cases.append((["demo-dump", str(tmp_path / "afile" / "x.npz")],
+                  f"path's directory '{tmp_path / 'afile'}' exists and is not a directory"))
+    cases.append((["report", str(tmp_path / "afile"), "--out", ""], "Invalid value for '--out' / '-o': empty"))
     for args, message in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and message in " ".join(result.output.split()), (args, result.output)
         assert result.exception is None or isinstance(result.exception, SystemExit), args
     dump = tmp_path / "d.npz"
     assert runner.invoke(app, ["demo-dump", str(dump)]).exit_code == 0
+    # probe 9: a second demo-dump replaced the file without a word (it may be a run's dumps/step_*.npz)
+    before = dump.read_bytes()
+    again = runner.invoke(app, ["demo-dump", str(dump), "--seed", "1"])
+    assert again.exit_code == 2 and "exists: pass --overwrite" in " ".join(again.output.split())
+    assert dump.read_bytes() == before
+    assert runner.invoke(app, ["demo-dump", str(dump), "--seed", "1", "--overwrite"]).exit_code == 0
+    assert dump.read_bytes() != before
     (tmp_path / "out" / "report.html").mkdir(parents=True)  # the report's own name taken by a directory
     result = runner.invoke(app, ["report", str(dump), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "cannot write the report" in " ".join(result.output.split())
