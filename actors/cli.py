@@ -12,7 +12,7 @@ from rich.console import Console
 from actors.remote_errors import remote_error
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
 from system.config.advice import config_warnings
-from system.config.environment import apply_environment
+from system.config.environment import apply_environment, wandb_mode_from
 from system.config.paths import check_input_paths, with_absolute_paths
 from system.config.resume import resume_config
 from system.config.rollout import MAX_ROLLOUT_WORKERS
@@ -303,6 +303,10 @@ def submit(
     try:
         jobs.check_address(address)
         presets, overrides = split_args(args or [])
+        mode = wandb_mode_from(os.environ, overrides)
+        if mode is not None:  # this shell's variable would not reach the job (the cluster's environment runs it)
+            overrides = [*overrides, f"report.wandb.mode={mode}"]
+            console.print(f"note: WANDB_MODE={os.environ['WANDB_MODE']} here: the job gets report.wandb.mode={mode}")
         if resume is not None:
             if presets or dry_run or overwrite:
                 raise ConfigError("--resume takes dotted overrides only (the run's config.json is its preset), "

@@ -415,3 +415,25 @@ def test_an_empty_or_spaced_job_id_is_refused_before_anything_is_sent(tmp_path):
     for bad in ("-1", "nan"):
         out = aisrl("job", "stop", "raysubmit_x", "--timeout-s", bad, "--address", url, token="t", home=tmp_path)
         assert out.returncode == 2 and "a finite number >= 0" in out.stderr, out.stderr
+
+
+def test_wandb_mode_of_the_submitting_shell_goes_with_the_job(tmp_path, monkeypatch):
+    """Found by probe 9: `WANDB_MODE=disabled aisrl submit ...` shipped report.wandb.mode=offline without a
+    word (the variable never reaches the job, which runs in the cluster's environment), while `aisrl train`
+    applies it. A report.wandb.mode= override still wins, as for train."""
+    from typer.testing import CliRunner
+
+    from actors.cli import app
+
+    shipped = []
+    monkeypatch.setattr(jobs, "submit", lambda address, cfg, staging, **kw: shipped.append(cfg) or jobs.Submitted(
+        "raysubmit_t", "aisrl train", {}))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    url = closed_port_url()
+    out = CliRunner().invoke(app, ["submit", "--address", url, f"output_dir={tmp_path / 'r'}"])
+    assert out.exit_code == 0, out.output
+    assert "WANDB_MODE=disabled here: the job gets report.wandb.mode=disabled" in " ".join(out.output.split())
+    assert shipped[-1].report.wandb.mode == "disabled"
+    out = CliRunner().invoke(app, ["submit", "--address", url, f"output_dir={tmp_path / 'r'}",
+                                   "report.wandb.mode=offline"])
+    assert out.exit_code == 0 and "WANDB_MODE" not in out.output and shipped[-1].report.wandb.mode == "offline"

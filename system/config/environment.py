@@ -17,16 +17,24 @@ from system.config.run import RunConfig
 _WANDB_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline", "run": "online"}
 
 
-def apply_environment(cfg: RunConfig, env: Mapping[str, str], overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:
-    """``cfg`` with ``WANDB_MODE`` applied unless ``overrides`` (the command line's ``key=value``) set
-    ``report.wandb.mode``, and one note per setting it changed."""
+def wandb_mode_from(env: Mapping[str, str], overrides: list[str] = ()) -> str | None:
+    """The W&B mode ``WANDB_MODE`` asks for (None: unset, empty, or ``report.wandb.mode`` in ``overrides``,
+    which wins); ConfigError naming the variable for a value W&B does not know."""
     raw = env.get("WANDB_MODE")
     if raw is None or raw == "" or any(o.split("=", 1)[0].strip() == "report.wandb.mode" for o in overrides):
-        return cfg, []
+        return None
     mode = _WANDB_MODES.get(raw.strip().lower())
     if mode is None:
         raise ConfigError(f"WANDB_MODE={raw!r} in the environment is not one of online, offline, disabled")
-    if mode == cfg.report.wandb.mode:
+    return mode
+
+
+def apply_environment(cfg: RunConfig, env: Mapping[str, str], overrides: list[str] = ()) -> tuple[RunConfig, list[str]]:
+    """``cfg`` with ``WANDB_MODE`` applied unless ``overrides`` (the command line's ``key=value``) set
+    ``report.wandb.mode``, and one note per setting it changed."""
+    mode = wandb_mode_from(env, overrides)
+    raw = env.get("WANDB_MODE")
+    if mode is None or mode == cfg.report.wandb.mode:
         return cfg, []
     note = f"WANDB_MODE={raw} in the environment: W&B runs {mode} (report.wandb.mode was {cfg.report.wandb.mode})"
     wandb = cfg.report.wandb.model_copy(update={"mode": mode})
