@@ -272,8 +272,17 @@ class Submitted:
 
 def submit(address: str, cfg: RunConfig, staging: Path, *, dry_run: bool = False, stop_wait_s: int = 300,
            overwrite: bool = False, verbose: bool = False) -> Submitted:
-    """Stage the working dir in ``staging`` (an empty directory), submit, return the job id."""
+    """Stage the working dir in ``staging`` (an empty directory), submit, return the job id. An absolute
+    ``output_dir`` readable here (shared storage) that holds a run is refused here, before anything is
+    sent, unless ``overwrite`` (the job's own refusal named ``aisrl train --resume``)."""
     address = check_address(address)
+    if not (overwrite or dry_run) and Path(cfg.output_dir).is_absolute() and Path(cfg.output_dir).is_dir():
+        from system.run_state import check_new_run_dir
+
+        try:
+            check_new_run_dir(cfg.output_dir, overwrite=False, command="aisrl submit")
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
     runtime_env = build_runtime_env(stage_working_dir(cfg, staging), stop_wait_s, verbose=verbose)
     command = entrypoint(dry_run, overwrite=overwrite, verbose=verbose)
     metadata = {"aisrl.output_dir": cfg.output_dir, "aisrl.max_steps": str(cfg.max_steps)}

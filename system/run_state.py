@@ -243,12 +243,13 @@ REPLACED_DIR = ".replaced"
 """Where ``--overwrite`` keeps the old run's artefacts until the new run has started."""
 
 
-def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
+def check_new_run_dir(run_dir: str | Path, overwrite: bool, command: str = "aisrl train") -> Path | None:
     """Refuse to start a new run where one already is (two runs' metrics, checkpoints and dumps
     would mix), unless ``overwrite``: then the old run's artefacts are moved aside into
     ``run_dir/.replaced/`` (returned; None when there was nothing), to be deleted once the new run
     has started (``drop_replaced``) or put back if it fails to (``restore_replaced``): a new run
-    that fails at its model build or cluster start no longer costs the old run."""
+    that fails at its model build or cluster start no longer costs the old run. ``command`` is the
+    one the refusal tells to resume with (``aisrl submit`` checks a run directory it can read here)."""
     root = Path(run_dir)
     aside = root / REPLACED_DIR
     check_no_replaced_run(root)
@@ -257,7 +258,7 @@ def check_new_run_dir(run_dir: str | Path, overwrite: bool) -> Path | None:
     if not found:
         return None
     if not overwrite:
-        resume = (f"continue it with 'aisrl train --resume {run_dir}', " if complete_run_checkpoints(run_dir)
+        resume = (f"continue it with '{command} --resume {run_dir}', " if complete_run_checkpoints(run_dir)
                   else "it has no complete checkpoint to continue from: ")
         raise ValueError(f"output_dir {run_dir} already holds a run ({', '.join(found)}): {resume}pass --overwrite "
                          "to replace it, or choose another output_dir")

@@ -437,3 +437,18 @@ def test_wandb_mode_of_the_submitting_shell_goes_with_the_job(tmp_path, monkeypa
     out = CliRunner().invoke(app, ["submit", "--address", url, f"output_dir={tmp_path / 'r'}",
                                    "report.wandb.mode=offline"])
     assert out.exit_code == 0 and "WANDB_MODE" not in out.output and shipped[-1].report.wandb.mode == "offline"
+
+
+def test_submitting_into_a_directory_that_holds_a_run_is_refused_here(tmp_path):
+    """Found by probe 9: the job was sent, and refused on the cluster with "continue it with 'aisrl train
+    --resume ...'"; a run directory readable here is now refused before anything is sent, naming submit."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    cfg = jobs.resolve_for_cluster([], [f"output_dir={run}"])
+    url = closed_port_url()  # never contacted
+    with pytest.raises(jobs.JobError, match=rf"output_dir {run} already holds a run .*pass --overwrite"):
+        jobs.submit(url, cfg, tmp_path / "staging")
+    with pytest.raises(jobs.JobError, match="cannot reach the Ray Jobs API"):  # --overwrite: it goes on to the cluster
+        (tmp_path / "staging2").mkdir()
+        jobs.submit(url, cfg, tmp_path / "staging2", overwrite=True)
