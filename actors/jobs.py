@@ -20,6 +20,7 @@ import asyncio
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -190,13 +191,31 @@ def placement_warnings(cfg: RunConfig, project: Path = PROJECT_ROOT) -> list[str
                         "output_dir=/app/runs/NAME")
     data_path = getattr(cfg.data.task, "path", None)
     if data_path is not None and not Path(data_path).is_absolute():
-        shipped = (project / data_path).is_file()
+        shipped = is_shipped(project, data_path)
         warnings.append(
             f"data.task.path {data_path!r} is relative: on the cluster it is read from the job's working directory, "
             + ("this checkout's copy, uploaded with the job" if shipped else
                "a copy of this checkout, which has no such file, so the job will fail to find it")
             + f"; to read the cluster's data volume give an absolute path, e.g. data.task.path=/app/{data_path}")
     return warnings
+
+
+def is_shipped(project: Path, relative: str) -> bool:
+    """Whether the checkout's file ``relative`` reaches the job: there, inside the checkout, under none of
+    the excludes, and matched by no ``.gitignore`` pattern (Ray's upload of the working directory leaves
+    those out; ``git check-ignore --no-index`` asks the same patterns, tracked or not)."""
+    path = project / relative
+    if not path.is_file() or not path.resolve().is_relative_to(project.resolve()):
+        return False
+    parts = path.resolve().relative_to(project.resolve()).parts
+    if parts[0] in ROOT_EXCLUDES or any(fnmatch(p, pat) for p in parts for pat in ANYWHERE_EXCLUDES):
+        return False
+    try:
+        checked = subprocess.run(["git", "check-ignore", "-q", "--no-index", "--", str(Path(*parts))], cwd=project,
+                                 capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):  # no git here: the patterns are not checked
+        return True
+    return checked.returncode != 0  # 0: ignored; 1: not ignored; 128: not a git checkout
 
 
 def _ignore(root: Path):

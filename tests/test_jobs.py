@@ -384,6 +384,19 @@ def test_a_relative_data_path_is_flagged_with_where_it_would_be_read(tmp_path):
     (tmp_path / "data" / "gsm8k" / "train.jsonl").write_text("{}\n")
     [shipped] = jobs.placement_warnings(cfg, project=tmp_path)
     assert "uploaded with the job" in shipped
+    # probe 9: a file under an excluded folder (runs/) or matched by .gitignore (Ray's upload follows it)
+    # was said to be "uploaded with the job", and the job failed to find it
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("data/\n")
+    [ignored] = jobs.placement_warnings(cfg, project=tmp_path)
+    assert "will fail to find it" in ignored, ignored
+    (tmp_path / ".gitignore").write_text("")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "train.jsonl").write_text("{}\n")
+    in_runs = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=runs/train.jsonl"])
+    [excluded] = jobs.placement_warnings(in_runs, project=tmp_path)
+    assert "will fail to find it" in excluded, excluded
+    assert "uploaded with the job" in jobs.placement_warnings(cfg, project=tmp_path)[0]  # .gitignore emptied
     absolute = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=/app/data/gsm8k/train.jsonl"])
     assert jobs.placement_warnings(absolute) == []
 
