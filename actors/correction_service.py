@@ -3,11 +3,11 @@
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import ray
-from transformers import AutoTokenizer
 
 from actors.cluster import verbose
 from system.config import RunConfig, dump_config
@@ -19,6 +19,12 @@ from system.report.wandb_sink import remove_process_temp_dirs
 from system.types import CorrectionInput, StepRecord
 
 
+def _load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 @ray.remote
 class CorrectionService:
     def __init__(self, cfg: RunConfig, run_dir: str, model_dir: str, wandb_run_id: str | None = None) -> None:
@@ -26,7 +32,11 @@ class CorrectionService:
             logging.raiseExceptions = False
         self.core = CorrectionCore(cfg.correction)
         self.logger = RunLogger(run_dir, cfg.report, json.loads(dump_config(cfg)), wandb_run_id)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # the tokenizer only decodes dumped tokens: loaded beside the first steps (transformers' import is
+        # ~2-3 s of a 2-core machine), so the service is ready for the first batch without it
+        loader = ThreadPoolExecutor(1, thread_name_prefix="aisrl-tokenizer")
+        self._tokenizer = loader.submit(_load_tokenizer, model_dir)
+        loader.shutdown(wait=False)
         self.run_dir = Path(run_dir)
         self._undumped: tuple[int, CorrectionInput, np.ndarray] | None = None  # the last batch, until dumped
 
@@ -53,7 +63,8 @@ class CorrectionService:
 
     def _dump_undumped(self) -> None:
         step, batch, token_ratios = self._undumped
-        token_text = token_text_grid(self.tokenizer.convert_ids_to_tokens, batch.response_ids_BT, batch.mask_BT)
+        token_text = token_text_grid(self._tokenizer.result().convert_ids_to_tokens, batch.response_ids_BT,
+                                     batch.mask_BT)
         self.logger.dump(step, batch, token_ratios, token_text)
         self._undumped = None
 
