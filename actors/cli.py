@@ -7,12 +7,13 @@ from pathlib import Path
 
 import ray
 import typer
-from rich.console import Console
 
+from actors.cli_common import console, expand_home, fail, split_args
+from actors.cli_jobs import job_app, submit
 from actors.remote_errors import remote_error
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
 from system.config.advice import config_warnings
-from system.config.environment import apply_environment, wandb_mode_from
+from system.config.environment import apply_environment
 from system.config.paths import check_input_paths, with_absolute_paths
 from system.config.resume import resume_config
 from system.config.rollout import MAX_ROLLOUT_WORKERS
@@ -20,7 +21,6 @@ from system.report.demo_dump import make_demo_dump
 from system.report.dump import DumpError, save_dump
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="aisrl: asynchronous RL with measured train-inference mismatch.")
-console = Console(stderr=True, soft_wrap=True)  # off a terminal rich would wrap at 80 columns mid-field
 
 
 def failure_text(exc: BaseException) -> str:
@@ -47,38 +47,11 @@ def _training_failed(exc: BaseException, run_dir: str) -> None:
     raise typer.Exit(code=1) from None
 
 
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code=2)
-
-
-def _home(path: Path | None) -> Path | None:
-    """``~`` expanded in a path argument: the shell leaves ``--out=~/x`` and ``"~/x"`` as they are, and
-    ``output_dir=~/x`` is expanded (a literal ``./~`` directory was made; found by a probe)."""
-    return path.expanduser() if path is not None else None
-
-
 def _out_path(value: str) -> Path:
     """``--out``: a path, never the empty string (an unset shell variable: it read as the current directory)."""
     if not value.strip():
         raise typer.BadParameter("empty: give the report's directory")
     return Path(value).expanduser()
-
-
-def split_args(args: list[str]) -> tuple[list[str], list[str]]:
-    """Presets (``*.yaml`` / ``*.yml`` / ``*.json`` files) and ``dotted.key=value`` overrides. An
-    existing preset file whose path holds ``=`` (``runs/lr=3e-4/base.yaml``) is a preset."""
-    presets, overrides = [], []
-    for arg in args:
-        if arg.endswith((".yaml", ".yml", ".json")) and os.path.isfile(os.path.expanduser(arg)):
-            presets.append(os.path.expanduser(arg))
-        elif "=" in arg:
-            overrides.append(arg)
-        elif arg.endswith((".yaml", ".yml", ".json")):
-            presets.append(arg)
-        else:
-            raise ConfigError(f"argument {arg!r} is neither a preset file (.yaml) nor a dotted.key=value override")
-    return presets, overrides
 
 
 def load_run_config(presets: list[str], overrides: list[str], resume: Path | None) -> RunConfig:
@@ -91,7 +64,7 @@ def load_run_config(presets: list[str], overrides: list[str], resume: Path | Non
 def train(
     args: list[str] = typer.Argument(None, help="Presets (configs/*.yaml, applied left to right) and dotted.key=value overrides."),
     dry_run: bool = typer.Option(False, "--dry-run", help='Validate, print {"config": resolved config, "placement": plan} as one JSON object; start nothing.'),
-    resume: Path = typer.Option(None, "--resume", callback=_home, help="Continue the run in this directory from its last complete checkpoint."),
+    resume: Path = typer.Option(None, "--resume", callback=expand_home, help="Continue the run in this directory from its last complete checkpoint."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start a new run in an output_dir that holds one, deleting the old run's files."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' own logs, warnings and progress bars (Ray, vLLM, torch)."),
 ) -> None:
@@ -110,7 +83,7 @@ def train(
 
         check_local_dirs(cfg, default_cache_dir())
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for note in env_notes:  # on stderr: a dry run's stdout stays one JSON document
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     if dry_run:
@@ -131,13 +104,13 @@ def train(
             else:
                 check_new_run_dir(cfg.output_dir, overwrite=False)
         except ValueError as exc:  # CheckpointError is one
-            _fail(str(exc))
+            fail(str(exc))
         from actors.placement import dry_run_plan
 
         try:
             plan = dry_run_plan(cfg)
         except ValueError as exc:  # what the run refuses once its private cluster is up
-            _fail(str(exc))
+            fail(str(exc))
         for warning in config_warnings(cfg):  # on stderr: stdout stays one JSON document
             console.print(f"[yellow]warning:[/] {warning}")
         print(json.dumps({"config": cfg.model_dump(mode="json", by_alias=True), "placement": plan}, indent=2))
@@ -151,7 +124,7 @@ def train(
         try:
             check_address(cfg.ray.address)
         except ValueError as exc:
-            _fail(str(exc))
+            fail(str(exc))
 
     quiet_workers()  # this process too: the model build's progress bars, library warnings
 
@@ -162,7 +135,7 @@ def train(
     except ray.exceptions.RayError as exc:  # before ValueError: a remote ValueError is both
         _training_failed(exc, cfg.output_dir)
     except (ConfigError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM before the loop started (stop_signals.Terminated)
         from actors.stop_signals import Terminated, sigterm_received
 
@@ -186,7 +159,7 @@ def train(
 
 @app.command()
 def scale(
-    run_dir: Path = typer.Argument(..., callback=_home, help="The running job's output_dir (holds control.json)."),
+    run_dir: Path = typer.Argument(..., callback=expand_home, help="The running job's output_dir (holds control.json)."),
     workers: int = typer.Option(..., "--workers", min=0, max=MAX_ROLLOUT_WORKERS,
                                 help="Rollout workers to run from now on (at most rollout.max_workers, or 4096)."),
     address: str = typer.Option(None, "--address", help="Cluster address (default: the one in control.json)."),
@@ -203,7 +176,7 @@ def scale(
         status = ray.get(control.status.remote())
     except ValueError as exc:  # a RayTaskError of the board's ValueError is one too
         refused = getattr(exc, "cause", None)  # the board refusing the count: the user's error, its message only
-        _fail(str(refused) if isinstance(refused, ValueError) else failure_text(exc))
+        fail(str(refused) if isinstance(refused, ValueError) else failure_text(exc))
     console.print(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
                   f"{status.get('workers_ready', '?')} ready now")
     if workers > before and "worker_needs" in status:  # a board of a run started before it had facts: none
@@ -215,7 +188,7 @@ def scale(
 
 @app.command()
 def report(
-    dump: Path = typer.Argument(..., callback=_home, help="A batch dump (.npz, CORRECTION_SPEC.md section 6)."),
+    dump: Path = typer.Argument(..., callback=expand_home, help="A batch dump (.npz, CORRECTION_SPEC.md section 6)."),
     out: str = typer.Option(..., "--out", "-o", callback=_out_path, help="Directory for summary.json, samples.json, report.html."),
 ) -> None:
     """Write the mismatch report of one batch dump.
@@ -231,13 +204,13 @@ def report(
     try:
         check_output_dir(out, "--out")
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         summary = write_report(dump, out)
     except DumpError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except OSError as exc:  # writing the report: a name taken by a directory, a read-only place, a full disk
-        _fail(f"--out {out}: cannot write the report ({exc.strerror or type(exc).__name__}"
+        fail(f"--out {out}: cannot write the report ({exc.strerror or type(exc).__name__}"
               f"{': ' + str(exc.filename) if exc.filename else ''})")
     console.print(f"[green]report written[/] to {out}/report.html: {summary_line(summary)}", highlight=False)
     import gc
@@ -247,7 +220,7 @@ def report(
 
 @app.command("demo-dump")
 def demo_dump(
-    path: Path = typer.Argument(..., callback=_home, help="Where to write the .npz."),
+    path: Path = typer.Argument(..., callback=expand_home, help="Where to write the .npz."),
     sequences: int = typer.Option(64, min=1, help="Responses in the batch."),
     max_len: int = typer.Option(48, min=1, help="Padded response length."),
     sigma: float = typer.Option(0.05, min=0.0, help="Per-token log-ratio noise at lag 0 (grows with lag)."),
@@ -259,168 +232,28 @@ def demo_dump(
     Exit 2 with a message on a path that cannot be written, an existing file (unless --overwrite: it may
     be a run's dump) or a batch too large to build (over 10^8 positions)."""
     if not math.isfinite(sigma):
-        _fail(f"--sigma must be finite, got {sigma}")
+        fail(f"--sigma must be finite, got {sigma}")
     if sequences * max_len > 10**8:
-        _fail(f"--sequences x --max-len = {sequences * max_len} positions: at most 10^8 for a demo dump")
+        fail(f"--sequences x --max-len = {sequences * max_len} positions: at most 10^8 for a demo dump")
     if not path.name or path.is_dir():
-        _fail(f"path {str(path)!r}: give a file name for the .npz (it names a directory)")
+        fail(f"path {str(path)!r}: give a file name for the .npz (it names a directory)")
     if path.exists() and not overwrite:
-        _fail(f"path {str(path)!r} exists: pass --overwrite to replace it (a run's dumps/step_*.npz would be lost)")
+        fail(f"path {str(path)!r} exists: pass --overwrite to replace it (a run's dumps/step_*.npz would be lost)")
     try:
         check_output_dir(path.parent, "path's directory")
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         save_dump(path, **make_demo_dump(sequences, max_len, sigma=sigma, seed=seed))
     except OSError as exc:
-        _fail(f"path {path}: cannot write the dump ({exc.strerror or type(exc).__name__})")
+        fail(f"path {path}: cannot write the dump ({exc.strerror or type(exc).__name__})")
     console.print(f"wrote {path}")
 
 
-# -- Cluster jobs (Ray Jobs API): ``aisrl submit`` and ``aisrl job status|stop|logs`` --------------
+# -- Cluster jobs (Ray Jobs API): ``aisrl submit`` and ``aisrl job status|stop|logs``, in actors/cli_jobs.py
 
-job_app = typer.Typer(no_args_is_help=True, help="Status, stop and logs of a submitted job.")
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(submit)
 app.add_typer(job_app, name="job")
-ADDRESS_HELP = "The cluster's dashboard URL (Ray Jobs API), e.g. http://127.0.0.1:8265."
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
-def submit(
-    args: list[str] = typer.Argument(None, help="Presets and dotted.key=value overrides, as for `train`."),
-    address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
-    follow: bool = typer.Option(False, "--follow", help="Stream the job's logs until it ends; exit 1 unless it SUCCEEDED."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Run `aisrl train --dry-run` on the cluster (checks the image and the shipped config)."),
-    stop_wait_s: int = typer.Option(300, "--stop-wait-s", min=0, help="On `job stop`, seconds between SIGTERM (finish the step, drain the rollouts for up to 60 s, checkpoint) and SIGKILL; as the RayJob."),
-    resume: str = typer.Option(None, "--resume", help="Continue this run directory (a path on the cluster) from its last complete checkpoint; ARGS are overrides only."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in output_dir on the cluster (its files are deleted), as `aisrl train --overwrite`."),
-    verbose: bool = typer.Option(False, "--verbose", help="Keep the libraries' own logs, warnings and progress bars in the job's log (`aisrl train --verbose` on the cluster)."),
-) -> None:
-    """Validate the config here, then run `aisrl train` on a running Ray cluster as a Ray job."""
-    import tempfile
-
-    from actors import jobs
-
-    try:
-        jobs.check_address(address)
-        presets, overrides = split_args(args or [])
-        mode = wandb_mode_from(os.environ, overrides)
-        if mode is not None:  # this shell's variable would not reach the job (the cluster's environment runs it)
-            overrides = [*overrides, f"report.wandb.mode={mode}"]
-            console.print(f"note: WANDB_MODE={os.environ['WANDB_MODE']} here: the job gets report.wandb.mode={mode}")
-        if resume is not None:
-            if presets or dry_run or overwrite:
-                raise ConfigError("--resume takes dotted overrides only (the run's config.json is its preset), "
-                                  "no --dry-run or --overwrite")
-            cfg, overrides = jobs.resolve_resume(resume, overrides)
-            if cfg is None:
-                console.print(f"note: {resume} is not readable here; the cluster validates its config.json")
-            _submit_notes(cfg)
-            with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
-                sub = jobs.submit_resume(address, resume, overrides, Path(staging), stop_wait_s=stop_wait_s,
-                                         verbose=verbose)
-        else:
-            cfg = jobs.resolve_for_cluster(presets, overrides)
-            _submit_notes(cfg)
-            with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
-                sub = jobs.submit(address, cfg, Path(staging), dry_run=dry_run, stop_wait_s=stop_wait_s,
-                                  overwrite=overwrite, verbose=verbose)
-    except (ConfigError, jobs.JobError) as exc:
-        _fail(str(exc))
-    console.print(f"submitted [bold]{sub.job_id}[/]: {sub.entrypoint}")
-    print(sub.job_id)
-    if follow:
-        _follow(address, sub.job_id)
-
-
-def _submit_notes(cfg: RunConfig | None) -> None:
-    """What the user should know about a job, said before it is submitted (relative paths, W&B key)."""
-    from actors import jobs
-
-    for warning in jobs.placement_warnings(cfg) if cfg is not None else []:
-        console.print(f"[yellow]warning:[/] {warning}")
-    token, source = jobs.find_auth_token()
-    if token is None and not source.endswith("RAY_AUTH_MODE=disabled"):
-        console.print("[yellow]warning:[/] no Ray auth token found ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, "
-                      "~/.ray/auth_token): the job goes without one, which only a cluster with token "
-                      "authentication off accepts (one that runs jobs from anyone who reaches its dashboard port)")
-    if cfg is not None and cfg.report.wandb.mode == "online":
-        console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
-
-
-def _follow(address: str, job_id: str) -> None:
-    from actors import jobs
-
-    try:
-        final = jobs.follow(address, job_id)
-    except KeyboardInterrupt:
-        console.print(f"stopped following; the job keeps running (aisrl job stop {job_id} --address {address})")
-        raise typer.Exit(code=130) from None
-    except jobs.JobError as exc:
-        _fail(str(exc))
-    console.print(f"job {job_id}: {final}")
-    if final != "SUCCEEDED":
-        raise typer.Exit(code=1)
-
-
-def _job_id(value: str) -> str:
-    """A job id is one word (an unset shell variable gave "": the API then answered with its job list)."""
-    if not value.strip() or any(c.isspace() for c in value):
-        raise typer.BadParameter(f"{value!r}: a job id (raysubmit_...) as `aisrl submit` printed it")
-    return value
-
-
-def _wait_seconds(value: float) -> float:
-    if not math.isfinite(value) or value < 0:
-        raise typer.BadParameter(f"{value}: seconds, a finite number >= 0")
-    return value
-
-
-@job_app.command("status")
-def job_status(job_id: str = typer.Argument(..., callback=_job_id), address: str = typer.Option(..., "--address", help=ADDRESS_HELP)) -> None:
-    """Print the job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) and its message."""
-    from actors import jobs
-
-    try:
-        state, message = jobs.status(address, job_id)
-    except jobs.JobError as exc:
-        _fail(str(exc))
-    print(f"{job_id} {state}" + (f": {message}" if message else ""))
-
-
-@job_app.command("stop")
-def job_stop(
-    job_id: str = typer.Argument(..., callback=_job_id),
-    address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
-    timeout_s: float = typer.Option(300.0, "--timeout-s", callback=_wait_seconds,
-                                    help="How long to wait for the job to end (the stop is sent either way)."),
-) -> None:
-    """Stop the job: SIGTERM (training finishes its step and checkpoints), SIGKILL after the job's stop wait."""
-    from actors import jobs
-
-    try:
-        final = jobs.stop(address, job_id, timeout_s)
-    except jobs.JobError as exc:
-        _fail(str(exc))
-    print(f"{job_id} {final}")
-
-
-@job_app.command("logs")
-def job_logs(
-    job_id: str = typer.Argument(..., callback=_job_id),
-    address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
-    follow: bool = typer.Option(False, "--follow", help="Stream until the job ends; exit 1 unless it SUCCEEDED."),
-) -> None:
-    """Print the job's logs (the entry point's stdout and stderr)."""
-    from actors import jobs
-
-    if follow:
-        _follow(address, job_id)
-        return
-    try:
-        text = jobs.logs(address, job_id)
-    except jobs.JobError as exc:
-        _fail(str(exc))
-    print(text, end="")
 
 
 if __name__ == "__main__":  # python -m actors.cli, as the aisrl script

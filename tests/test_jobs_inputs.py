@@ -5,11 +5,17 @@ not one line of text (never echoed), a checkout file that cannot be shipped. No 
 import json
 import os
 import re
+import socket
+import time
 
 import pytest
+from typer.testing import CliRunner
 
 from actors import jobs
+from actors.cli import app
 from system.config import ConfigError
+
+CLOSED = "http://127.0.0.1:9"  # the discard port: closed on loopback
 
 
 def test_a_resume_submission_refuses_here_what_the_cluster_would_refuse(tmp_path):
@@ -97,3 +103,65 @@ def test_submit_warns_when_it_has_no_token_to_send(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_AUTH_TOKEN")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     assert "no Ray auth token found" not in submit()
+
+
+def test_a_dashboard_port_that_never_answers_times_out_in_one_line(monkeypatch):
+    """Found by probe 9: a port that accepts and never answers (a stuck head, a half-dead port-forward) hung
+    `aisrl job status/logs/stop` and `aisrl submit` for ever: the Jobs SDK sends requests without a timeout."""
+    from actors import ray_internals
+
+    monkeypatch.setattr(ray_internals, "JOBS_API_TIMEOUT_S", (1.0, 1.0))
+    with socket.socket() as silent:  # the kernel completes the handshake (backlog); nothing ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(jobs.JobError, match=r"did not answer \(connect 1 s, read 1 s\)"):
+            jobs.status(url, "raysubmit_x")
+        assert time.monotonic() - t0 < 20
+
+
+def test_an_empty_or_spaced_job_id_is_refused_before_anything_is_sent():
+    """Found by probe 9: `aisrl job status ""` (an unset shell variable) reached /api/jobs/, whose job list
+    crashed the SDK with a TypeError; stop and logs printed a bare 404. A negative or NaN wait was accepted."""
+    for args in (["job", "status", ""], ["job", "logs", "", "--follow"], ["job", "stop", "a b"]):
+        out = CliRunner().invoke(app, [*args, "--address", CLOSED])
+        said = " ".join(out.output.split())
+        assert out.exit_code == 2 and "a job id (raysubmit_...)" in said, said
+        assert "cannot reach" not in said  # refused before the (closed) port is tried
+    for bad in ("-1", "nan"):
+        out = CliRunner().invoke(app, ["job", "stop", "raysubmit_x", "--timeout-s", bad, "--address", CLOSED])
+        assert out.exit_code == 2 and "a finite number >= 0" in " ".join(out.output.split()), out.output
+
+
+def test_wandb_mode_of_the_submitting_shell_goes_with_the_job(tmp_path, monkeypatch):
+    """Found by probe 9: `WANDB_MODE=disabled aisrl submit ...` shipped report.wandb.mode=offline without a
+    word (the variable never reaches the job, which runs in the cluster's environment), while `aisrl train`
+    applies it. A report.wandb.mode= override still wins, as for train."""
+    shipped = []
+    monkeypatch.setattr(jobs, "submit", lambda address, cfg, staging, **kw: shipped.append(cfg) or jobs.Submitted(
+        "raysubmit_t", "aisrl train", {}))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    url = CLOSED
+    out = CliRunner().invoke(app, ["submit", "--address", url, f"output_dir={tmp_path / 'r'}"])
+    assert out.exit_code == 0, out.output
+    assert "WANDB_MODE=disabled here: the job gets report.wandb.mode=disabled" in " ".join(out.output.split())
+    assert shipped[-1].report.wandb.mode == "disabled"
+    out = CliRunner().invoke(app, ["submit", "--address", url, f"output_dir={tmp_path / 'r'}",
+                                   "report.wandb.mode=offline"])
+    assert out.exit_code == 0 and "WANDB_MODE" not in out.output and shipped[-1].report.wandb.mode == "offline"
+
+
+def test_submitting_into_a_directory_that_holds_a_run_is_refused_here(tmp_path):
+    """Found by probe 9: the job was sent, and refused on the cluster with "continue it with 'aisrl train
+    --resume ...'"; a run directory readable here is now refused before anything is sent, naming submit."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    cfg = jobs.resolve_for_cluster([], [f"output_dir={run}"])
+    url = CLOSED  # contacted only with --overwrite
+    with pytest.raises(jobs.JobError, match=rf"output_dir {run} already holds a run .*pass --overwrite"):
+        jobs.submit(url, cfg, tmp_path / "staging")
+    with pytest.raises(jobs.JobError, match="cannot reach the Ray Jobs API"):  # --overwrite: it goes on to the cluster
+        (tmp_path / "staging2").mkdir()
+        jobs.submit(url, cfg, tmp_path / "staging2", overwrite=True)
