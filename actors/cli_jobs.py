@@ -3,6 +3,7 @@
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -26,6 +27,18 @@ def submit(
     verbose: bool = typer.Option(False, "--verbose", help="Keep the libraries' own logs, warnings and progress bars in the job's log (`aisrl train --verbose` on the cluster)."),
 ) -> None:
     """Validate the config here, then run `aisrl train` on a running Ray cluster as a Ray job."""
+    import signal
+
+    # SIGTERM (a scheduler, `timeout`) unwinds like Ctrl-C does, so the staged copy of the checkout is
+    # removed (a probe found /tmp/aisrl-submit-* left behind, 4 MB each)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        _stage_and_submit(args, address, follow, dry_run, stop_wait_s, resume, overwrite, verbose)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stage_and_submit(args, address, follow, dry_run, stop_wait_s, resume, overwrite, verbose) -> None:
     import tempfile
 
     from actors import jobs

@@ -165,3 +165,32 @@ def test_submitting_into_a_directory_that_holds_a_run_is_refused_here(tmp_path):
     with pytest.raises(jobs.JobError, match="cannot reach the Ray Jobs API"):  # --overwrite: it goes on to the cluster
         (tmp_path / "staging2").mkdir()
         jobs.submit(url, cfg, tmp_path / "staging2", overwrite=True)
+
+
+def test_sigterm_during_a_submission_removes_the_staged_checkout(tmp_path, monkeypatch):
+    """Found by probe 9: `aisrl submit` killed by SIGTERM while it talked to the cluster left its staging copy
+    of the checkout (/tmp/aisrl-submit-*, 4 MB) behind; Ctrl-C cleaned up. Now SIGTERM unwinds the same way."""
+    import signal
+
+    staged = []
+
+    def terminated_while_sending(address, cfg, staging, **kw):
+        (staging / "copy").write_text("x")
+        staged.append(staging)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode: this sleep is interrupted
+        raise AssertionError("SIGTERM did not end the submission")
+
+    monkeypatch.setattr(jobs, "submit", terminated_while_sending)
+
+    def ours(*_):  # without the CLI's own handler this one runs: the test fails cleanly, the process lives
+        pass
+
+    previous = signal.signal(signal.SIGTERM, ours)
+    try:
+        out = CliRunner().invoke(app, ["submit", "--address", CLOSED, f"output_dir={tmp_path / 'r'}"])
+        assert signal.getsignal(signal.SIGTERM) is ours  # the CLI put back the handler it found
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert out.exit_code == 143, (out.exit_code, out.output, out.exception)
+    assert staged and not staged[0].exists()
