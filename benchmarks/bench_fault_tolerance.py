@@ -174,7 +174,8 @@ def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
     finally:
         trainer.shutdown()
         ray.shutdown()
-    per_10s = [sum(windows[i:i + 5]) for i in range(0, len(windows) - 4, 5)]
+    n = max(1, round(10.0 / every))  # kill intervals per 10 s
+    per_10s = [sum(windows[i:i + n]) for i in range(0, len(windows) - n + 1, n)]
     return {"seconds": seconds, "kill_every_s": every, "kills": kills, "losses_handled": trainer.pool.failures,
             "steps": trainer.step, "trained": c["trained"], "prompts_per_step": cfg.prompts_per_step, "prompts_lost": c["issued"] - c["trained"] - c["dropped"] - c["in_flight"] - c["buffered"],
             "trained_twice": c["duplicates"], "min_steps_per_10s": min(per_10s),

@@ -128,6 +128,11 @@ def aisrl_scale(run_dir, workers: int) -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
 
 
+def board_scale(trainer: Trainer, workers: int) -> None:
+    """What `aisrl scale` does once it has found the run's board (the first scale goes through the CLI)."""
+    assert ray.get(trainer.control.set_workers.remote(workers)) == workers
+
+
 def test_scale_workers_up_and_down_while_training(trainer_factory):
     # Weights by broadcast, as lossy deltas (full every 5 versions and to every new generation):
     # every change of the ready workers forms a new generation, and no version is lost on the way
@@ -144,16 +149,16 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
     # the generation of both workers forms in the background (rank 0 opens it between steps, each
     # worker joins between its calls): wait until a step has broadcast to both, however fast steps go
     wait_for(lambda: max_broadcast_receivers(trainer.run_dir) == 2, 90, "a broadcast to both workers")
-    aisrl_scale(trainer.run_dir, 1)
+    board_scale(trainer, 1)
     wait_for(lambda: len(trainer.pool.slots) == 1, 60, "one worker retired")
     step_down = trainer.step
     wait_for(lambda: trainer.step >= step_down + 3, 60, "training to go on with 1 worker")
     stats = ray.get(next(iter(trainer.pool.slots.values())).handle.stats.remote())
     # down to none: the generation is closed (a broadcast to a worker gone would fail), then up again
-    aisrl_scale(trainer.run_dir, 0)
+    board_scale(trainer, 0)
     wait_for(lambda: not trainer.pool.slots and trainer.transport.members == (), 60, "no worker, no generation")
     step_none = trainer.step
-    aisrl_scale(trainer.run_dir, 1)
+    board_scale(trainer, 1)
     wait_for(lambda: broadcast_after(trainer.run_dir, step_none), 240, "a broadcast to the new worker")
     trainer.stop_requested.set()
     runner.join(timeout=120)

@@ -1,9 +1,9 @@
-"""Soak: a random rollout worker is killed every 2 s for 40 seconds while training goes on.
+"""Soak: a random rollout worker is killed every 1.5 s for 30 seconds while training goes on.
 
 The ``soak`` scenario of ``benchmarks/bench_fault_tolerance.py``: real controller, buffer,
 sampler, correction service and weight path on a loopback Ray cluster; the two compute roles
 are the simulated actors of ``tests/sim_actors.py`` (fake engines, so a replacement
-starts in about two seconds and the 40 s hold ~20 kills), 4 workers. (The benchmark's soak runs
+starts in about two seconds and the 30 s hold ~20 kills), 4 workers. (The benchmark's soak runs
 a minute or longer; the test is shortened to keep the suite inside its time budget.)
 Checked: 0 prompts lost (the ledger balances), 0 trained twice, steps keep completing.
 """
@@ -19,9 +19,10 @@ from bench_fault_tolerance import soak  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_kill_a_worker_every_two_seconds_for_40_seconds(tmp_path, monkeypatch):
+def test_kill_a_worker_every_one_and_a_half_seconds_for_30_seconds(tmp_path, monkeypatch):
+    # (40 s at one kill every 2 s before: the same ~20 kills in 10 s less of the suite; the benchmark soaks 60 s)
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
-    r = soak(tmp_path, seconds=40.0, every=2.0)
+    r = soak(tmp_path, seconds=30.0, every=1.5)
     print(f"\nsoak: {r}")
     assert r["kills"] >= 16 and r["losses_handled"] >= r["kills"] - 1
     assert r["trained_twice"] == 0 and r["prompts_lost"] == 0
