@@ -1,4 +1,4 @@
-"""The ``aisrl`` command line: ``train``, ``report``, ``demo-dump``, ``scale``, ``submit`` and ``job``."""
+"""The ``aisrl`` command line: ``train``, ``scale``, ``report``, ``demo-dump``, ``export``, ``submit`` and ``job``."""
 
 import json
 import math
@@ -248,6 +248,37 @@ def demo_dump(
     except OSError as exc:
         fail(f"path {path}: cannot write the dump ({exc.strerror or type(exc).__name__})")
     console.print(f"wrote {path}")
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., callback=expand_home, help="The run's output_dir."),
+    out: str = typer.Option(..., "--out", "-o", callback=_out_path, help="Directory for the Hugging Face model."),
+    step: int = typer.Option(None, "--step", min=1, help="The checkpoint of this step (default: the newest)."),
+    dtype: str = typer.Option("bfloat16", "--dtype",
+                              help="bfloat16 (the precision it trained and was served in) or float32 (the master weights)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is not an empty directory."),
+) -> None:
+    """Write a run's trained policy (a checkpoint) as a Hugging Face model directory.
+
+    For from_pretrained, vLLM and the rest: safetensors weights, config and tokenizer, and
+    aisrl_export.json (run, step, policy version). Exit 2 with a message naming the run, checkpoint or
+    parameter when it cannot be done (no complete checkpoint, damaged shards, another model's shapes)."""
+    from actors.cluster import quiet_workers
+    from system.learner.hf_export import ExportError, export_policy
+
+    if dtype not in ("bfloat16", "float32"):
+        fail(f"--dtype {dtype!r}: bfloat16 or float32")
+    quiet_workers()  # no progress bars of the model's load and write
+    try:
+        info = export_policy(run_dir, out, step, dtype, overwrite)
+    except (ExportError, ConfigError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"--out {out}: cannot write the model ({exc.strerror or type(exc).__name__}"
+             f"{': ' + str(exc.filename) if exc.filename else ''})")
+    console.print(f"[green]exported[/] step {info['step']} (policy version {info['policy_version']}) of {run_dir} "
+                  f"to {out} ({dtype})", highlight=False)
 
 
 # -- Cluster jobs (Ray Jobs API): ``aisrl submit`` and ``aisrl job status|stop|logs``, in actors/cli_jobs.py

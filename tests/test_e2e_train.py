@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+import torch
 from typer.testing import CliRunner
 
 from actors.cli import app
@@ -131,6 +132,40 @@ def test_train_three_steps_and_refuse_a_second_run_into_its_directory(tmp_path, 
     said = " ".join(refused.stderr.split())
     assert "already holds a run" in said and "--resume" in said
     assert {p: p.read_bytes() for p in before} == before
+
+    check_export(run, tmp_path / "hf", cache)
+
+
+def check_export(run: Path, out: Path, cache: Path) -> None:
+    """`aisrl export`: the newest checkpoint's weights as a Hugging Face model directory, equal to the
+    DCP checkpoint read by torch's own converter (``dcp_to_torch_save``), cast to bf16; trained, so
+    not the run's initial model; a second export into it is refused without --overwrite."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from transformers import AutoModelForCausalLM
+
+    runner = CliRunner()
+    env = {"AISRL_CACHE_DIR": str(cache)}
+    done = runner.invoke(app, ["export", str(run), "--out", str(out)], env=env)
+    assert done.exit_code == 0 and "exported step 3 (policy version 3)" in " ".join(done.output.split()), done.output
+    assert json.loads((out / "aisrl_export.json").read_text())["step"] == 3
+    exported = load_file(str(out / "model.safetensors"))
+    dcp_to_torch_save(str(run / "checkpoints" / "step_00000003" / "learner"), str(out.parent / "ref.pt"))
+    reference = torch.load(out.parent / "ref.pt", weights_only=False)["model"]
+    assert set(exported) == set(reference) and exported
+    assert all(torch.equal(exported[k], reference[k].to(torch.bfloat16)) for k in reference)
+    [initial_dir] = [p for p in cache.iterdir() if p.name.startswith("tiny-")]
+    initial = load_file(str(initial_dir / "model.safetensors"))
+    assert any(not torch.equal(exported[k], initial[k].to(torch.bfloat16)) for k in reference)  # it trained
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    assert torch.equal(model.lm_head.weight, reference["lm_head.weight"].to(torch.bfloat16))  # loads as trained
+    again = runner.invoke(app, ["export", str(run), "--out", str(out)], env=env)
+    assert again.exit_code == 2 and "pass --overwrite" in " ".join(again.output.split())
+    older = runner.invoke(app, ["export", str(run), "--out", str(out), "--step", "2", "--overwrite", "--dtype",
+                                "float32"], env=env)
+    assert older.exit_code == 0 and json.loads((out / "aisrl_export.json").read_text())["step"] == 2, older.output
+    missing = runner.invoke(app, ["export", str(run), "--out", str(out.parent / "x"), "--step", "1"], env=env)
+    assert missing.exit_code == 2 and "--step 1: " in " ".join(missing.output.split())
 
 
 def test_a_diverged_run_stops_with_an_error_and_no_non_finite_checkpoint(tmp_path, cache):
