@@ -132,3 +132,40 @@ def test_a_resume_refuses_a_prompt_source_that_changed_under_the_same_size():
     PromptSampler(ListSource(7), seed=1).load_state_dict(state)  # the same source resumes
     old = {k: v for k, v in state.items() if k != "fingerprint"}  # a checkpoint from before the fingerprint
     PromptSampler(edited, seed=1).load_state_dict(old)
+
+
+def test_finished_epochs_are_folded_into_counts_and_the_ledger_stays_one_epoch_long():
+    """The driver's ledger held one entry per prompt ever issued (17 MiB over 1,500 default steps,
+    growing for ever; benchmarks/bench_memory_growth.py). Now, when an epoch starts, the earlier epochs'
+    trained and dropped prompts become counts; prompts of an old epoch still in flight stay.
+    Source of 5, 4 epochs: per epoch issue 5, generate all, train 4 and drop 1; but in epoch 0 one prompt
+    (the last) stays generated and untrained until the end."""
+    s = PromptSampler(ListSource(5), seed=0)
+    sizes, late = [], None
+    for epoch in range(4):
+        ps = s.next_prompts(5)
+        assert {p.prompt_id.split("-")[0] for p in ps} == {f"e{epoch}"}
+        for p in ps:
+            assert s.mark_generated(p.prompt_id)
+        if epoch == 0:
+            late = ps[-1].prompt_id  # generated, trained only after epoch 3
+            ps = ps[:-1]
+        s.mark_trained([p.prompt_id for p in ps[:-1]])
+        s.mark_dropped(ps[-1].prompt_id, "stale")
+        sizes.append(len(s.state))
+    # epoch 0: 5 entries; from epoch 1 on: this epoch's 5 + the late one of epoch 0
+    assert sizes == [5, 6, 6, 6]
+    assert s.folded == {"trained": 3 + 4 + 4, "dropped": 1 + 1 + 1}
+    c = s.counts()
+    assert c["issued"] == 20 and c["buffered"] == 1 and c["in_flight"] == 0
+    assert c["trained"] == 3 + 4 + 4 + 4 and c["dropped"] == 1 + 1 + 1 + 1
+    assert c["issued"] == c["in_flight"] + c["buffered"] + c["trained"] + c["dropped"]
+    assert not s.mark_generated("e1-0")  # a late duplicate of a folded (trained) prompt: still a duplicate
+    s.mark_trained([late])  # the old epoch's prompt in flight is still in the ledger
+    # the checkpoint carries the folded counts; one written before the folding (no "folded") loads as none
+    b = PromptSampler(ListSource(5), seed=0)
+    b.load_state_dict(s.state_dict())
+    assert b.counts() == s.counts()
+    old = {k: v for k, v in s.state_dict().items() if k != "folded"}
+    b.load_state_dict(old)
+    assert b.counts()["issued"] == len(s.state)
