@@ -230,6 +230,11 @@ def _scheduling(device: str) -> dict:
     return {"enable_chunked_prefill": False} if device == "cpu" else {}
 
 
+def _has_lm_head(model) -> bool:
+    """Run by ``LLM.apply_model`` inside the engine: does its model hold an ``lm_head``?"""
+    return hasattr(model, "lm_head")
+
+
 class VLLMEngine:
     """One vLLM engine over a Hugging Face model directory, in this process."""
 
@@ -267,6 +272,9 @@ class VLLMEngine:
         self.quantization_scheme = scheme_name(model_config.quantization)
         """The scheme that actually ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
         self.tied_embeddings = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
+        self.has_head = all(self.llm.apply_model(_has_lm_head))
+        """Whether the engine's model has an ``lm_head`` to load (Gemma-2's computes logits from its
+        embedding and has none; a tied Qwen2 or Llama keeps one, which an in-place reload does not re-tie)."""
         self.tensor_names = model_tensor_names(model_dir, trust_remote_code)
         """What every loaded payload must name (``system.rollout.weight_names``)."""
 
@@ -340,15 +348,19 @@ class VLLMEngine:
 
     def _weights(self, payload: WeightPayload) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in decode_weights(payload):
+            if name == "lm_head.weight" and not self.has_head:
+                continue  # tied, and no head in the engine: its logits come from the embedding
             yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
-            if name == "model.embed_tokens.weight" and "lm_head.weight" not in payload.arrays:
+            if name == "model.embed_tokens.weight" and self.has_head and "lm_head.weight" not in payload.arrays:
                 yield "lm_head.weight", tensor.to(self.dtype)  # tied: the head is the embedding
 
     def load_weights(self, payload: WeightPayload) -> float:
         """Swap in ``payload`` in place (re-runs FP8 quantization), reset the prefix cache; seconds taken.
 
-        ``lm_head.weight`` is always pushed: a payload without it is completed from
-        ``model.embed_tokens.weight`` for a tied-embedding model and refused for an untied one.
+        ``lm_head.weight`` is pushed whenever the engine's model has a head (``has_head``): a payload
+        without it is completed from ``model.embed_tokens.weight`` for a tied-embedding model (vLLM's
+        in-place reload does not re-tie a tied Qwen2's head) and refused for an untied one. A tied model
+        without a head in the engine (Gemma-2) gets none (pushing one failed the first sync; probe 10).
         """
         if "lm_head.weight" not in payload.arrays and (
             not self.tied_embeddings or "model.embed_tokens.weight" not in payload.arrays
