@@ -91,7 +91,7 @@ def test_the_dry_run_refuses_gpus_a_private_cluster_here_does_not_have(tmp_path,
 def test_a_pretrained_model_that_cannot_be_loaded_here_is_one_line_naming_model_path(tmp_path):
     """Found by a probe: a hub id that could not be fetched (offline) failed in the dataset's context
     check with a 400-line traceback. A directory without config.json stands in for it here (no network
-    in tests); one with a config.json passes."""
+    in tests); one with a config.json and no tokenizer is refused too."""
     from system.models.model_dir import resolve_model_dir
 
     empty = tmp_path / "empty-model"
@@ -100,7 +100,34 @@ def test_a_pretrained_model_that_cannot_be_loaded_here_is_one_line_naming_model_
     with pytest.raises(ConfigError, match=rf"model\.path {empty}: cannot be loaded here \((OSError|ValueError): .*config\.json"):
         resolve_model_dir(cfg)
     (empty / "config.json").write_text('{"model_type": "qwen2"}')
-    assert resolve_model_dir(cfg) == str(empty)
+    # probe 10: no tokenizer files (transformers makes an empty one) failed only once the cluster was up
+    with pytest.raises(ConfigError, match=rf"model\.path {empty}: no tokenizer there"):
+        resolve_model_dir(cfg)
+
+
+def test_a_pretrained_models_tokenizer_must_fit_its_embeddings(tmp_path):
+    """Found by probe 10: a tokenizer of 15 tokens on a model of 10 embedding rows passed the start; vLLM
+    sampled on and the learner's first step raised "IndexError: index out of range in self"."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from system.models.model_dir import resolve_model_dir
+    from system.models.tiny import build_tiny_model
+
+    base = resolve_config([], [])
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(base.model, base.data.task, base.seed, tmp_path / "c"))
+    assert len(tokenizer) == 15
+    for rows, ok in ((10, False), (15, True), (64, True)):  # more rows than tokens is common (padded tables)
+        path = tmp_path / f"rows{rows}"
+        Qwen2ForCausalLM(Qwen2Config(vocab_size=rows, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1)).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        cfg = resolve_config([], ["model.type=pretrained", f"model.path={path}"])
+        if ok:
+            assert resolve_model_dir(cfg) == str(path)
+        else:
+            with pytest.raises(ConfigError, match=rf"model\.path {path}: its tokenizer has 15 tokens, the model's "
+                                                  r"embeddings 10 rows"):
+                resolve_model_dir(cfg)
 
 
 def test_a_preset_whose_path_holds_an_equals_sign_is_a_preset(tmp_path, monkeypatch):

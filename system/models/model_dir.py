@@ -19,13 +19,31 @@ def resolve_model_dir(cfg: RunConfig, cache_dir: str | Path | None = None) -> st
 def check_loadable(path: str, trust_remote_code: bool = False) -> None:
     """Raise ConfigError naming ``model.path`` when its config cannot be loaded here (a hub id with no
     network and no local copy, a directory without ``config.json``): the driver reads it first (the
-    dataset's context check, the report's tokenizer), and a failure there was a 400-line traceback."""
-    from transformers import AutoConfig
+    dataset's context check, the report's tokenizer), and a failure there was a 400-line traceback.
+
+    Its tokenizer too (found by probe 10; each failed only once the cluster was up, naming no field): a
+    directory without tokenizer files (transformers builds an empty tokenizer: every prompt encoded to
+    nothing, "The decoder prompt cannot be empty"), and one with more tokens than the model's embedding
+    rows (vLLM sampled on; the learner's first step raised "IndexError: index out of range")."""
+    from transformers import AutoConfig, AutoTokenizer
 
     try:
-        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         first = " ".join(str(exc).split())[:300]
         raise ConfigError(f"model.path {path}: cannot be loaded here ({type(exc).__name__}: {first}); a hub id "
                           "needs the network or a copy in the Hugging Face cache (HF_HOME), a local directory "
                           "its config.json") from None
+    try:
+        tokens = len(AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+    except (OSError, ValueError, TypeError) as exc:
+        first = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"model.path {path}: its tokenizer cannot be loaded here ({type(exc).__name__}: "
+                          f"{first})") from None
+    if tokens <= 1:
+        raise ConfigError(f"model.path {path}: no tokenizer there ({tokens} token; save the tokenizer beside the "
+                          "model: tokenizer.json and tokenizer_config.json)")
+    rows = getattr(config, "vocab_size", None)
+    if isinstance(rows, int) and tokens > rows:
+        raise ConfigError(f"model.path {path}: its tokenizer has {tokens} tokens, the model's embeddings {rows} "
+                          f"rows (vocab_size): token ids {rows} and up have no embedding")
