@@ -10,6 +10,22 @@ import re
 import ray
 
 _TASK = re.compile(r"ray::([\w.]+)\(")
+_RAISED = re.compile(r"^(?:[\w]+\.)*\w*(?:Error|Exception)\b.*$", re.M)
+"""A traceback's exception line (``pkg.mod.SomeError: message``, or a bare ``SomeError``)."""
+
+
+def last_raised(text: str) -> str:
+    """An error text holding a traceback (an actor that died in its creation task: Ray passes on only the
+    traceback's text when the exception cannot be pickled, e.g. vLLM's pydantic errors) said as its first
+    line and the last exception raised, with whatever follows it (a pydantic error's details); other
+    texts unchanged. The cause sat after 129 lines of traceback, past the console's cut (probe 10)."""
+    if "Traceback (most recent call last)" not in text:
+        return text
+    found = list(_RAISED.finditer(text))
+    if not found:
+        return text
+    first = text.strip().splitlines()[0].rstrip(":")
+    return f"{first}: {text[found[-1].start():]}"
 
 
 def remote_error(exc: BaseException, limit: int = 400) -> str:
@@ -22,7 +38,7 @@ def remote_error(exc: BaseException, limit: int = 400) -> str:
         named = _TASK.findall(str(cause))
         where = getattr(cause, "function_name", None) or (named[-1] if named else None) or where
         cause = cause.cause
-    text = " ".join(str(cause).split())
+    text = " ".join(last_raised(str(cause)).split())
     if len(text) > limit:
         text = text[:limit] + " ..."
     return (f"{type(cause).__name__}: {text}" if cause is not exc else text) + (f" (in {where})" if where else "")

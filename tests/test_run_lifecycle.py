@@ -208,3 +208,24 @@ def test_a_control_file_that_cannot_be_removed_is_said_and_the_stop_goes_on(tmp_
     with caplog.at_level(logging.WARNING):
         remove_control_file(tmp_path)  # no raise
     assert "could not remove" in caplog.text and "Operation not permitted" in caplog.text
+
+
+def test_an_actor_that_died_in_its_creation_says_the_last_exception_not_the_traceback():
+    """Found by probe 10: an architecture vLLM does not support (XGLM) ended with one line cut at 400
+    characters inside the worker's traceback, before the cause; now the line keeps the traceback's first
+    line and the last exception raised with its details (a pydantic error's are on the lines after it)."""
+    died = RuntimeError(
+        "The actor died because of an error raised in its creation task, ray::RolloutWorker.__init__() "
+        "(pid=7, ip=127.0.0.1)\n" + "Traceback (most recent call last):\n" + "".join(
+            f'  File "/venv/lib/python3.11/site-packages/vllm/m{i}.py", line {i}, in f{i}\n    g{i}()\n    ^^^^\n'
+            for i in range(40))
+        + "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, Model architectures ['XGLMForCausalLM'] are not supported for now. [type=value_error]\n")
+    said = remote_error(died)
+    assert said.startswith("The actor died because of an error raised in its creation task, "
+                           "ray::RolloutWorker.__init__() (pid=7, ip=127.0.0.1): pydantic_core._pydantic_core."
+                           "ValidationError: 1 validation error for ModelConfig Value error, Model architectures "
+                           "['XGLMForCausalLM'] are not supported"), said
+    assert "File " not in said and len(said) <= 404
+    plain = RuntimeError("weights of version 3 lack lm_head.weight")  # no traceback: unchanged
+    assert remote_error(plain) == "weights of version 3 lack lm_head.weight"
