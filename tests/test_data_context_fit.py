@@ -77,3 +77,31 @@ def test_a_gsm8k_run_on_a_small_context_model_is_refused_at_start(tmp_path):
     assert len(fitted.source) == 1 and fitted.source[0].prompt_id == "d-line1" and fitted.skipped == (("d-line2", 41),)
     with pytest.raises(ConfigError, match="data.overlong_prompts"):
         resolve_config([], ["data.overlong_prompts=truncate"])
+
+
+def test_a_synthetic_task_on_a_small_context_pretrained_model_is_refused_at_start(tmp_path):
+    """Found by probe 10: on a pretrained model with a 16-token context, max_new_tokens=16 after 6-token
+    arithmetic prompts cut the responses at the context without a word (the tiny model's config refuses
+    it; a pretrained model was never checked), and 20-token prompts failed inside vLLM after start-up."""
+    from system.data.prompt_source import build_prompt_source
+
+    model_dir = tmp_path / "m"
+    tok = train_char_tokenizer(["0123456789+="], 16)  # one token a character
+    tok.save_pretrained(model_dir)
+    Qwen2Config(max_position_embeddings=16, vocab_size=len(tok)).save_pretrained(model_dir)
+    cfg = resolve_config([], ["model={type: pretrained, path: x}", "data.task.num_digits=2", "rollout.max_new_tokens=8"])
+    source = build_prompt_source(cfg.data.task, cfg.seed)
+    count, _ = token_counter(str(model_dir), chat_template=False)
+    longest = max(count([source[i] for i in range(2048)]))
+    assert longest == len("12+34=")  # two 2-digit numbers, '+' and '='
+    fit_dataset_prompts(source, str(model_dir), cfg)  # 6 + 8 <= 16: fits
+    room = 16 - longest
+    fits = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_new_tokens": room})})
+    fit_dataset_prompts(source, str(model_dir), fits)  # exactly the context
+    over = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_new_tokens": room + 1})})
+    with pytest.raises(ValueError, match=rf"context is 16 tokens; data.task \(arithmetic\) prompts take up to "
+                                         rf"{longest} and rollout.max_new_tokens is {room + 1}: .* lower "
+                                         rf"rollout.max_new_tokens to {room} or less"):
+        fit_dataset_prompts(source, str(model_dir), over)
+    tiny = resolve_config([], ["data.task.num_digits=2", "rollout.max_new_tokens=8"])  # the tiny model: its config checks
+    assert len(fit_dataset_prompts(source, str(model_dir), tiny).source) == len(source)

@@ -11,8 +11,9 @@ and with ``data.overlong_prompts``:
 * ``skip``: they are left out of the prompt pool and counted (``OverlongPrompts.skipped``).
 
 The context is ``max_model_len`` as vLLM (0.32) derives it from the model's config and tokenizer
-(``context_length``). The synthetic tasks' prompts are a few characters; the tiny model's own check
-is in the config.
+(``context_length``). A synthetic task's prompts are alike in form: on a pretrained model its longest
+(of the first ``SYNTHETIC_SAMPLE``) plus ``rollout.max_new_tokens`` must fit the context
+(``check_synthetic_fit``); the tiny model's own check is in the config.
 """
 
 import logging
@@ -132,11 +133,37 @@ def token_counter(model_dir: str, chat_template: bool, trust_remote_code: bool =
     return count_tokens, context
 
 
+SYNTHETIC_SAMPLE = 2048
+"""Prompts of a synthetic task whose lengths are counted (all alike in form: the first ones stand for all)."""
+
+
+def check_synthetic_fit(source: PromptSource, model_dir: str, cfg) -> None:
+    """ValueError when a synthetic task's prompts and ``rollout.max_new_tokens`` do not fit a pretrained
+    model's context. Found by probe 10: at a 16-token context, ``max_new_tokens=16`` after 6-token prompts
+    cut 285 of 512 responses without a word, and 20-token prompts failed inside vLLM after start-up,
+    naming no field (the tiny model's config has its own check)."""
+    count_tokens, context = token_counter(model_dir, getattr(cfg.data.task, "chat_template", False),
+                                          getattr(cfg.model, "trust_remote_code", False))
+    if context is None:
+        return
+    sample = [source[i] for i in range(min(len(source), SYNTHETIC_SAMPLE))]
+    longest, room = max(count_tokens(sample)), cfg.rollout.max_new_tokens
+    if longest + room > context:
+        fix = (f"lower rollout.max_new_tokens to {context - longest} or less" if longest < context
+               else "shorten the task's prompts")
+        raise ValueError(f"model.path {model_dir}: its context is {context} tokens; data.task ({cfg.data.task.type}) "
+                         f"prompts take up to {longest} and rollout.max_new_tokens is {room}: responses would stop "
+                         f"at the context without a word (a prompt of {context} tokens or more, vLLM refuses); "
+                         f"{fix}, or use a model with a longer context")
+
+
 def fit_dataset_prompts(source: PromptSource, model_dir: str, cfg) -> OverlongPrompts:
     """A dataset task's prompts checked against the model's context (``fit_to_context`` under
-    ``data.overlong_prompts``); the synthetic tasks' prompts as they are."""
+    ``data.overlong_prompts``); a synthetic task's against a pretrained model's (``check_synthetic_fit``)."""
     task = cfg.data.task
     if task.type != "gsm8k":
+        if cfg.model.type == "pretrained":
+            check_synthetic_fit(source, model_dir, cfg)
         return OverlongPrompts(source)
     count_tokens, context = token_counter(model_dir, task.chat_template,
                                           getattr(cfg.model, "trust_remote_code", False))
