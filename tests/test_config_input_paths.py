@@ -118,7 +118,7 @@ def test_a_pretrained_models_tokenizer_must_fit_its_embeddings(tmp_path):
     assert len(tokenizer) == 15
     for rows, ok in ((10, False), (15, True), (64, True)):  # more rows than tokens is common (padded tables)
         path = tmp_path / f"rows{rows}"
-        Qwen2ForCausalLM(Qwen2Config(vocab_size=rows, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        Qwen2ForCausalLM(Qwen2Config(vocab_size=rows, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1)).save_pretrained(path)
         tokenizer.save_pretrained(path)
         cfg = resolve_config([], ["model.type=pretrained", f"model.path={path}"])
@@ -128,6 +128,15 @@ def test_a_pretrained_models_tokenizer_must_fit_its_embeddings(tmp_path):
             with pytest.raises(ConfigError, match=rf"model\.path {path}: its tokenizer has 15 tokens, the model's "
                                                   r"embeddings 10 rows"):
                 resolve_model_dir(cfg)
+    # probe 10: a head size vLLM's CPU attention cannot run failed inside the engine after start-up
+    path = tmp_path / "head16"
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=15, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=1)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with pytest.raises(ConfigError, match=rf"model\.path {path}: head size 16, which vLLM's CPU attention cannot run"):
+        resolve_model_dir(resolve_config([], ["model.type=pretrained", f"model.path={path}"]))
+    on_gpus = resolve_config([], ["model.type=pretrained", f"model.path={path}", "ray.rollout_gpus=1"])
+    assert resolve_model_dir(on_gpus) == str(path)  # GPU backends run it
 
 
 def test_a_preset_whose_path_holds_an_equals_sign_is_a_preset(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from system.config import ConfigError, RunConfig
+from system.config.model import VLLM_HEAD_SIZES
 from system.models.tiny import build_tiny_model, default_cache_dir
 
 
@@ -11,12 +12,27 @@ def resolve_model_dir(cfg: RunConfig, cache_dir: str | Path | None = None) -> st
     if cfg.model.type == "pretrained":
         local = Path(cfg.model.path).expanduser()
         path = str(local) if local.exists() else cfg.model.path
-        check_loadable(path, cfg.model.trust_remote_code)
+        config = check_loadable(path, cfg.model.trust_remote_code)
+        if not cfg.ray.rollout_gpus:
+            check_cpu_attention(path, config)
         return path
     return str(build_tiny_model(cfg.model, cfg.data.task, cfg.seed, cache_dir or default_cache_dir()))
 
 
-def check_loadable(path: str, trust_remote_code: bool = False) -> None:
+def check_cpu_attention(path: str, config) -> None:
+    """ConfigError naming ``model.path`` for a head size vLLM's CPU attention cannot run (rollout workers
+    without GPUs, ``ray.rollout_gpus`` 0): it failed inside the engine after start-up ("Unsupported CPU
+    attention configuration: head_dim=16"; probe 10). The tiny model's config checks its own."""
+    text = getattr(config, "text_config", None) or config
+    heads = getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    if isinstance(head_dim, int) and head_dim not in VLLM_HEAD_SIZES:
+        raise ConfigError(f"model.path {path}: head size {head_dim}, which vLLM's CPU attention cannot run "
+                          f"({', '.join(map(str, VLLM_HEAD_SIZES))}); rollout workers on GPUs "
+                          "(ray.rollout_gpus) run more")
+
+
+def check_loadable(path: str, trust_remote_code: bool = False):
     """Raise ConfigError naming ``model.path`` when its config cannot be loaded here (a hub id with no
     network and no local copy, a directory without ``config.json``): the driver reads it first (the
     dataset's context check, the report's tokenizer), and a failure there was a 400-line traceback.
@@ -24,7 +40,8 @@ def check_loadable(path: str, trust_remote_code: bool = False) -> None:
     Its tokenizer too (found by probe 10; each failed only once the cluster was up, naming no field): a
     directory without tokenizer files (transformers builds an empty tokenizer: every prompt encoded to
     nothing, "The decoder prompt cannot be empty"), and one with more tokens than the model's embedding
-    rows (vLLM sampled on; the learner's first step raised "IndexError: index out of range")."""
+    rows (vLLM sampled on; the learner's first step raised "IndexError: index out of range"). Returns
+    the model's config."""
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -47,3 +64,4 @@ def check_loadable(path: str, trust_remote_code: bool = False) -> None:
     if isinstance(rows, int) and tokens > rows:
         raise ConfigError(f"model.path {path}: its tokenizer has {tokens} tokens, the model's embeddings {rows} "
                           f"rows (vocab_size): token ids {rows} and up have no embedding")
+    return config
