@@ -24,8 +24,8 @@ def check_cpu_attention(path: str, config) -> None:
     without GPUs, ``ray.rollout_gpus`` 0): it failed inside the engine after start-up ("Unsupported CPU
     attention configuration: head_dim=16"; probe 10). The tiny model's config checks its own."""
     text = getattr(config, "text_config", None) or config
-    heads = getattr(text, "num_attention_heads", None)
-    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    heads, width = getattr(text, "num_attention_heads", None), getattr(text, "hidden_size", None)
+    head_dim = getattr(text, "head_dim", None) or (width // heads if heads and width else None)
     if isinstance(head_dim, int) and head_dim not in VLLM_HEAD_SIZES:
         raise ConfigError(f"model.path {path}: head size {head_dim}, which vLLM's CPU attention cannot run "
                           f"({', '.join(map(str, VLLM_HEAD_SIZES))}); rollout workers on GPUs "
