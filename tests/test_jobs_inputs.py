@@ -1,12 +1,17 @@
 """``aisrl submit`` / ``aisrl job``: input checked before anything reaches a cluster (found by a bad-input
 probe, 2026-11-27): a resume that the cluster would refuse, malformed addresses, token files that are
-not one line of text (never echoed), a checkout file that cannot be shipped. No cluster is started."""
+not one line of text (never echoed), a checkout file that cannot be shipped; what is staged and shipped
+(code, config, no secrets), the token lookup, and the Jobs API's failures said in one line (later
+probes). No cluster is started (the cluster-side tests are in ``tests/test_jobs.py``)."""
 
 import json
 import os
 import re
+import shlex
 import socket
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +20,7 @@ from actors import jobs
 from actors.cli import app
 from system.config import ConfigError
 
+ROOT = Path(__file__).resolve().parents[1]
 CLOSED = "http://127.0.0.1:9"  # the discard port: closed on loopback
 
 
@@ -194,3 +200,125 @@ def test_sigterm_during_a_submission_removes_the_staged_checkout(tmp_path, monke
         signal.signal(signal.SIGTERM, previous)
     assert out.exit_code == 143, (out.exit_code, out.output, out.exception)
     assert staged and not staged[0].exists()
+
+
+def test_bad_address_is_rejected():
+    with pytest.raises(jobs.JobError, match="dashboard URL"):
+        jobs.check_address("127.0.0.1:8265")
+
+
+def test_staging_ships_the_code_and_config_but_no_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-0123456789")
+    cfg = jobs.resolve_for_cluster([str(ROOT / "configs/gpu_qwen25_1p5b_gsm8k.yaml"), str(ROOT / "configs/multinode.yaml")], [])
+    staging = jobs.stage_working_dir(cfg, tmp_path / "stage")
+    env = jobs.build_runtime_env(staging, stop_wait_s=90)
+
+    # the libraries' warnings and progress bars off in the job's processes, as on a private cluster
+    assert env["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "90", "PYTHONWARNINGS": "ignore", "TQDM_DISABLE": "1",
+                               "TORCH_CPP_LOG_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error",
+                               "VLLM_LOGGING_LEVEL": "ERROR"}
+    assert jobs.build_runtime_env(staging, stop_wait_s=90, verbose=True)["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "90"}
+    shipped = (staging / jobs.SHIPPED_CONFIG).read_text()
+    assert json.loads(shipped)["ray"]["address"] == "auto" and "wandb-secret" not in shipped
+    assert (staging / "actors" / "jobs.py").is_file() and (staging / "pyproject.toml").is_file()
+    for name in (".venv", ".git", "runs", "wandb"):
+        assert not (staging / name).exists(), name
+    assert not list(staging.rglob("__pycache__")) and not list(staging.rglob("*.pyc"))
+    assert jobs.entrypoint() == f"aisrl train {jobs.SHIPPED_CONFIG}"
+    assert jobs.entrypoint(dry_run=True) == f"aisrl train --dry-run {jobs.SHIPPED_CONFIG}"
+    # a run that died before its first checkpoint: resubmitted over its output_dir (found missing by a review)
+    assert jobs.entrypoint(overwrite=True) == f"aisrl train --overwrite {jobs.SHIPPED_CONFIG}"
+    assert jobs.entrypoint(verbose=True) == f"aisrl train --verbose {jobs.SHIPPED_CONFIG}"
+    assert jobs.entrypoint(resume="/r", verbose=True) == "aisrl train --verbose --resume /r"
+    assert "output_dir 'runs/qwen25-1p5b-gsm8k' is relative" in jobs.placement_warnings(cfg)[0]
+
+
+def test_secrets_in_env_vars_or_config_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(jobs.JobError, match="env_vars.WANDB_API_KEY"):
+        jobs.check_no_secrets({"env_vars": {"WANDB_API_KEY": "x"}}, "{}")
+    with pytest.raises(jobs.JobError, match="HF_TOKEN"):
+        jobs.check_no_secrets({"env_vars": {"HF_TOKEN": "x"}}, "{}")
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-0123456789")
+    cfg = jobs.resolve_for_cluster([], ["report.wandb.run_name=wandb-secret-0123456789"])
+    staging = jobs.stage_working_dir(cfg, tmp_path / "stage")
+    with pytest.raises(jobs.JobError, match="WANDB_API_KEY"):
+        jobs.build_runtime_env(staging, stop_wait_s=10)
+
+
+def test_token_lookup_follows_rays_precedence(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert jobs.find_auth_token()[0] is None
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("from-home\n")
+    assert jobs.find_auth_token()[0] == "from-home"
+    (tmp_path / "tok").write_text("from-path")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "tok"))
+    assert jobs.find_auth_token()[0] == "from-path"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
+    assert jobs.find_auth_token()[0] == "from-env"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert jobs.find_auth_token()[0] is None
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
+    with pytest.raises(jobs.JobError, match="RAY_AUTH_TOKEN_PATH"):
+        jobs.find_auth_token()
+
+
+def test_resume_submission_is_validated_here_when_the_run_is_readable(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"max_steps": 5, "prompts_per_step": 4}))
+    with pytest.raises(jobs.JobError, match="no complete checkpoint"):
+        jobs.resolve_resume(str(run), ["max_steps=9"])
+    ckpt = run / "checkpoints" / "step_00000002"
+    (ckpt / "learner").mkdir(parents=True)
+    for name in ("controller.pkl", "learner/.metadata", "learner/trainer.json"):
+        (ckpt / name).write_text("")
+    cfg, overrides = jobs.resolve_resume(str(run), ["max_steps=9"])
+    assert cfg.max_steps == 9 and cfg.prompts_per_step == 4 and cfg.output_dir == str(run)
+    assert overrides == ["max_steps=9", "ray.address=auto"]  # the job joins the cluster it runs on
+    with pytest.raises(ConfigError, match="max_step"):
+        jobs.resolve_resume(str(run), ["max_step=9"])
+    cfg, overrides = jobs.resolve_resume("/cluster/only/run", ["max_steps=9", "ray.address=ray://h:10001"])
+    assert cfg is None and overrides == ["max_steps=9", "ray.address=ray://h:10001"]
+    with pytest.raises(ConfigError, match="learner.lr"):
+        jobs.resolve_resume("/cluster/only/run", ["learner.lr=fast"])
+    with pytest.raises(jobs.JobError, match="absolute path"):
+        jobs.resolve_resume("runs/try1", [])
+    with pytest.raises(jobs.JobError, match="drop the output_dir"):
+        jobs.resolve_resume(str(run), ["output_dir=/elsewhere"])
+    command = jobs.entrypoint(resume="/runs/my run", overrides=["output_note=a b"])
+    assert shlex.split(command) == ["aisrl", "train", "--resume", "/runs/my run", "output_note=a b"]
+
+
+def test_a_relative_data_path_is_flagged_with_where_it_would_be_read(tmp_path):
+    """Found by a review: the documented submit example read data/gsm8k/train.jsonl relative to the
+    job's working directory (a staged copy of the checkout), never the cluster's /app/data volume."""
+    preset = [str(ROOT / "configs/gpu_qwen25_1p5b_gsm8k.yaml")]
+    cfg = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q"])
+    [missing] = jobs.placement_warnings(cfg, project=tmp_path)  # a checkout without the file
+    assert "data.task.path 'data/gsm8k/train.jsonl' is relative" in missing and "will fail to find it" in missing
+    assert "data.task.path=/app/data/gsm8k/train.jsonl" in missing
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k" / "train.jsonl").write_text("{}\n")
+    [shipped] = jobs.placement_warnings(cfg, project=tmp_path)
+    assert "uploaded with the job" in shipped
+    # probe 9: a file under an excluded folder (runs/) or matched by .gitignore (Ray's upload follows it)
+    # was said to be "uploaded with the job", and the job failed to find it
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("data/\n")
+    [ignored] = jobs.placement_warnings(cfg, project=tmp_path)
+    assert "will fail to find it" in ignored, ignored
+    (tmp_path / ".gitignore").write_text("")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "train.jsonl").write_text("{}\n")
+    in_runs = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=runs/train.jsonl"])
+    [excluded] = jobs.placement_warnings(in_runs, project=tmp_path)
+    assert "will fail to find it" in excluded, excluded
+    assert "uploaded with the job" in jobs.placement_warnings(cfg, project=tmp_path)[0]  # .gitignore emptied
+    absolute = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=/app/data/gsm8k/train.jsonl"])
+    assert jobs.placement_warnings(absolute) == []
+
