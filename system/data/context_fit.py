@@ -116,12 +116,11 @@ def token_counter(model_dir: str, chat_template: bool, trust_remote_code: bool =
     """``(count_tokens, context)`` for the model in ``model_dir``: prompts tokenised as the rollout
     workers send them (text with the tokenizer's special tokens, as vLLM adds them; or the chat
     template's ids), and the context vLLM will give it."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    from system.models.hf_files import load_config, load_tokenizer
     from system.rollout.chat import chat_prompt_ids
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code)
+    hf_config = load_config(model_dir, trust_remote_code)
     context = context_length(getattr(hf_config, "text_config", None) or hf_config,
                              getattr(tokenizer, "model_max_length", None))
 

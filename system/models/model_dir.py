@@ -4,6 +4,7 @@ from pathlib import Path
 
 from system.config import ConfigError, RunConfig
 from system.config.model import VLLM_HEAD_SIZES
+from system.models.hf_files import load_config, load_tokenizer
 from system.models.tiny import build_tiny_model, default_cache_dir
 
 
@@ -42,17 +43,15 @@ def check_loadable(path: str, trust_remote_code: bool = False):
     nothing, "The decoder prompt cannot be empty"), and one with more tokens than the model's embedding
     rows (vLLM sampled on; the learner's first step raised "IndexError: index out of range"). Returns
     the model's config."""
-    from transformers import AutoConfig, AutoTokenizer
-
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = load_config(path, trust_remote_code)
     except (OSError, ValueError) as exc:
         first = " ".join(str(exc).split())[:300]
         raise ConfigError(f"model.path {path}: cannot be loaded here ({type(exc).__name__}: {first}); a hub id "
                           "needs the network or a copy in the Hugging Face cache (HF_HOME), a local directory "
                           "its config.json") from None
     try:
-        tokens = len(AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+        tokens = len(load_tokenizer(path, trust_remote_code))
     except (OSError, ValueError, TypeError) as exc:
         first = " ".join(str(exc).split())[:300]
         raise ConfigError(f"model.path {path}: its tokenizer cannot be loaded here ({type(exc).__name__}: "
