@@ -166,6 +166,13 @@ def check_export(run: Path, out: Path, cache: Path) -> None:
     assert older.exit_code == 0 and json.loads((out / "aisrl_export.json").read_text())["step"] == 2, older.output
     missing = runner.invoke(app, ["export", str(run), "--out", str(out.parent / "x"), "--step", "1"], env=env)
     assert missing.exit_code == 2 and "--step 1: " in " ".join(missing.output.split())
+    # a damaged newest checkpoint is passed over, as a resume does (its shard cut short)
+    shard = sorted((run / "checkpoints" / "step_00000003" / "learner").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    fallback = runner.invoke(app, ["export", str(run), "--out", str(out), "--overwrite"], env=env)
+    assert fallback.exit_code == 0 and "exported step 2" in " ".join(fallback.output.split()), fallback.output
+    damaged = runner.invoke(app, ["export", str(run), "--out", str(out), "--overwrite", "--step", "3"], env=env)
+    assert damaged.exit_code == 2 and "cannot be read whole" in " ".join(damaged.output.split()), damaged.output
 
 
 def test_a_diverged_run_stops_with_an_error_and_no_non_finite_checkpoint(tmp_path, cache):

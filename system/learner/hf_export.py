@@ -7,7 +7,8 @@ merger and TRL's saves do the same job). The export:
 
 1. reads the run's ``config.json`` and builds (or finds in the cache) the run's model directory: the
    architecture, its config and the tokenizer come from there;
-2. checks the checkpoint's files (sizes and CRC-32s, ``checkpoint_problems``);
+2. takes the newest checkpoint whose files are whole (sizes and CRC-32s, as a resume chooses), or the
+   one of ``--step``, refused by name when it is not;
 3. loads every parameter of the checkpoint, resharded into whole tensors in this one process (DCP's
    ``no_dist`` load), into that model; a parameter the checkpoint lacks must be tied to one it holds
    (``lm_head`` = the embeddings when ``tie_word_embeddings``), anything else is refused by name, as is
@@ -34,8 +35,8 @@ from system.models.model_dir import resolve_model_dir
 from system.run_state import (
     checkpoint_dir,
     is_complete_checkpoint,
-    latest_run_checkpoint,
     learner_dir,
+    usable_run_checkpoint,
 )
 
 EXPORT_INFO = "aisrl_export.json"
@@ -46,18 +47,23 @@ class ExportError(ValueError):
     """An export that cannot be done, worded for the user (names the run, checkpoint or parameter)."""
 
 
-def choose_checkpoint(run_dir: Path, step: int | None) -> Path:
-    """The run's newest complete checkpoint, or the one of ``step``."""
+def choose_checkpoint(run_dir: Path, step: int | None) -> tuple[Path, int]:
+    """``(checkpoint, step)``: the newest one whose halves are whole (``run_state.usable_run_checkpoint``,
+    as a resume picks it: a damaged newer one is passed over), or ``step``'s, which must be whole."""
     if step is None:
-        found = latest_run_checkpoint(run_dir)
+        found, saved, skipped = usable_run_checkpoint(run_dir)
         if found is None:
-            raise ExportError(f"{run_dir}: no complete checkpoint under {run_dir / 'checkpoints'} (a run writes one "
-                              "every checkpoint_every steps and at its end)")
-        return found
+            raise ExportError(f"{run_dir}: no usable checkpoint under {run_dir / 'checkpoints'} (a run writes one "
+                              "every checkpoint_every steps and at its end)" + (f"; {'; '.join(skipped[:3])}"
+                                                                              if skipped else ""))
+        return found, saved["step"]
     found = checkpoint_dir(run_dir, step)
     if not is_complete_checkpoint(found):
         raise ExportError(f"--step {step}: {found} is not a complete checkpoint of {run_dir}")
-    return found
+    problems = checkpoint_problems(learner_dir(found))
+    if problems:
+        raise ExportError(f"{found} cannot be read whole: {'; '.join(problems[:3])}")
+    return found, step
 
 
 def load_policy(model_dir: str, learner: str, trust_remote_code: bool = False) -> torch.nn.Module:
@@ -101,17 +107,14 @@ def export_policy(run_dir: str | Path, out: str | Path, step: int | None = None,
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not an empty directory: pass --overwrite to replace it")
     cfg = resolve_config([str(run_dir / "config.json")], [f"output_dir={run_dir}"])
-    ckpt = choose_checkpoint(run_dir, step)
+    ckpt, step = choose_checkpoint(run_dir, step)
     learner = learner_dir(ckpt)
-    problems = checkpoint_problems(learner)
-    if problems:
-        raise ExportError(f"{ckpt} cannot be read whole: {'; '.join(problems[:3])}")
     trust = getattr(cfg.model, "trust_remote_code", False)
     model_dir = resolve_model_dir(cfg)
     model = load_policy(model_dir, learner, trust).to(param_dtype_of(dtype))
     with open(os.path.join(learner, "trainer.json")) as f:
         counters = json.load(f)["counters"]
-    info = {"run_dir": str(run_dir.resolve()), "checkpoint": str(Path(ckpt).resolve()), "step": int(Path(ckpt).name[5:]),
+    info = {"run_dir": str(run_dir.resolve()), "checkpoint": str(Path(ckpt).resolve()), "step": step,
             "policy_version": counters.get("policy_version"), "dtype": dtype, "model_dir": model_dir}
 
     from transformers import AutoTokenizer
