@@ -8,7 +8,7 @@ from pathlib import Path
 import ray
 import typer
 
-from actors.cli_common import console, expand_home, fail, split_args
+from actors.cli_common import expand_home, fail, say, split_args
 from actors.cli_jobs import job_app, submit
 from actors.remote_errors import remote_error
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
@@ -39,11 +39,11 @@ def _training_failed(exc: BaseException, run_dir: str) -> None:
     ``--verbose`` those are silenced from here on (Ray reads the variable at every such error)."""
     if os.environ.get("AISRL_VERBOSE", "") in ("", "0"):
         os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
-    console.print(f"[bold red]training failed:[/] {failure_text(exc)}")
+    say(failure_text(exc), "training failed:", "bold red")
     from system.run_state import latest_run_checkpoint
 
     if latest_run_checkpoint(run_dir) is not None:  # else --resume would only be refused
-        console.print(f"resume from the last complete checkpoint: aisrl train --resume {run_dir}")
+        say(f"resume from the last complete checkpoint: aisrl train --resume {run_dir}")
     raise typer.Exit(code=1) from None
 
 
@@ -85,7 +85,7 @@ def train(
     except ConfigError as exc:
         fail(str(exc))
     for note in env_notes:  # on stderr: a dry run's stdout stays one JSON document
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        say(note, "note:", "yellow")
     if dry_run:
         from system.run_state import (
             check_new_run_dir,
@@ -112,7 +112,7 @@ def train(
         except ValueError as exc:  # what the run refuses once its private cluster is up
             fail(str(exc))
         for warning in config_warnings(cfg):  # on stderr: stdout stays one JSON document
-            console.print(f"[yellow]warning:[/] {warning}")
+            say(warning, "warning:", "yellow")
         print(json.dumps({"config": cfg.model_dump(mode="json", by_alias=True), "placement": plan}, indent=2))
         return
     if verbose:
@@ -140,8 +140,8 @@ def train(
         from actors.stop_signals import Terminated, sigterm_received
 
         sigterm = isinstance(exc, Terminated) or sigterm_received()
-        console.print(f"[bold red]stopped[/] by {'SIGTERM' if sigterm else 'Ctrl-C'}"
-                      + ("" if trainer is not None else " during start-up: nothing was trained"))
+        say(f"by {'SIGTERM' if sigterm else 'Ctrl-C'}"
+            + ("" if trainer is not None else " during start-up: nothing was trained"), "stopped", "bold red")
         raise typer.Exit(code=143 if sigterm else 130) from None
     except (RuntimeError, OSError) as exc:  # OSError: a full disk or a file that cannot be written here
         _training_failed(exc, cfg.output_dir)
@@ -153,8 +153,8 @@ def train(
             if own_session:
                 stop_session()
     report = trainer.report_path or f"none (no dump yet: report.dump_every={cfg.report.dump_every})"
-    console.print(f"[green]done[/]: {trainer.step} steps in {cfg.output_dir}; "
-                  f"final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {report}")
+    say(f"{trainer.step} steps in {cfg.output_dir}; "
+        f"final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {report}", "done:", "green")
 
 
 @app.command()
@@ -177,13 +177,13 @@ def scale(
     except ValueError as exc:  # a RayTaskError of the board's ValueError is one too
         refused = getattr(exc, "cause", None)  # the board refusing the count: the user's error, its message only
         fail(str(refused) if isinstance(refused, ValueError) else failure_text(exc))
-    console.print(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
-                  f"{status.get('workers_ready', '?')} ready now")
+    say(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
+        f"{status.get('workers_ready', '?')} ready now")
     if workers > before and "worker_needs" in status:  # a board of a run started before it had facts: none
         note = scale_up_note(workers - before, status["worker_needs"], free,
                              bool(status.get("private_cluster")))
         if note:
-            console.print(f"[yellow]warning:[/] {note}", highlight=False)
+            say(note, "warning:", "yellow")
 
 
 @app.command()
@@ -212,7 +212,7 @@ def report(
     except OSError as exc:  # writing the report: a name taken by a directory, a read-only place, a full disk
         fail(f"--out {out}: cannot write the report ({exc.strerror or type(exc).__name__}"
               f"{': ' + str(exc.filename) if exc.filename else ''})")
-    console.print(f"[green]report written[/] to {out}/report.html: {summary_line(summary)}", highlight=False)
+    say(f"to {out}/report.html: {summary_line(summary)}", "report written", "green")
     import gc
 
     gc.freeze()  # the process ends here: exit then skips collecting torch's import-time objects (~0.3 s)
@@ -247,7 +247,7 @@ def demo_dump(
         save_dump(path, **make_demo_dump(sequences, max_len, sigma=sigma, seed=seed))
     except OSError as exc:
         fail(f"path {path}: cannot write the dump ({exc.strerror or type(exc).__name__})")
-    console.print(f"wrote {path}")
+    say(f"wrote {path}")
 
 
 @app.command()
@@ -277,8 +277,8 @@ def export(
     except OSError as exc:
         fail(f"--out {out}: cannot write the model ({exc.strerror or type(exc).__name__}"
              f"{': ' + str(exc.filename) if exc.filename else ''})")
-    console.print(f"[green]exported[/] step {info['step']} (policy version {info['policy_version']}) of {run_dir} "
-                  f"to {out} ({dtype})", highlight=False)
+    say(f"step {info['step']} (policy version {info['policy_version']}) of {run_dir} to {out} ({dtype})",
+        "exported", "green")
 
 
 # -- Cluster jobs (Ray Jobs API): ``aisrl submit`` and ``aisrl job status|stop|logs``, in actors/cli_jobs.py

@@ -5,14 +5,23 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from system.config import ConfigError
 
 console = Console(stderr=True, soft_wrap=True)  # off a terminal rich would wrap at 80 columns mid-field
 
 
+def say(text: str, label: str = "", style: str = "") -> None:
+    """One line on stderr, ``label`` in ``style`` before ``text``. The text is escaped: it holds what the user
+    typed (an override, a path), and rich reads ``[...]`` as markup: ``rollout.stop=[a`` in an error lost
+    everything up to the next ``]``."""
+    head = f"[{style}]{label}[/] " if label else ""
+    console.print(head + escape(text), highlight=False)
+
+
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    say(message, "error:", "bold red")
     raise typer.Exit(code=2)
 
 

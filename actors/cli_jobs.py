@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from actors.cli_common import console, fail, split_args
+from actors.cli_common import fail, say, split_args
 from system.config import ConfigError, RunConfig
 from system.config.environment import wandb_mode_from
 
@@ -49,14 +49,14 @@ def _stage_and_submit(args, address, follow, dry_run, stop_wait_s, resume, overw
         mode = wandb_mode_from(os.environ, overrides)
         if mode is not None:  # this shell's variable would not reach the job (the cluster's environment runs it)
             overrides = [*overrides, f"report.wandb.mode={mode}"]
-            console.print(f"note: WANDB_MODE={os.environ['WANDB_MODE']} here: the job gets report.wandb.mode={mode}")
+            say(f"note: WANDB_MODE={os.environ['WANDB_MODE']} here: the job gets report.wandb.mode={mode}")
         if resume is not None:
             if presets or dry_run or overwrite:
                 raise ConfigError("--resume takes dotted overrides only (the run's config.json is its preset), "
                                   "no --dry-run or --overwrite")
             cfg, overrides = jobs.resolve_resume(resume, overrides)
             if cfg is None:
-                console.print(f"note: {resume} is not readable here; the cluster validates its config.json")
+                say(f"note: {resume} is not readable here; the cluster validates its config.json")
             _submit_notes(cfg)
             with tempfile.TemporaryDirectory(prefix="aisrl-submit-") as staging:
                 sub = jobs.submit_resume(address, resume, overrides, Path(staging), stop_wait_s=stop_wait_s,
@@ -69,7 +69,7 @@ def _stage_and_submit(args, address, follow, dry_run, stop_wait_s, resume, overw
                                   overwrite=overwrite, verbose=verbose)
     except (ConfigError, jobs.JobError) as exc:
         fail(str(exc))
-    console.print(f"submitted [bold]{sub.job_id}[/]: {sub.entrypoint}")
+    say(f"{sub.job_id}: {sub.entrypoint}", "submitted", "bold")
     print(sub.job_id)
     if follow:
         _follow(address, sub.job_id)
@@ -80,14 +80,14 @@ def _submit_notes(cfg: RunConfig | None) -> None:
     from actors import jobs
 
     for warning in jobs.placement_warnings(cfg) if cfg is not None else []:
-        console.print(f"[yellow]warning:[/] {warning}")
+        say(warning, "warning:", "yellow")
     token, source = jobs.find_auth_token()
     if token is None and not source.endswith("RAY_AUTH_MODE=disabled"):
-        console.print("[yellow]warning:[/] no Ray auth token found ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, "
-                      "~/.ray/auth_token): the job goes without one, which only a cluster with token "
-                      "authentication off accepts (one that runs jobs from anyone who reaches its dashboard port)")
+        say("no Ray auth token found ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token): the job goes "
+            "without one, which only a cluster with token authentication off accepts (one that runs jobs from "
+            "anyone who reaches its dashboard port)", "warning:", "yellow")
     if cfg is not None and cfg.report.wandb.mode == "online":
-        console.print("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
+        say("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
 
 
 def _follow(address: str, job_id: str) -> None:
@@ -96,11 +96,11 @@ def _follow(address: str, job_id: str) -> None:
     try:
         final = jobs.follow(address, job_id)
     except KeyboardInterrupt:
-        console.print(f"stopped following; the job keeps running (aisrl job stop {job_id} --address {address})")
+        say(f"stopped following; the job keeps running (aisrl job stop {job_id} --address {address})")
         raise typer.Exit(code=130) from None
     except jobs.JobError as exc:
         fail(str(exc))
-    console.print(f"job {job_id}: {final}")
+    say(f"job {job_id}: {final}")
     if final != "SUCCEEDED":
         raise typer.Exit(code=1)
 

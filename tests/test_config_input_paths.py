@@ -166,3 +166,17 @@ def test_a_tilde_in_a_path_argument_is_the_home_directory(tmp_path, monkeypatch)
     result = runner.invoke(app, ["report", "~/d.npz", "--out=~/rep"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "home" / "rep" / "report.html").is_file() and not (tmp_path / "~").exists()
+
+
+def test_an_override_that_is_not_yaml_is_one_line_printed_as_typed():
+    """Found this session: ``rollout.stop=[a`` printed PyYAML's five-line message, and the CLI's console
+    read ``[a': ... ']`` as rich markup and dropped it ("override 'rollout.stop=', but got ...")."""
+    result = runner.invoke(app, ["train", "--dry-run", "rollout.stop=[a"])
+    said = result.output.strip()
+    assert result.exit_code == 2 and len(said.splitlines()) == 1
+    assert said.startswith("error: override 'rollout.stop=[a': value is not valid YAML (expected ',' or ']'")
+    assert said.endswith("goes in quotes: rollout.stop='...'")
+    # a path with brackets in any message stays whole
+    result = runner.invoke(app, ["train", "--dry-run", "data.task.type=gsm8k", "data.reward.type=math-answer",
+                                 "data.task.path=/nope/[red]x[/red].jsonl"])
+    assert result.exit_code == 2 and "/nope/[red]x[/red].jsonl does not exist" in " ".join(result.output.split())

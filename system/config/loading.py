@@ -119,6 +119,15 @@ _COMMENT = re.compile(r"(^|\s)#")
 """Where YAML would start a comment: a ``#`` first or after white space."""
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one clause: what it expected and the column (an override is one line)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if not problem:
+        return " ".join(str(exc).split())
+    return f"{problem} at column {mark.column + 1}" if mark is not None else problem
+
+
 def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
     """``a.b.c=value`` -> ``(("a", "b", "c"), value)``, the value parsed as YAML, except that a ``#`` is
     part of the value: a plain YAML scalar would end at `` #`` (a comment), which on a command line
@@ -130,7 +139,8 @@ def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
     try:
         value = _load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({_yaml_problem(exc)}); a text value "
+                          f"with YAML's special characters goes in quotes: {key}='...'") from None
     if _COMMENT.search(raw) and not raw.lstrip().startswith(("'", '"', "[", "{")):
         value = raw.strip()  # a plain scalar YAML would cut at the "comment": the text as typed
     return tuple(key.split(".")), value
