@@ -80,3 +80,38 @@ def test_number_finders():
 ])
 def test_a_number_stands_alone(completion, reference, expected):
     assert math_answer(completion, reference) == expected
+
+
+HEADINGS = ("#### Step 1: Cost of the apples\n3 apples x $4 = $12\n#### Step 2: Add the pears\n"
+            "$12 + $6 = $18\nThe answer is \\boxed{18}.")
+
+
+@pytest.mark.parametrize("completion, reference, expected", [
+    # found by a probe: a last marker without a number right after it fell back to the last number of
+    # the whole text, the reasoning before the marker: each of these scored 1.0
+    ("She buys 3 pens at $9 each, paying 27 in all. #### 3/4", "27", 0.0),
+    ("She buys 3 pens at $9 each, paying 27 in all. ####", "27", 0.0),
+    ("She buys 3 pens at $9 each, paying 27 in all. #### unknown", "27", 0.0),
+    ("paying 27 in all.\n#### unknown", "27", 0.0),  # a '####' line that ends the text is no heading
+    ("x = 12\n#### 1.2e1", "12", 0.0),
+    # ... and the number anywhere after the marker: a wrong answer's words before its number
+    ("#### about 27", "27", 0.0),
+    # markdown headings (a '####' line with a word and text after it) are not markers: the answer is
+    # the last number (18); before, "Step 2" was read as the answer 2
+    (HEADINGS, "18", 1.0), (HEADINGS, "2", 0.0),
+    (HEADINGS + "\n#### 18", "18", 1.0), (HEADINGS + "\n#### 17", "18", 0.0),  # a real marker still counts
+    ("The answer is 18.\n####\n\nQuestion: Mary buys 3 pens.", "3", 0.0),  # '####' then no number: no answer
+    ("The answer is 18.\n####\n\nQuestion: Mary buys 3 pens.", "18", 0.0),
+    ("##### 5 things\nso 7", "7", 1.0),  # five '#' are a heading's, never a marker
+    # still read: spaces and a dollar sign between the marker and its number, no space at all
+    ("#### $1,234", "1234", 1.0), ("####42", "42", 1.0), ("  #### 18\n", "18", 1.0),
+])
+def test_the_answer_is_the_number_right_after_the_last_marker(completion, reference, expected):
+    assert math_answer(completion, reference) == expected
+
+
+def test_no_format_bonus_for_a_heading_or_a_marker_without_a_number():
+    reward = build_reward(MathAnswerReward(format_bonus=0.1))
+    assert reward(HEADINGS, "7") == 0.0  # headings are not the well-formed '#### <number>'
+    assert reward("27 in all. #### unknown", "7") == 0.0
+    assert reward("27 in all. #### 8", "7") == 0.1

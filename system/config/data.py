@@ -91,7 +91,8 @@ class DigitMatchReward(StrictModel):
 
 class MathAnswerReward(StrictModel):
     type: Literal["math-answer"] = "math-answer"
-    """1.0 if the number after the last ``####`` (or the last number) equals the reference, else 0."""
+    """1.0 if the number right after the last ``####`` equals the reference (without a ``####``: the last
+    number; a markdown ``#### Heading`` line is not a marker), else 0; see ``rewards/math_answer.py``."""
     format_bonus: float = Field(default=0.0, ge=0.0, le=1.0)
     """Reward for a well-formed ``#### <number>`` answer that is wrong."""
 

@@ -47,12 +47,45 @@ def normalise_number(text: str) -> str | None:
             return None
 
 
+_MARKS = re.compile(r"(?<!#)####(?!#)")
+"""Exactly four ``#``: five or more open a deeper markdown heading, never an answer."""
+
+_HEADING = re.compile(r"[ \t]+[^\W\d_]")
+"""After a ``####`` at a line's start: white space, then a letter (``#### Step 1: ...``)."""
+
+_BEFORE_NUMBER = re.compile(r"[ \t]*\$?[ \t]*")
+"""What may stand between the marker and its number: spaces and a dollar sign (``#### $1,234``)."""
+
+
+def answer_marker(text: str) -> int | None:
+    """Where the text after the last answer marker starts, None when ``text`` has none.
+
+    A marker is ``####`` (exactly four), except a markdown heading: a ``####`` that starts a line
+    (up to three spaces before it), is followed by a word, and has more text on the lines after it
+    (``#### Step 1: cost of the apples``, which instruct models write). A ``####`` ending the
+    completion with words after it (``... 27 in all.\n#### unknown``) is a marker with no number."""
+    for match in reversed(list(_MARKS.finditer(text))):
+        line_start = text.rfind("\n", 0, match.start()) + 1
+        at_line_start = not text[line_start:match.start()].strip(" ") and match.start() - line_start <= 3
+        line_end = text.find("\n", match.end())
+        more_after = line_end >= 0 and text[line_end:].strip() != ""
+        if at_line_start and more_after and _HEADING.match(text, match.end()):
+            continue
+        return match.end()
+    return None
+
+
 def number_after_marker(text: str) -> str | None:
-    """The first number after the last ``####`` in ``text``, None when there is none."""
-    head, marker, tail = text.rpartition(MARKER)
-    if not marker:
+    """The number right after the last answer marker (:func:`answer_marker`; spaces and a ``$`` may
+    come between them), None when there is no marker or the marker is not followed by a number.
+
+    Right after, not anywhere after: the first number found further on was a wrong answer's
+    reasoning (``#### Step 2: ...`` read as 2) or a fraction's part read loosely; verl's strict GSM8K
+    reward reads ``#### <number>`` the same way."""
+    start = answer_marker(text)
+    if start is None:
         return None
-    match = NUMBER.search(tail)
+    match = NUMBER.match(text, _BEFORE_NUMBER.match(text, start).end())
     return match.group(0) if match else None
 
 
