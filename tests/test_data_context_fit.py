@@ -70,7 +70,8 @@ def test_a_gsm8k_run_on_a_small_context_model_is_refused_at_start(tmp_path):
     from system.data.prompt_source import build_prompt_source
 
     source = build_prompt_source(cfg.data.task, cfg.seed)
-    with pytest.raises(ValueError, match=r"d\.jsonl: 1 of 2 prompts have at least 16 tokens.*d-line2 \(41\)"):
+    with pytest.raises(ValueError, match=r"d\.jsonl: 1 of 2 prompts leave less than rollout.max_new_tokens \(6\) "
+                                         r"of the model's 16-token context .*d-line2 \(41\)\. Shorten them, use"):
         fit_dataset_prompts(source, str(model_dir), cfg)
     skip = cfg.model_copy(update={"data": cfg.data.model_copy(update={"overlong_prompts": "skip"})})
     fitted = fit_dataset_prompts(source, str(model_dir), skip)
@@ -105,3 +106,35 @@ def test_a_synthetic_task_on_a_small_context_pretrained_model_is_refused_at_star
         fit_dataset_prompts(source, str(model_dir), over)
     tiny = resolve_config([], ["data.task.num_digits=2", "rollout.max_new_tokens=8"])  # the tiny model: its config checks
     assert len(fit_dataset_prompts(source, str(model_dir), tiny).source) == len(source)
+
+
+def test_a_dataset_prompt_must_leave_room_for_max_new_tokens(tmp_path):
+    """Found by a probe: only prompts of the whole context or more were refused; a 58-token prompt on a
+    64-token model with max_new_tokens=32 was kept and its response cut at 6 tokens without a word (as
+    check_synthetic_fit already refuses for a synthetic task). Here one token a character, context 16,
+    prompts 'Q' + question: 3, 9 and 12 tokens."""
+    from system.data.prompt_source import build_prompt_source
+
+    model_dir = tmp_path / "m"
+    tok = train_char_tokenizer(["Qabc"], 16)
+    tok.save_pretrained(model_dir)
+    Qwen2Config(max_position_embeddings=16, vocab_size=len(tok)).save_pretrained(model_dir)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join('{"question": "%s", "answer": "#### 1"}\n' % q for q in ("ab", "a" * 8, "c" * 11)))
+
+    def run(max_new_tokens, policy="error"):
+        cfg = resolve_config([], [f"data.task={{type: gsm8k, path: {data}, prompt_template: 'Q{{question}}'}}",
+                                  "data.reward.type=math-answer", "model={type: pretrained, path: x}",
+                                  f"rollout.max_new_tokens={max_new_tokens}", f"data.overlong_prompts={policy}"])
+        return fit_dataset_prompts(build_prompt_source(cfg.data.task, cfg.seed), str(model_dir), cfg)
+
+    assert len(run(4).source) == 3  # 12 + 4 = 16: the longest fills the context exactly
+    with pytest.raises(ValueError, match=r"1 of 3 prompts leave less than rollout.max_new_tokens \(5\) of the "
+                                         r"model's 16-token context .*d-line3 \(12\)\. Shorten them, lower "
+                                         r"rollout.max_new_tokens to 4 or less, use a model with a longer context"):
+        run(5)
+    fitted = run(8, "skip")  # 9 + 8 > 16 and 12 + 8 > 16: only the 3-token prompt is kept
+    assert [fitted.source[i].prompt_id for i in range(len(fitted.source))] == ["d-line1"]
+    assert fitted.skipped == (("d-line2", 9), ("d-line3", 12))
+    with pytest.raises(ValueError, match="every prompt is too long"):
+        run(14, "skip")  # 3 + 14 > 16

@@ -2,9 +2,11 @@
 
 vLLM refuses a prompt of ``max_model_len`` tokens or more (no room for one generated token); at
 run time that is an error inside a generate call, which ends the run, and the prompt would be
-issued first again on every resume. So at start every prompt of a dataset task (``gsm8k``) is
-tokenised as the rollout workers will send it (the chat template when ``data.task.chat_template``),
-and with ``data.overlong_prompts``:
+issued first again on every resume; a prompt that leaves less than ``rollout.max_new_tokens`` of the
+context gets its response cut at the context without a word. So at start every prompt of a dataset
+task (``gsm8k``) is tokenised as the rollout workers will send it (the chat template when
+``data.task.chat_template``), and those with ``tokens + rollout.max_new_tokens > context``, under
+``data.overlong_prompts``:
 
 * ``error`` (default, as verl's ``truncation: error``): the run is refused, naming the file, how
   many prompts and the longest ones;
@@ -89,27 +91,38 @@ class KeptPrompts:
 
 
 def fit_to_context(source: PromptSource, count_tokens: Callable[[list[Prompt]], list[int]], limit: int,
-                   policy: str, where: str, batch: int = 1024) -> OverlongPrompts:
-    """Every prompt of ``source`` with at least ``limit`` tokens (``count_tokens`` of a batch of prompts):
-    ValueError naming ``where`` under ``policy`` ``error``, left out and counted under ``skip``."""
+                   policy: str, where: str, room: int = 1, batch: int = 1024) -> OverlongPrompts:
+    """Every prompt of ``source`` that leaves less than ``room`` tokens of the context ``limit``
+    (``count_tokens`` of a batch of prompts; ``tokens + room > limit``): ValueError naming ``where``
+    under ``policy`` ``error``, left out and counted under ``skip``. ``room`` is the response budget
+    (``rollout.max_new_tokens``); 1 finds only what vLLM refuses (a prompt of ``limit`` tokens or more)."""
     if policy not in ("error", "skip"):
         raise ValueError(f"data.overlong_prompts must be error or skip, got {policy!r}")
     kept, over = [], []
     for start in range(0, len(source), batch):
         prompts = [source[i] for i in range(start, min(start + batch, len(source)))]
         for offset, (prompt, tokens) in enumerate(zip(prompts, count_tokens(prompts), strict=True)):
-            (over if tokens >= limit else kept).append((start + offset, prompt.prompt_id, tokens))
+            (over if tokens + room > limit else kept).append((start + offset, prompt.prompt_id, tokens))
     if not over:
         return OverlongPrompts(source)
-    longest = ", ".join(f"{pid} ({tokens})" for _, pid, tokens in sorted(over, key=lambda o: -o[2])[:3])
-    said = (f"{where}: {len(over)} of {len(source)} prompts have at least {limit} tokens, the model's context "
-            f"(vLLM cannot sample from them); the longest: {longest}")
+    over.sort(key=lambda o: -o[2])
+    longest = ", ".join(f"{pid} ({tokens})" for _, pid, tokens in over[:3])
+    if room <= 1:
+        said = (f"{where}: {len(over)} of {len(source)} prompts have at least {limit} tokens, the model's context "
+                f"(vLLM cannot sample from them); the longest: {longest}")
+        fix = "Shorten them, use a model with a longer context"
+    else:
+        said = (f"{where}: {len(over)} of {len(source)} prompts leave less than rollout.max_new_tokens ({room}) of "
+                f"the model's {limit}-token context for a response (their responses would stop at the context "
+                f"without a word); the longest: {longest}")
+        fix = (f"Shorten them, lower rollout.max_new_tokens to {limit - over[0][2]} or less" if over[0][2] < limit
+               else "Shorten them") + ", use a model with a longer context"
     if policy == "error":
-        raise ValueError(f"{said}. Shorten them, use a model with a longer context, or set "
-                         "data.overlong_prompts=skip to leave them out (counted)")
+        raise ValueError(f"{said}. {fix}, or set data.overlong_prompts=skip to leave them out (counted)")
     if not kept:
         raise ValueError(f"{said}: every prompt is too long, none is left to train on")
-    return OverlongPrompts(KeptPrompts(source, [i for i, _, _ in kept]), tuple((pid, t) for _, pid, t in over))
+    return OverlongPrompts(KeptPrompts(source, [i for i, _, _ in kept]),
+                           tuple((pid, t) for _, pid, t in sorted(over)))
 
 
 def token_counter(model_dir: str, chat_template: bool, trust_remote_code: bool = False):
@@ -169,9 +182,12 @@ def fit_dataset_prompts(source: PromptSource, model_dir: str, cfg) -> OverlongPr
     if context is None:
         log.warning("the model's config names no context length; prompts are not checked against it")
         return OverlongPrompts(source)
-    fitted = fit_to_context(source, count_tokens, context, cfg.data.overlong_prompts, f"data.task.path {task.path}")
+    room = cfg.rollout.max_new_tokens
+    fitted = fit_to_context(source, count_tokens, context, cfg.data.overlong_prompts, f"data.task.path {task.path}",
+                            room=room)
     if fitted.skipped:
-        log.warning("data.overlong_prompts=skip: %d prompts of %s have at least %d tokens and are left out "
-                    "(ledger/skipped_overlong); the longest: %s", len(fitted.skipped), task.path, context,
+        log.warning("data.overlong_prompts=skip: %d prompts of %s leave less than rollout.max_new_tokens (%d) of "
+                    "the %d-token context and are left out (ledger/skipped_overlong); the longest: %s",
+                    len(fitted.skipped), task.path, room, context,
                     ", ".join(f"{pid} ({n})" for pid, n in sorted(fitted.skipped, key=lambda s: -s[1])[:3]))
     return fitted
