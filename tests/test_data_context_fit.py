@@ -3,6 +3,8 @@
 Found by a probe (2026-11-27): a GSM8K prompt longer than the model's context reached vLLM, which
 refuses it inside a generate call; the run ended, and every resume issued that prompt first again."""
 
+import json
+
 import pytest
 from transformers import Qwen2Config
 
@@ -120,7 +122,7 @@ def test_a_dataset_prompt_must_leave_room_for_max_new_tokens(tmp_path):
     tok.save_pretrained(model_dir)
     Qwen2Config(max_position_embeddings=16, vocab_size=len(tok)).save_pretrained(model_dir)
     data = tmp_path / "d.jsonl"
-    data.write_text("".join('{"question": "%s", "answer": "#### 1"}\n' % q for q in ("ab", "a" * 8, "c" * 11)))
+    data.write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in ("ab", "a" * 8, "c" * 11)))
 
     def run(max_new_tokens, policy="error"):
         cfg = resolve_config([], [f"data.task={{type: gsm8k, path: {data}, prompt_template: 'Q{{question}}'}}",
