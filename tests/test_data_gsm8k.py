@@ -151,3 +151,22 @@ def test_a_key_twice_in_a_row_and_loose_labels_are_refused(tmp_path):
             load_gsm8k(path)
     path.write_text(json.dumps({"question": "q", "answer": "so #### 1,234,567"}) + "\n")
     assert [p.reference for p in load_gsm8k(path)] == ["1234567"]
+
+
+def test_a_question_given_twice_is_kept_and_counted_and_a_second_answer_is_named(tmp_path, caplog):
+    """Found by a probe: the same question with two different answers loaded without a word (one copy is
+    always rewarded against a wrong label)."""
+    rows = [("q1", "#### 1"), ("q2", "#### 2"), ("q1", "#### 1"), ("q2", "#### 3"), ("q3", "#### 4")]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in rows))
+    with caplog.at_level("WARNING", logger="system.data.gsm8k"):
+        prompts = load_gsm8k(path)
+    assert [p.reference for p in prompts] == ["1", "2", "1", "3", "4"]  # every row kept, in order
+    [record] = caplog.records
+    assert ("d.jsonl: 2 rows repeat an earlier row's question, each kept; 1 with another answer (one of the "
+            "labels is wrong: line 4 gives 3, line 2 2)") in record.getMessage()
+    caplog.clear()
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in rows[:2]))
+    with caplog.at_level("WARNING", logger="system.data.gsm8k"):
+        load_gsm8k(path)
+    assert not caplog.records  # no repeat, no warning

@@ -8,15 +8,21 @@ refused, never read as 3 or 12).
 
 A bad row is an error, not a silent skip: :class:`ValueError` names the file and the line
 (jsonl, 1-based) or row (parquet, 0-based) and what is wrong, so a corrupt dataset never
-trains on fewer prompts than the user thinks.
+trains on fewer prompts than the user thinks. A question given more than once is kept as often as it
+is given and counted in a warning at load, which names the first one given with two different
+answers (one copy is then rewarded against a wrong label; refusing it could refuse a public dataset
+the user cannot edit).
 """
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 from system.rewards.numbers import MARKER, NUMBER, normalise_number
 from system.types import Prompt
+
+log = logging.getLogger(__name__)
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -93,7 +99,18 @@ def load_gsm8k(path: str | Path, prompt_template: str = "Question: {question}\nA
         rows = _parquet_rows(path)
     else:
         raise ValueError(f"data.task.path: {path} must end in .jsonl or .parquet")
-    prompts = [_prompt_of(row, where, path, prompt_template) for where, row in rows]
+    prompts, first_seen, repeats, conflicts = [], {}, 0, []
+    for where, row in rows:
+        prompt = _prompt_of(row, where, path, prompt_template)
+        seen = first_seen.setdefault(prompt.text, (where, prompt.reference))
+        if seen[0] != where:
+            repeats += 1
+            if seen[1] != prompt.reference:
+                conflicts.append(f"{where} gives {prompt.reference}, {seen[0]} {seen[1]}")
+        prompts.append(prompt)
     if not prompts:
         raise ValueError(f"{path}: no rows")
+    if repeats:
+        log.warning("%s: %d rows repeat an earlier row's question, each kept; %d with another answer%s", path,
+                    repeats, len(conflicts), f" (one of the labels is wrong: {conflicts[0]})" if conflicts else "")
     return prompts
