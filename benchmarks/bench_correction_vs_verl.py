@@ -12,7 +12,7 @@ verl 0.9.1's real ``verl.trainer.ppo.rollout_corr_helper`` (installed by ``make 
 against aisrl's full path (every spec section 1 diagnostic + Seq-MIS weights + their statistics)
 on the torch path and on the fused pass (``system.correction.fused``), and the read floor
 (``mu.sum(), old.sum(), count_nonzero(mask)``), at ``--threads`` 1 and 2 (``torch.set_num_threads``;
-the fused pass is single-threaded). Batches: ``bench_correction.make_batch`` (1024-token rows,
+the fused pass runs on the same number of OpenMP threads). Batches: ``bench_correction.make_batch`` (1024-token rows,
 lengths uniform in [512, 1024], d ~ N(0, 0.05)). The shared figures (KL k1 and k3, chi2 token and
 sequence) are compared value by value. Median of ``--repeats`` calls after 2 warm-up calls.
 

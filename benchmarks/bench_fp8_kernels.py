@@ -10,7 +10,7 @@ Shapes: the MLP up-projection ``[m, hidden] x [hidden, intermediate]`` of the ti
 Qwen2.5-0.5B and Qwen2.5-1.5B, at ``m`` = 16 rows (decode with a few sequences) and 256 (a batch).
 Each row records the ``auto`` decision and every kernel's speed relative to BF16 (bf16_ms / kernel_ms).
 
-Rerun: ``.venv/bin/python benchmarks/bench_fp8_kernels.py`` (about 30 s).
+Rerun: ``.venv/bin/python benchmarks/bench_fp8_kernels.py`` (about 30 s on a 2-core AMD EPYC).
 """
 
 import argparse

@@ -4,7 +4,7 @@ Runs ``aisrl train configs/long_cpu.yaml`` (plus any overrides) in a subprocess 
 loopback Ray cluster, then reduces its ``metrics.jsonl`` like ``bench_default_run.py`` does,
 adding the mean response length (trained tokens per sequence) over the first and last 10
 steps and the reward every 10 steps. Wall time includes the start-up (and the model build
-when it is not cached yet: about 2.5 minutes on 2 cores); the rates are over the training
+when it is not cached yet: about 2.5 minutes on a 2-core AMD EPYC); the rates are over the training
 steps only.
 """
 

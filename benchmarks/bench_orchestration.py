@@ -27,7 +27,7 @@ second beyond the simulated compute is orchestration overhead.
 Each part prints one JSON line and keeps it under ``benchmarks/results/`` (``harness.emit``);
 a summary line comes last. ``--quick`` runs a reduced grid (results named ``*_quick``).
 
-    .venv/bin/python benchmarks/bench_orchestration.py            # 10-13 minutes on 2 shared cores
+    .venv/bin/python benchmarks/bench_orchestration.py            # 10-13 minutes on a 2-core AMD EPYC
     .venv/bin/python benchmarks/bench_orchestration.py --quick    # 3-4 minutes
 """
 
