@@ -103,6 +103,9 @@ HEADINGS = ("#### Step 1: Cost of the apples\n3 apples x $4 = $12\n#### Step 2: 
     ("The answer is 18.\n####\n\nQuestion: Mary buys 3 pens.", "3", 0.0),  # '####' then no number: no answer
     ("The answer is 18.\n####\n\nQuestion: Mary buys 3 pens.", "18", 0.0),
     ("##### 5 things\nso 7", "7", 1.0),  # five '#' are a heading's, never a marker
+    ("#### **Step 1**\n3 + 4 = 7", "7", 1.0), ("#### 2. Add the pears\n12 + 6 = 18", "18", 1.0),  # titles
+    ("#### 2. Add the pears\n12 + 6 = 18", "2", 0.0),
+    ("#### 18.\nQuestion: Mary buys 3 pens.", "18", 1.0), ("#### -5\nnext", "-5", 1.0),  # answers, text after
     # still read: spaces and a dollar sign between the marker and its number, no space at all
     ("#### $1,234", "1234", 1.0), ("####42", "42", 1.0), ("  #### 18\n", "18", 1.0),
 ])

@@ -50,8 +50,9 @@ def normalise_number(text: str) -> str | None:
 _MARKS = re.compile(r"(?<!#)####(?!#)")
 """Exactly four ``#``: five or more open a deeper markdown heading, never an answer."""
 
-_HEADING = re.compile(r"[ \t]+[^\W\d_]")
-"""After a ``####`` at a line's start: white space, then a letter (``#### Step 1: ...``)."""
+_HEADING = re.compile(r"[ \t]+(?:[^\s\d$\-\u2212]|\d+[.)][ \t]+[^\W\d_])")
+"""After a ``####`` at a line's start: white space, then anything but a number (``#### Step 1: ...``,
+``#### **Step 1**``), or a numbered title (``#### 2. Add the pears``)."""
 
 _BEFORE_NUMBER = re.compile(r"[ \t]*\$?[ \t]*")
 """What may stand between the marker and its number: spaces and a dollar sign (``#### $1,234``)."""
@@ -61,8 +62,9 @@ def answer_marker(text: str) -> int | None:
     """Where the text after the last answer marker starts, None when ``text`` has none.
 
     A marker is ``####`` (exactly four), except a markdown heading: a ``####`` that starts a line
-    (up to three spaces before it), is followed by a word, and has more text on the lines after it
-    (``#### Step 1: cost of the apples``, which instruct models write). A ``####`` ending the
+    (up to three spaces before it), is followed by a title rather than a number (:data:`_HEADING`),
+    and has more text on the lines after it (``#### Step 1: cost of the apples``, which instruct
+    models write). A ``####`` ending the
     completion with words after it (``... 27 in all.\n#### unknown``) is a marker with no number."""
     for match in reversed(list(_MARKS.finditer(text))):
         line_start = text.rfind("\n", 0, match.start()) + 1
