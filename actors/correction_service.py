@@ -27,11 +27,13 @@ def _load_tokenizer(model_dir: str):
 
 @ray.remote
 class CorrectionService:
-    def __init__(self, cfg: RunConfig, run_dir: str, model_dir: str, wandb_run_id: str | None = None) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: str, model_dir: str, wandb_run_id: str | None = None,
+                 wandb_sent_through: int = 0) -> None:
         if not verbose():  # a log file the disk cannot take (W&B's debug.log on a full disk): no traceback per record
             logging.raiseExceptions = False
         self.core = CorrectionCore(cfg.correction)
-        self.logger = RunLogger(run_dir, cfg.report, json.loads(dump_config(cfg)), wandb_run_id)
+        self.logger = RunLogger(run_dir, cfg.report, json.loads(dump_config(cfg)), wandb_run_id,
+                                live_sent_through=wandb_sent_through)
         # the tokenizer only decodes dumped tokens: loaded beside the first steps (transformers' import is
         # ~2-3 s of a 2-core machine), so the service is ready for the first batch without it
         loader = ThreadPoolExecutor(1, thread_name_prefix="aisrl-tokenizer")

@@ -97,6 +97,7 @@ class Trainer:
 
     def _start(self, resume: bool, overwrite: bool) -> None:
         cfg, saved = self.cfg, {}
+        self._wandb_sent_through = 0  # a resumed run's steps its W&B run holds already (RunLogger)
         for warning in config_warnings(cfg):
             log.warning("%s", warning)
         if not resume:
@@ -105,7 +106,8 @@ class Trainer:
         else:
             run_state.check_no_replaced_run(self.run_dir)
             self.ckpt, saved, skipped = run_state.checkpoint_to_resume(self.run_dir, cfg.max_steps)
-            metrics_file.check_metrics(self.run_dir)  # before anything starts or is written
+            # before anything starts or is written (a damaged file is refused here)
+            self._wandb_sent_through = metrics_file.last_step(self.run_dir)
             for reason in skipped:
                 log.warning("checkpoint %s; falling back to an older one", reason)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +167,7 @@ class Trainer:
         self._service_tmp = tempfile.mkdtemp(prefix="aisrl-service-")
         self.service = CorrectionService.options(
             num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._service_tmp),
-        ).remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"))
+        ).remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"), self._wandb_sent_through)
         published = (0, None)
         if self.ckpt is not None:
             ray.get(self.service.load_state_dict.remote(saved["correction"]))

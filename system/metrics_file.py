@@ -3,7 +3,7 @@
 A run appends one JSON record per step (``system.report.sinks.JsonlSink``); a kill or a full disk can
 cut the last line. A resume drops the records past the checkpoint it starts from and a cut last line
 (:func:`trim_metrics`), and refuses, before anything starts, a file with a line that is not a record
-before other records (:func:`check_metrics`): that is an edited or damaged file, and dropping the line
+before other records (:func:`last_step`, :func:`trim_metrics`): that is an edited or damaged file, and dropping the line
 would lose a step's record for good.
 """
 
@@ -45,18 +45,22 @@ def _metrics_lines(path: Path) -> tuple[list[tuple[str, int | None]], int]:
     return lines, torn
 
 
-def check_metrics(run_dir: str | Path) -> None:
-    """Refuse a ``metrics.jsonl`` a resume cannot trim without losing a record: a line that is not a
-    record before the last record (:func:`trim_metrics` drops only cut lines at the end)."""
+def last_step(run_dir: str | Path) -> int:
+    """The step of the last record in ``metrics.jsonl`` (0 without one): before a resume trims the file,
+    the last step its abandoned attempt finished, and sent to W&B (the record goes to W&B, then here).
+    Refuses, before anything starts, a file :func:`trim_metrics` would refuse: a line that is not a
+    record before the last record."""
     path = Path(run_dir) / METRICS_FILE
-    if path.is_file():
-        _metrics_lines(path)
+    if not path.is_file():
+        return 0
+    lines, torn = _metrics_lines(path)
+    return max((s for _, s in lines[:len(lines) - torn]), default=0)
 
 
 def trim_metrics(run_dir: str | Path, step: int) -> int:
     """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from) and the
     lines at its end that are not records (cut by a kill or a full disk); returns how many lines were
-    dropped. A line that is not a record before another record is refused (:func:`check_metrics`),
+    dropped. A line that is not a record before another record is refused (as by :func:`last_step`),
     never dropped: it is not one a stop cuts."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():

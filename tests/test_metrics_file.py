@@ -11,12 +11,12 @@ from system import metrics_file
 def test_resume_trims_records_past_the_checkpoint_and_a_cut_last_line(tmp_path):
     lines = [json.dumps({"step": s, "loss": 0.1 * s}) for s in (1, 2, 3, 4)] + ['{"step": 5, "lo']  # cut by a kill
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    metrics_file.check_metrics(tmp_path)  # a cut last line is what a stop leaves: accepted
+    assert metrics_file.last_step(tmp_path) == 4  # a cut last line is what a stop leaves: accepted
     assert metrics_file.trim_metrics(tmp_path, 2) == 3  # steps 3, 4 and the cut line
     kept = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept == [1, 2]
     assert metrics_file.trim_metrics(tmp_path, 2) == 0
-    assert metrics_file.trim_metrics(tmp_path / "none", 2) == 0
+    assert metrics_file.trim_metrics(tmp_path / "none", 2) == 0 and metrics_file.last_step(tmp_path / "none") == 0
     # cut lines at the end before the checkpoint's step: dropped, the records before them kept
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": Infinity}\n{"st')
     assert metrics_file.trim_metrics(tmp_path, 2) == 2
@@ -46,7 +46,7 @@ def test_a_damaged_line_before_other_records_is_refused_and_nothing_dropped(tmp_
     text = "".join(json.dumps({"step": s}) + "\n" for s in (1, 2)) + bad + "\n" + \
         "".join(json.dumps({"step": s}) + "\n" for s in (4, 5, 6))
     (tmp_path / "metrics.jsonl").write_text(text)
-    for call in (lambda: metrics_file.check_metrics(tmp_path), lambda: metrics_file.trim_metrics(tmp_path, 6)):
+    for call in (lambda: metrics_file.last_step(tmp_path), lambda: metrics_file.trim_metrics(tmp_path, 6)):
         with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not a step record .* repair or delete that line"):
             call()
     assert (tmp_path / "metrics.jsonl").read_text() == text  # untouched

@@ -248,3 +248,47 @@ def test_wandb_gets_the_step_as_a_value_and_a_bad_histogram_is_a_wandb_failure(t
     sink.log_histogram(4, "ratio", np.array([1.0, np.inf]))
     assert sink.failed and sink.run is None  # said once; training goes on
     sink.close()
+
+
+def _two_row_batch():
+    from system.types import CorrectionInput
+
+    return CorrectionInput(
+        behaviour_BT=np.full((2, 2), -1.0, np.float32), proximal_BT=np.full((2, 2), -1.1, np.float32),
+        mask_BT=np.ones((2, 2), bool), lag_B=np.zeros(2, np.int32), advantage_B=np.zeros(2, np.float32),
+        reward_B=np.zeros(2, np.float32), response_ids_BT=np.zeros((2, 2), np.int32), uids=("a", "b"),
+        prompt_texts=("", ""), response_texts=("x", "y"))
+
+
+def test_a_resumed_run_sends_w_and_b_only_the_steps_its_first_attempt_did_not(tmp_path):
+    """Found by a probe: a resume from step 20 after a stop at step 26 sent steps 21-26 again to the
+    same W&B run; every chart (against ``train/step``) then had two different points at each of them
+    (347 conflicting values). metrics.jsonl gets every step; W&B keeps the first attempt's."""
+    sink = RecordingSink()
+    cfg = ReportConfig(dump_every=0, wandb=WandbConfig(mode="disabled"))
+    logger = RunLogger(tmp_path, cfg, {}, wandb_run_id="abc", extra_sinks=[sink], live_sent_through=3)
+    for step in (2, 3, 4):  # resumed from the checkpoint of step 1; the first attempt sent 1-3
+        logger.finish_step(step, {"reward/mean": step / 10})
+    logger.close()
+    assert sink.calls == [("log", 4, {"reward/mean": 0.4})]
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [2, 3, 4]
+    # a run without a W&B run to continue (W&B was off, or this is its first attempt) sends every step
+    fresh = RecordingSink()
+    logger = RunLogger(tmp_path / "new", cfg, {}, extra_sinks=[fresh], live_sent_through=3)
+    logger.finish_step(2, {"reward/mean": 0.2})
+    logger.close()
+    assert fresh.calls == [("log", 2, {"reward/mean": 0.2})]
+
+
+def test_the_last_steps_dump_made_after_its_record_still_reaches_w_and_b(tmp_path):
+    """Found by a probe: the run's last step, dumped when the run ends (``report.dump_every`` skipped it),
+    queued its histogram and table behind a record that had already been sent: they never reached W&B."""
+    sink = RecordingSink()
+    logger = RunLogger(tmp_path, ReportConfig(dump_every=7, wandb=WandbConfig(mode="disabled")), {},
+                       extra_sinks=[sink])
+    logger.finish_step(1, {"reward/mean": 0.5})
+    logger.dump(1, _two_row_batch(), np.ones(4))  # the end of the run: write_report dumps step 1 now
+    logger.close()
+    assert sink.calls == [("log", 1, {"reward/mean": 0.5}), ("histogram", 1, "mismatch/token_ratio"),
+                          ("table", 1, "mismatch/worst_sequences")]
+    assert (tmp_path / "dumps" / "step_000001.npz").is_file()

@@ -24,7 +24,14 @@ WORST_SEQUENCES = 16
 
 class RunLogger:
     def __init__(self, run_dir: str | Path, cfg: ReportConfig, run_config: dict,
-                 wandb_run_id: str | None = None, extra_sinks: list[MetricSink] = ()) -> None:
+                 wandb_run_id: str | None = None, extra_sinks: list[MetricSink] = (),
+                 live_sent_through: int = 0) -> None:
+        """``live_sent_through``: a resumed run's last step that its abandoned attempt already sent to the
+        W&B run it continues (``wandb_run_id``); the steps re-trained up to it go to ``metrics.jsonl``
+        only. W&B keeps one value per step, the first attempt's: sent again, every chart drawn against
+        ``train/step`` had two points at each of those steps (found by a probe: 347 conflicting values
+        after a resume that re-trained 6 steps). ``metrics.jsonl`` keeps the values of the attempt that
+        continued."""
         self.run_dir = Path(run_dir)
         self.cfg = cfg
         self.jsonl = JsonlSink(self.run_dir / "metrics.jsonl")
@@ -32,6 +39,8 @@ class RunLogger:
         self.wandb = WandbSink(w.mode, w.project, self.run_dir, run_config, entity=w.entity,
                                name=w.run_name, resume_id=wandb_run_id, init_timeout_s=w.init_timeout_s)
         self.live = FanOutSink([self.wandb, *extra_sinks])
+        self._live_skip_through = live_sent_through if wandb_run_id is not None else 0
+        self._finished_through = 0  # the last step whose record was sent
         self._pending: dict[int, dict] = {}
         self._media: dict[int, list] = {}  # step -> [(sink method name, args), ...]
         self.last_dump: Path | None = None
@@ -47,9 +56,12 @@ class RunLogger:
         """Send the step's metrics (streamed + these) and media to the live sinks, write its JSONL
         record; return the record."""
         record = {**self._pending.pop(step, {}), **metrics}
-        self.live.log(step, record)
-        for method, args in self._media.pop(step, []):
-            getattr(self.live, method)(step, *args)
+        media = self._media.pop(step, [])
+        if step > self._live_skip_through:
+            self.live.log(step, record)
+            for method, args in media:
+                getattr(self.live, method)(step, *args)
+        self._finished_through = max(self._finished_through, step)
         if self.cfg.wandb.mode != "disabled":  # 0 once W&B failed (the run goes on, metrics stay here)
             record["report/wandb_live"] = int(self.wandb.run is not None)
         self.jsonl.log(step, record)
@@ -60,12 +72,18 @@ class RunLogger:
 
     def dump(self, step: int, batch: CorrectionInput, token_ratios: np.ndarray,
              token_text: np.ndarray | None = None) -> Path:
-        """Write ``dumps/step_XXXXXX.npz`` and log the ratio histogram and the worst sequences."""
+        """Write ``dumps/step_XXXXXX.npz`` and log the ratio histogram and the worst sequences: with the
+        step's record, or now when the record was sent already (the last step, dumped when the run
+        ends: its media were queued behind a record that had left, and never reached W&B)."""
         path = save_batch_dump(self.run_dir / "dumps" / f"step_{step:06d}.npz", batch, token_text)
         self.last_dump = path
-        self._media.setdefault(step, []).extend([
-            ("log_histogram", ("mismatch/token_ratio", token_ratios)),
-            ("log_table", ("mismatch/worst_sequences", *worst_sequences_table(batch)))])
+        media = [("log_histogram", ("mismatch/token_ratio", token_ratios)),
+                 ("log_table", ("mismatch/worst_sequences", *worst_sequences_table(batch)))]
+        if step > self._finished_through:
+            self._media.setdefault(step, []).extend(media)
+        elif step > self._live_skip_through:
+            for method, args in media:
+                getattr(self.live, method)(step, *args)
         return path
 
     def close(self) -> None:

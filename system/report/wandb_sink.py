@@ -49,8 +49,9 @@ def remove_process_temp_dirs() -> list[str]:
 STEP_KEY = "train/step"
 """The x-axis of every chart: the training step, logged as a value with each record
 (``define_metric``), not as W&B's own ``step=``, which W&B ignores (with a warning only) when it is
-lower than one already logged: a resumed run re-trains the steps after its checkpoint, whose
-records the abandoned attempt had already sent."""
+lower than one already logged: the last step's dump, made when the run ends, logs its media after
+that step's record. A resumed run does not send again the steps its stopped attempt sent
+(``RunLogger``'s ``live_sent_through``): W&B would draw two points at each."""
 FINISH_TIMEOUT_S = 60.0
 """``run.finish()`` gives up uploading after this long (W&B's default waits for ever: a network lost
 at the end of a run would hang the job after its final checkpoint); what is left is on disk for
