@@ -82,6 +82,8 @@ def test_a_number_stands_alone(completion, reference, expected):
     assert math_answer(completion, reference) == expected
 
 
+NUMBERED = "#### 1. Cost of the apples\n3 x 4 = 12\n#### 2. Add the pears\n12 + 6 = 18"
+
 HEADINGS = ("#### Step 1: Cost of the apples\n3 apples x $4 = $12\n#### Step 2: Add the pears\n"
             "$12 + $6 = $18\nThe answer is \\boxed{18}.")
 
@@ -103,9 +105,15 @@ HEADINGS = ("#### Step 1: Cost of the apples\n3 apples x $4 = $12\n#### Step 2: 
     ("The answer is 18.\n####\n\nQuestion: Mary buys 3 pens.", "3", 0.0),  # '####' then no number: no answer
     ("The answer is 18.\n####\n\nQuestion: Mary buys 3 pens.", "18", 0.0),
     ("##### 5 things\nso 7", "7", 1.0),  # five '#' are a heading's, never a marker
-    ("#### **Step 1**\n3 + 4 = 7", "7", 1.0), ("#### 2. Add the pears\n12 + 6 = 18", "18", 1.0),  # titles
-    ("#### 2. Add the pears\n12 + 6 = 18", "2", 0.0),
+    ("#### **Step 1**\n3 + 4 = 7", "7", 1.0),  # a bold title
+    (NUMBERED, "18", 1.0), (NUMBERED, "2", 0.0), (NUMBERED + "\n#### 2. Done\n", "2", 0.0),  # numbered titles
     ("#### 18.\nQuestion: Mary buys 3 pens.", "18", 1.0), ("#### -5\nnext", "-5", 1.0),  # answers, text after
+    # a review: an answer written as a sentence is an answer, not a numbered title
+    ("#### 18. So she pays 18 dollars.\nQuestion: Mary buys 3 pens.", "18", 1.0),
+    ("#### 18. So she pays 18 dollars.\nQuestion: Mary buys 3 pens.", "3", 0.0),
+    # an answer label, bold and \boxed between the marker and its number
+    ("#### **18**", "18", 1.0), ("#### Final Answer: 10\nExplanation: 3 + 7", "10", 1.0),
+    ("#### The answer is $1,234.", "1234", 1.0), ("#### \\boxed{18}", "18", 1.0),
     # still read: spaces and a dollar sign between the marker and its number, no space at all
     ("#### $1,234", "1234", 1.0), ("####42", "42", 1.0), ("  #### 18\n", "18", 1.0),
 ])

@@ -50,45 +50,71 @@ def normalise_number(text: str) -> str | None:
 _MARKS = re.compile(r"(?<!#)####(?!#)")
 """Exactly four ``#``: five or more open a deeper markdown heading, never an answer."""
 
-_HEADING = re.compile(r"[ \t]+(?:[^\s\d$\-\u2212]|\d+[.)][ \t]+[^\W\d_])")
-"""After a ``####`` at a line's start: white space, then anything but a number (``#### Step 1: ...``,
-``#### **Step 1**``), or a numbered title (``#### 2. Add the pears``)."""
+_BEFORE_NUMBER = re.compile(r"[ \t]*(?:(?:the[ \t]+)?(?:final[ \t]+)?answer(?:[ \t]+is)?[ \t]*[:=]?[ \t]*)?"
+                            r"\*{0,2}[ \t]*(?:\\boxed\{)?[ \t]*\$?[ \t]*", re.IGNORECASE)
+"""What may stand between the marker and its number: spaces, an answer label (``Final Answer:``), bold
+``**``, ``\\boxed{`` and a dollar sign (``#### $1,234``, ``#### Final Answer: **18**``)."""
 
-_BEFORE_NUMBER = re.compile(r"[ \t]*\$?[ \t]*")
-"""What may stand between the marker and its number: spaces and a dollar sign (``#### $1,234``)."""
+_NUMBERED_TITLE = re.compile(r"(?m)^[ ]{0,3}(?<!#)####[ \t]+\d+[.)][ \t]+[^\W\d_]")
+"""``#### 2. Add the pears``: a numbered title, when the text has two or more (a list of headings)."""
 
 
-def answer_marker(text: str) -> int | None:
-    """Where the text after the last answer marker starts, None when ``text`` has none.
+def _number_at(text: str, start: int) -> str | None:
+    match = NUMBER.match(text, _BEFORE_NUMBER.match(text, start).end())
+    return match.group(0) if match else None
 
-    A marker is ``####`` (exactly four), except a markdown heading: a ``####`` that starts a line
-    (up to three spaces before it), is followed by a title rather than a number (:data:`_HEADING`),
-    and has more text on the lines after it (``#### Step 1: cost of the apples``, which instruct
-    models write). A ``####`` ending the
-    completion with words after it (``... 27 in all.\n#### unknown``) is a marker with no number."""
+
+def _last_marker(text: str) -> tuple[int, str | None] | None:
+    """``(end of the last answer marker, the number right after it or None)``, None without a marker.
+
+    A marker is ``####`` (exactly four), except a markdown heading, a ``####`` starting a line (up to
+    three spaces before it) that is either a title with no number right after it and more text on
+    the lines after it (``#### Step 1: cost of the apples``, ``#### **Step 1**``, which instruct
+    models write), or one of two or more numbered titles (``#### 1. Compute ...``, ``#### 2. Add
+    ...``). A ``####`` ending the completion with words after it (``... 27 in all.\n#### unknown``)
+    is a marker with no number; ``#### 18. So she pays 18 dollars.`` is the answer 18."""
+    numbered_list = len(_NUMBERED_TITLE.findall(text)) >= 2
     for match in reversed(list(_MARKS.finditer(text))):
         line_start = text.rfind("\n", 0, match.start()) + 1
         at_line_start = not text[line_start:match.start()].strip(" ") and match.start() - line_start <= 3
-        line_end = text.find("\n", match.end())
-        more_after = line_end >= 0 and text[line_end:].strip() != ""
-        if at_line_start and more_after and _HEADING.match(text, match.end()):
+        if at_line_start and numbered_list and _NUMBERED_TITLE.match(text, line_start):
             continue
-        return match.end()
+        number = _number_at(text, match.end())
+        line_end = text.find("\n", match.end())
+        title = text[match.end():line_end if line_end >= 0 else len(text)].strip() != ""
+        more_after = line_end >= 0 and text[line_end:].strip() != ""
+        if at_line_start and number is None and title and more_after:
+            continue
+        return match.end(), number
     return None
 
 
+def final_answer(text: str) -> tuple[bool, str | None]:
+    """``(marked, number)``: the number right after the last answer marker (``marked``; None when none
+    is there: no answer), else the last number in ``text`` outside numbered headings (``#### 2. Add
+    the pears`` is no number 2)."""
+    found = _last_marker(text)
+    if found is not None:
+        return True, found[1]
+    if len(_NUMBERED_TITLE.findall(text)) >= 2:
+        text = _NUMBERED_PREFIX.sub("", text)
+    return False, last_number(text)
+
+
+_NUMBERED_PREFIX = re.compile(r"(?m)^[ ]{0,3}####[ \t]+\d+[.)]")
+
+
 def number_after_marker(text: str) -> str | None:
-    """The number right after the last answer marker (:func:`answer_marker`; spaces and a ``$`` may
-    come between them), None when there is no marker or the marker is not followed by a number.
+    """The number right after the last answer marker (:func:`_last_marker`; spaces, an answer label,
+    bold, ``\\boxed{`` and a ``$`` may come between them), None when there is no marker or the marker
+    is not followed by a number.
 
     Right after, not anywhere after: the first number found further on was a wrong answer's
-    reasoning (``#### Step 2: ...`` read as 2) or a fraction's part read loosely; verl's strict GSM8K
-    reward reads ``#### <number>`` the same way."""
-    start = answer_marker(text)
-    if start is None:
-        return None
-    match = NUMBER.match(text, _BEFORE_NUMBER.match(text, start).end())
-    return match.group(0) if match else None
+    reasoning (``#### Step 2: ...`` read as 2) or a fraction's part read loosely. verl's strict GSM8K
+    reward reads ``#### <number>`` too (it takes the last such match, where a later ``####`` without
+    a number here is no answer)."""
+    found = _last_marker(text)
+    return None if found is None else found[1]
 
 
 def last_number(text: str) -> str | None:
