@@ -57,7 +57,7 @@ class CorrectionService:
         self.logger.stream(step, result.metrics)
         if result.alarm:  # drift alarm (correction.alarm): one console line, a W&B alert rate-limited per cause
             logging.getLogger(__name__).warning("step %d: %s", step, result.alarm)
-            self.logger.wandb.alert(f"aisrl drift alarm: {result.alarm_cause}", result.alarm, step=step)
+            self.logger.alert(f"aisrl drift alarm: {result.alarm_cause}", result.alarm, step)
         self._undumped = (step, batch, result.token_ratios)
         if self.logger.should_dump(step):
             self._dump_undumped()

@@ -3,7 +3,7 @@
 A run appends one JSON record per step (``system.report.sinks.JsonlSink``); a kill or a full disk can
 cut the last line. A resume drops the records past the checkpoint it starts from and a cut last line
 (:func:`trim_metrics`), and refuses, before anything starts, a file with a line that is not a record
-before other records (:func:`last_step`, :func:`trim_metrics`): that is an edited or damaged file, and dropping the line
+before other records (:func:`wandb_sent_through`, :func:`trim_metrics`): that is an edited or damaged file, and dropping the line
 would lose a step's record for good.
 """
 
@@ -45,22 +45,39 @@ def _metrics_lines(path: Path) -> tuple[list[tuple[str, int | None]], int]:
     return lines, torn
 
 
-def last_step(run_dir: str | Path) -> int:
-    """The step of the last record in ``metrics.jsonl`` (0 without one): before a resume trims the file,
-    the last step its abandoned attempt finished, and sent to W&B (the record goes to W&B, then here).
-    Refuses, before anything starts, a file :func:`trim_metrics` would refuse: a line that is not a
-    record before the last record."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return 0
-    lines, torn = _metrics_lines(path)
-    return max((s for _, s in lines[:len(lines) - torn]), default=0)
+WANDB_SENT_FILE = "wandb_sent.json"
+"""``{"step": N}``: the last step the run's W&B run holds, saved when a resume trims ``metrics.jsonl``
+(the records that said so are dropped then; a second resume still needs it)."""
+
+
+def wandb_sent_through(run_dir: str | Path) -> int:
+    """The last step the run's W&B run holds (0: none): the larger of the step a resume saved
+    (:data:`WANDB_SENT_FILE`) and the last ``metrics.jsonl`` record that W&B took
+    (``report/wandb_live`` 1; the record goes to W&B, then here). Refuses, before anything starts, a
+    file :func:`trim_metrics` would refuse: a line that is not a record before the last record."""
+    run_dir = Path(run_dir)
+    sent = 0
+    path = run_dir / METRICS_FILE
+    if path.is_file():
+        lines, torn = _metrics_lines(path)
+        sent = max((s for line, s in lines[:len(lines) - torn] if json.loads(line).get("report/wandb_live") == 1),
+                   default=0)
+    try:
+        saved = json.loads((run_dir / WANDB_SENT_FILE).read_text())["step"]
+    except (OSError, ValueError, TypeError, KeyError):  # none yet (or damaged: metrics.jsonl's word alone)
+        saved = 0
+    return max(sent, saved if isinstance(saved, int) and not isinstance(saved, bool) else 0)
+
+
+def save_wandb_sent(run_dir: str | Path, step: int) -> None:
+    """Keep :func:`wandb_sent_through` across the trim of a resume (:data:`WANDB_SENT_FILE`)."""
+    write_text_whole(Path(run_dir) / WANDB_SENT_FILE, json.dumps({"step": step}))
 
 
 def trim_metrics(run_dir: str | Path, step: int) -> int:
     """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from) and the
     lines at its end that are not records (cut by a kill or a full disk); returns how many lines were
-    dropped. A line that is not a record before another record is refused (as by :func:`last_step`),
+    dropped. A line that is not a record before another record is refused (as by :func:`wandb_sent_through`),
     never dropped: it is not one a stop cuts."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():

@@ -175,7 +175,8 @@ def test_an_override_that_is_not_yaml_is_one_line_printed_as_typed():
     said = result.output.strip()
     assert result.exit_code == 2 and len(said.splitlines()) == 1
     assert said.startswith("error: override 'rollout.stop=[a': value is not valid YAML (expected ',' or ']'")
-    assert said.endswith("goes in quotes: rollout.stop='...'")
+    assert said.endswith("goes in quotes: \"rollout.stop='...'\"")
+    assert "but got '<stream end>' at character 3 of the value)" in said
     # a path with brackets in any message stays whole
     result = runner.invoke(app, ["train", "--dry-run", "data.task.type=gsm8k", "data.reward.type=math-answer",
                                  "data.task.path=/nope/[red]x[/red].jsonl"])

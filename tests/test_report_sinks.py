@@ -267,9 +267,13 @@ def test_a_resumed_run_sends_w_and_b_only_the_steps_its_first_attempt_did_not(tm
     sink = RecordingSink()
     cfg = ReportConfig(dump_every=0, wandb=WandbConfig(mode="disabled"))
     logger = RunLogger(tmp_path, cfg, {}, wandb_run_id="abc", extra_sinks=[sink], live_sent_through=3)
+    alerts = []
+    logger.wandb.alert = lambda title, text, step=None: alerts.append(step) or True
     for step in (2, 3, 4):  # resumed from the checkpoint of step 1; the first attempt sent 1-3
+        logger.alert("drift", "x", step)  # nor its alarms again
         logger.finish_step(step, {"reward/mean": step / 10})
     logger.close()
+    assert alerts == [4]
     assert sink.calls == [("log", 4, {"reward/mean": 0.4})]
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [2, 3, 4]
     # a run without a W&B run to continue (W&B was off, or this is its first attempt) sends every step

@@ -112,6 +112,7 @@ class DataConfig(StrictModel):
     reward: RewardConfig = Field(default_factory=DigitMatchReward)
     """How a completion is scored against its reference."""
     overlong_prompts: Literal["error", "skip"] = "error"
-    """A dataset prompt the model's context cannot hold (vLLM refuses one of ``max_model_len`` tokens or
-    more): ``error`` refuses the run at start, naming the file and the longest prompts; ``skip`` leaves
+    """A dataset prompt that leaves less than ``rollout.max_new_tokens`` of the model's context for its
+    response (its response would stop at the context; vLLM refuses a prompt of ``max_model_len``
+    tokens or more): ``error`` refuses the run at start, naming the file and the longest prompts; ``skip`` leaves
     them out of the prompt pool, counted as ``ledger/skipped_overlong`` (``system.data.context_fit``)."""

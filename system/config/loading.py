@@ -125,7 +125,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     if not problem:
         return " ".join(str(exc).split())
-    return f"{problem} at column {mark.column + 1}" if mark is not None else problem
+    return f"{problem} at character {mark.column + 1} of the value" if mark is not None else problem
 
 
 def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
@@ -140,7 +140,7 @@ def _split_override(text: str) -> tuple[tuple[str, ...], Any]:
         value = _load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({_yaml_problem(exc)}); a text value "
-                          f"with YAML's special characters goes in quotes: {key}='...'") from None
+                          f"with YAML's special characters goes in quotes: \"{key}='...'\"") from None
     if _COMMENT.search(raw) and not raw.lstrip().startswith(("'", '"', "[", "{")):
         value = raw.strip()  # a plain scalar YAML would cut at the "comment": the text as typed
     return tuple(key.split(".")), value

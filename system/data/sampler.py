@@ -173,7 +173,8 @@ class PromptSampler:
             raise ValueError(f"sampler checkpoint has seed {sd['seed']}, the config {self.seed}")
         if sd.get("num_prompts", len(self.source)) != len(self.source):
             raise ValueError(f"sampler checkpoint was taken over {sd['num_prompts']} prompts, the configured task has "
-                             f"{len(self.source)}: resume with the run's data.* settings")
+                             f"{len(self.source)}: resume with the run's data.* settings (and, under data.overlong_prompts=skip, "
+                             "its rollout.max_new_tokens: the prompts left out depend on it)")
         saved = sd.get("fingerprint")  # (absent in checkpoints written before it was kept)
         if saved is not None and saved != source_fingerprint(self.source):
             raise ValueError("sampler checkpoint was taken over other prompts than the configured task's (same "
