@@ -106,8 +106,7 @@ class Trainer:
         else:
             run_state.check_no_replaced_run(self.run_dir)
             self.ckpt, saved, skipped = run_state.checkpoint_to_resume(self.run_dir, cfg.max_steps)
-            # before anything starts or is written (a damaged file is refused here)
-            self._wandb_sent_through = metrics_file.wandb_sent_through(self.run_dir)
+            self._wandb_sent_through = metrics_file.wandb_sent_through(self.run_dir)  # refuses a damaged file
             for reason in skipped:
                 log.warning("checkpoint %s; falling back to an older one", reason)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -124,9 +123,7 @@ class Trainer:
             raise
         # written once the run is accepted: a refused --resume leaves the directory as it was
         if self.ckpt is not None:
-            if self._wandb_sent_through > saved["step"]:  # the records saying so go now
-                metrics_file.save_wandb_sent(self.run_dir, self._wandb_sent_through)
-            dropped = metrics_file.trim_metrics(self.run_dir, saved["step"])
+            dropped = metrics_file.trim_metrics(self.run_dir, saved["step"], self._wandb_sent_through)
             moved, dumps = run_state.set_aside_after(self.run_dir, saved["step"])
             if dropped or moved or dumps:
                 log.warning("resuming at step %d: dropped %d metrics lines (records past that checkpoint, and a "

@@ -69,16 +69,19 @@ def wandb_sent_through(run_dir: str | Path) -> int:
     return max(sent, saved if isinstance(saved, int) and not isinstance(saved, bool) else 0)
 
 
-def save_wandb_sent(run_dir: str | Path, step: int) -> None:
+def _save_wandb_sent(run_dir: str | Path, step: int) -> None:
     """Keep :func:`wandb_sent_through` across the trim of a resume (:data:`WANDB_SENT_FILE`)."""
     write_text_whole(Path(run_dir) / WANDB_SENT_FILE, json.dumps({"step": step}))
 
 
-def trim_metrics(run_dir: str | Path, step: int) -> int:
+def trim_metrics(run_dir: str | Path, step: int, wandb_sent: int = 0) -> int:
     """Drop the ``metrics.jsonl`` records past ``step`` (the checkpoint a resume starts from) and the
     lines at its end that are not records (cut by a kill or a full disk); returns how many lines were
     dropped. A line that is not a record before another record is refused (as by :func:`wandb_sent_through`),
-    never dropped: it is not one a stop cuts."""
+    never dropped: it is not one a stop cuts. ``wandb_sent`` (:func:`wandb_sent_through`, read before),
+    when past ``step``, is kept in :data:`WANDB_SENT_FILE`: the records that said so go now."""
+    if wandb_sent > step:
+        _save_wandb_sent(run_dir, wandb_sent)
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return 0
