@@ -4,7 +4,7 @@ import pytest
 
 from system.config.data import MathAnswerReward
 from system.rewards.math_answer import math_answer
-from system.rewards.numbers import last_number, normalise_number, number_after_marker
+from system.rewards.numbers import final_answer, last_number, normalise_number
 from system.rewards.registry import build_reward
 
 
@@ -58,9 +58,9 @@ def test_a_run_of_digits_longer_than_decimals_precision_is_a_number_not_a_crash(
 
 
 def test_number_finders():
-    assert number_after_marker("a #### b") is None
-    assert number_after_marker("no marker 5") is None
-    assert number_after_marker("x #### 1,234 and 5") == "1,234"
+    assert final_answer("a #### b") == (True, None)
+    assert final_answer("no marker 5") == (False, "5")
+    assert final_answer("x #### 1,234 and 5") == (True, "1,234")
     assert last_number("1 then 2.5 then -3") == "-3"
     assert last_number("none") is None
 

@@ -58,6 +58,9 @@ _BEFORE_NUMBER = re.compile(r"[ \t]*(?:(?:the[ \t]+)?(?:final[ \t]+)?answer(?:[ 
 _NUMBERED_TITLE = re.compile(r"(?m)^[ ]{0,3}(?<!#)####[ \t]+\d+[.)][ \t]+[^\W\d_]")
 """``#### 2. Add the pears``: a numbered title, when the text has two or more (a list of headings)."""
 
+_NUMBERED_PREFIX = re.compile(r"(?m)^[ ]{0,3}####[ \t]+\d+[.)]")
+"""A numbered title's ``#### 2.``, whose number is not an answer."""
+
 
 def _number_at(text: str, start: int) -> str | None:
     match = NUMBER.match(text, _BEFORE_NUMBER.match(text, start).end())
@@ -90,8 +93,9 @@ def _last_marker(text: str) -> tuple[int, str | None] | None:
 
 
 def final_answer(text: str) -> tuple[bool, str | None]:
-    """``(marked, number)``: the number right after the last answer marker (``marked``; None when none
-    is there: no answer), else the last number in ``text`` outside numbered headings (``#### 2. Add
+    """``(marked, number)``: the number right after the last answer marker (``marked``; spaces, an answer
+    label, bold, ``\\boxed{`` and a ``$`` may come between; None when none is there: no answer, not
+    the reasoning's number before the marker or a later one: ``#### Step 2: ...`` is no 2), else the last number in ``text`` outside numbered headings (``#### 2. Add
     the pears`` is no number 2)."""
     found = _last_marker(text)
     if found is not None:
@@ -100,21 +104,6 @@ def final_answer(text: str) -> tuple[bool, str | None]:
         text = _NUMBERED_PREFIX.sub("", text)
     return False, last_number(text)
 
-
-_NUMBERED_PREFIX = re.compile(r"(?m)^[ ]{0,3}####[ \t]+\d+[.)]")
-
-
-def number_after_marker(text: str) -> str | None:
-    """The number right after the last answer marker (:func:`_last_marker`; spaces, an answer label,
-    bold, ``\\boxed{`` and a ``$`` may come between them), None when there is no marker or the marker
-    is not followed by a number.
-
-    Right after, not anywhere after: the first number found further on was a wrong answer's
-    reasoning (``#### Step 2: ...`` read as 2) or a fraction's part read loosely. verl's strict GSM8K
-    reward reads ``#### <number>`` too (it takes the last such match, where a later ``####`` without
-    a number here is no answer)."""
-    found = _last_marker(text)
-    return None if found is None else found[1]
 
 
 def last_number(text: str) -> str | None:
