@@ -102,25 +102,29 @@ class WeightBroadcast:
 
     def __init__(self, address: GroupAddress, rank: int, timeout_s: float = 60.0,
                  chunk_bytes: int = 64 << 20, store: dist.Store | None = None) -> None:
-        """Join the generation at ``address`` (blocks until every member has joined). Member 0 passes
-        the store it hosts (:func:`host_store`); the others connect to it."""
+        """Join the generation at ``address`` (blocks until every member has joined; ``BroadcastFailed``
+        when one dies first or ``timeout_s`` passes). Member 0 passes the store it hosts
+        (:func:`host_store`); the others connect to it."""
         if not 0 <= rank < address.world_size:
             raise ValueError(f"rank must be in [0, {address.world_size}), got {rank}")
         if chunk_bytes < ALIGN:
             raise ValueError(f"chunk_bytes must be >= {ALIGN}, got {chunk_bytes}")
         self.rank, self.world_size, self.chunk_bytes = rank, address.world_size, chunk_bytes
         self.timeout = timedelta(seconds=timeout_s)
-        if store is None:
-            store = dist.TCPStore(address.host, address.port, address.world_size, rank == 0, self.timeout,
-                                  wait_for_workers=False)
-        self._store = store
-        prefixed = dist.PrefixStore(f"weights/{address.name}/", self._store)
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = self.timeout
-        bind = "127.0.0.1" if _is_loopback(address.host) else None
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind) if bind
-                         else dist.ProcessGroupGloo.create_default_device()]
-        self._pg = dist.ProcessGroupGloo(prefixed, rank, address.world_size, opts)
+        try:  # a member that dies (or never comes) while the group forms fails it like a broadcast
+            if store is None:
+                store = dist.TCPStore(address.host, address.port, address.world_size, rank == 0, self.timeout,
+                                      wait_for_workers=False)
+            self._store = store
+            prefixed = dist.PrefixStore(f"weights/{address.name}/", self._store)
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = self.timeout
+            bind = "127.0.0.1" if _is_loopback(address.host) else None
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind) if bind
+                             else dist.ProcessGroupGloo.create_default_device()]
+            self._pg = dist.ProcessGroupGloo(prefixed, rank, address.world_size, opts)
+        except RuntimeError as exc:  # the store's timeout, or gloo: a peer closed its connection
+            raise BroadcastFailed(f"{self._what()} could not form its group: {exc}") from exc
         self._segment: SharedSegment | None = None
         self._buffers: list[np.ndarray] = []  # a receiver's data buffers, reused once free
         self.buffers_made = 0

@@ -8,6 +8,7 @@ without it (or with a worker that joined) delivers the next version; a worker th
 segment makes the whole generation use the sockets; nothing is left under ``/dev/shm``.
 """
 
+import faulthandler
 import multiprocessing as mp
 import os
 import time
@@ -84,6 +85,7 @@ def _member(rank: int, address: GroupAddress, versions: list[int], results, die_
     """``hold``: keep one array of every payload received and check them all at the end (a buffer still
     referenced is never reused for a later version); every member reports its ``shared`` flag when
     the group has formed and, at the end, how it ended (``shared`` again, buffers made)."""
+    faulthandler.dump_traceback_later(75, exit=True)  # a member that hangs: its stacks in the test's output
     if blind:  # this worker does not see member 0's /dev/shm (as in a container of its own)
         shared_segment.probe_token = lambda announced: False
     if sabotage:
@@ -212,6 +214,20 @@ def test_a_segment_that_fails_sends_the_version_again_over_the_sockets_and_the_r
     assert path_of(out) == {"shared=True"} and delivered(out) == expected([1, 2, 3])
     assert {r: e.split(" buffers")[0] for r, e in ends(out).items()} == dict.fromkeys(range(3), "end shared=False")
     assert segments(pids) == set()
+
+
+def test_a_member_whose_group_cannot_form_fails_like_a_broadcast():
+    """A member whose peers never come (or one that died while the group formed, which a loaded
+    machine showed: the others' ``connectFullMesh`` failed with a RuntimeError that escaped the
+    receiver's handling in this test) gets ``BroadcastFailed`` after its timeout, not another error."""
+    from system.weight_broadcast import host_store
+
+    store, port = host_store("127.0.0.1", 5.0)
+    started = time.monotonic()
+    with pytest.raises(BroadcastFailed, match="worker 1 of 1 could not form its group"):
+        WeightBroadcast(GroupAddress("127.0.0.1", port, "member-0-never-comes", 2), 1, timeout_s=1.0)
+    assert time.monotonic() - started < 4.0  # the 1 s timeout, with a busy machine's margin
+    del store
 
 
 def test_a_generation_nobody_joins_is_reported_failed_once_so_a_new_one_forms():
