@@ -26,7 +26,8 @@ SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_att
 
 def model_dir(tmp_path, kind: str):
     """A randomly initialised tied model with the tiny default's tokenizer (15 tokens)."""
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(CFG.model, CFG.data.task, CFG.seed, tmp_path / "cache"))
+    untrained = CFG.model.model_copy(update={"warm_start_steps": 0})  # only its tokenizer is needed
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(untrained, CFG.data.task, CFG.seed, tmp_path / "cache"))
     torch.manual_seed(0)
     if kind == "gemma2":
         model = Gemma2ForCausalLM(Gemma2Config(vocab_size=len(tokenizer), head_dim=32, sliding_window=16, **SIZES))
