@@ -243,11 +243,19 @@ class PendingStep:
 class LearnerGroup:
     """R ranks, every method called on all of them (the cores' collectives need every rank)."""
 
-    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=LearnerRank) -> None:
-        """``actor_cls``: the Ray actor class of a rank (a simulated learner in orchestration benchmarks)."""
+    def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=LearnerRank,
+                 meet: bool = True) -> None:
+        """``actor_cls``: the Ray actor class of a rank (a simulated learner in orchestration benchmarks);
+        ``meet`` False: the ranks are requested only, :meth:`meet` waits for them (the trainer launches
+        the rollout workers in between, so they start while the ranks do, and after them in Ray's queue)."""
         world = cfg.learner.num_ranks
         opts = {**options.actor_options(), "runtime_env": actor_env()}
         self.ranks = [actor_cls.options(**opts).remote(cfg, model_dir, r, world) for r in range(world)]
+        if meet:
+            self.meet()
+
+    def meet(self) -> None:
+        """Wait for every rank to start and join the process group."""
         # rank 0's node hosts the rendezvous: the ranks may be spread over several nodes
         master_addr, master_port = gather([self.ranks[0].rendezvous_address.remote()])[0]
         gather([r.connect.remote(master_addr, master_port) for r in self.ranks])

@@ -90,22 +90,29 @@ class RolloutPool:
             new.append(slot)
         return new
 
-    def start(self, count: int) -> list[WorkerSlot]:
-        """Launch ``count`` workers and wait until every one is up (the run's first workers).
+    def launch_first(self, count: int) -> list[WorkerSlot]:
+        """Launch the first of the run's ``count`` workers without waiting (they start while the learner
+        ranks do); :meth:`start` waits for them and launches the rest.
 
-        A new run of FP8 CPU workers choosing their kernel (``rollout.fp8_kernel=auto``) starts one worker
-        first and the rest once it is up, with its choice pinned: workers probing at once could land on
-        either side of the kernel threshold and run the same CPU with different kernels."""
+        A new run of FP8 CPU workers choosing their kernel (``rollout.fp8_kernel=auto``) launches one
+        worker first and the rest once it is up, with its choice pinned: workers probing at once could land
+        on either side of the kernel threshold and run the same CPU with different kernels."""
         r = self.cfg.rollout
         first = 1 if (count > 1 and r.quantization == "fp8" and r.fp8_kernel == "auto"
                       and not self.options.num_gpus and not self.fp8_kernel_pins) else count
+        return self.launch(first)
+
+    def start(self, count: int, launched: list[WorkerSlot] | None = None) -> list[WorkerSlot]:
+        """Have ``count`` workers up (the run's first): ``launched`` (from :meth:`launch_first`, else
+        launched here), waited for, then the rest launched and waited for."""
+        first = self.launch_first(count) if launched is None else launched
         new: list[WorkerSlot] = []
-        for batch in (first, count - first):
-            if batch:
-                launched = self.launch(batch)
-                for slot, info in zip(launched, self.runtime.get([s.starting for s in launched]), strict=True):
-                    self.mark_ready(slot, info)
-                new += launched
+        for batch in (first, None):
+            if batch is None:
+                batch = self.launch(count - len(first))
+            for slot, info in zip(batch, self.runtime.get([s.starting for s in batch]), strict=True):
+                self.mark_ready(slot, info)
+            new += batch
         return new
 
     def mark_ready(self, slot: WorkerSlot, info: dict) -> None:

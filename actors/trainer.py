@@ -152,17 +152,20 @@ class Trainer:
         terminate_raises(start=False)  # again: ray.init replaced it
         check_placeable(cfg, ray.cluster_resources())
         roles = {r.role: r for r in plan_placement(cfg, ray.cluster_resources())}
-        self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], self.actor_classes[1])
+        rollout_cls, learner_cls = self.actor_classes
+        self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], learner_cls, meet=False)
+        pins = run_state.fp8_kernel_pins(self.run_dir) if self.ckpt is not None else {}
+        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], rollout_cls, fp8_kernel_pins=pins)
+        first_workers = self.pool.launch_first(cfg.rollout.num_workers)  # they start while the ranks do
+        self.learners.meet()
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
         self.transport = build_transport(cfg, self.learners)
         if self.ckpt is not None:  # every check of the checkpoint before the service opens the W&B run
             saved = self._restore(saved)
-        # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): the
-        # service writes the run directory (metrics, dumps, report, W&B files)
+        # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): it writes the run dir
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        # its own temporary directory, removed after it stops: W&B leaves one directory per logged
-        # table and its service's socket directory there, and removes them only at an interpreter
-        # exit a Ray actor never reaches (a probe counted 47 left in /tmp after one session's runs)
+        # its own temporary directory, removed after it stops: W&B leaves a directory per logged table and
+        # its socket directory there until an interpreter exit a Ray actor never reaches (a probe: 47 in /tmp)
         self._service_tmp = tempfile.mkdtemp(prefix="aisrl-service-")
         self.service = CorrectionService.options(
             num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._service_tmp),
@@ -172,10 +175,7 @@ class Trainer:
             ray.get(self.service.load_state_dict.remote(saved["correction"]))
             published = (self.step, self.transport.publish(self.learners, self.step))
         self.state = SharedState(self.step, published)
-        pins = run_state.fp8_kernel_pins(self.run_dir) if self.ckpt is not None else {}
-        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], self.actor_classes[0],
-                                fp8_kernel_pins=pins)
-        self.pool.start(cfg.rollout.num_workers)
+        self.pool.start(cfg.rollout.num_workers, first_workers)
         log.warning("rollout workers up: %s", self.pool.summary())
         self._write_rollout_workers()
         self.pool.on_ready = self._write_rollout_workers  # replacements and scaled-up workers too

@@ -82,20 +82,27 @@ class MatmulProbe:
         return {"vllm": self.channelwise_ms, "rowwise": self.rowwise_ms, "upcast": self.upcast_ms}[kernel]
 
 
-def _time_ms(fn: Callable[[], object], budget_s: float = _PROBE_BUDGET_S, max_calls: int = 20) -> float:
-    """Best time of up to ``max_calls`` calls, stopping once ``budget_s`` is spent (after a warm-up)."""
-    started = time.perf_counter()
-    fn()  # warm-up (primitive creation); a pathological path shows here already
-    best = first = time.perf_counter() - started
-    spent = first
+def _time_ms(fns: dict[str, Callable[[], object]], budget_s: float = _PROBE_BUDGET_S,
+             max_calls: int = 20) -> dict[str, float]:
+    """Best time in ms of each of ``fns``: a warm-up call each, then rounds of one call of each, up
+    to ``max_calls`` rounds, a variant leaving once it has spent ``budget_s`` (a pathological one
+    after its warm-up). Interleaved, so a load that comes and goes on the machine (another process
+    starting beside the engine) falls on every variant alike instead of on the one timed then."""
+    best, spent = {}, {}
+    for name, fn in fns.items():
+        started = time.perf_counter()
+        fn()  # warm-up (primitive creation); a pathological path shows here already
+        best[name] = spent[name] = time.perf_counter() - started
     for _ in range(max_calls):
-        if spent > budget_s:
+        timing = [name for name in fns if spent[name] <= budget_s]
+        if not timing:
             break
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        best, spent = min(best, dt), spent + dt
-    return best * 1e3
+        for name in timing:
+            t0 = time.perf_counter()
+            fns[name]()
+            dt = time.perf_counter() - t0
+            best[name], spent[name] = min(best[name], dt), spent[name] + dt
+    return {name: t * 1e3 for name, t in best.items()}
 
 
 def channelwise_product(x8: torch.Tensor, w8: torch.Tensor, s_x: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
@@ -174,10 +181,11 @@ def probe_fp8_matmul(m: int, k: int, n: int, seed: int = 0) -> MatmulProbe:
     s_x = torch.rand(m, 1, generator=gen) + 0.5
     s_w = torch.rand(1, n, generator=gen) + 0.5
     w_t, w_up_t = w.t(), fp8_to_bf16(w8).t()
-    return MatmulProbe(m, k, n, bf16_ms=_time_ms(lambda: x @ w_t),
-                       channelwise_ms=_time_ms(lambda: channelwise_product(x8, w8, s_x, s_w)),
-                       rowwise_ms=_time_ms(lambda: rowwise_product(x8, w8, s_x, s_w)),
-                       upcast_ms=_time_ms(lambda: upcast_product(x8, w_up_t, s_x, s_w)))
+    return MatmulProbe(m, k, n, **_time_ms({
+        "bf16_ms": lambda: x @ w_t,
+        "channelwise_ms": lambda: channelwise_product(x8, w8, s_x, s_w),
+        "rowwise_ms": lambda: rowwise_product(x8, w8, s_x, s_w),
+        "upcast_ms": lambda: upcast_product(x8, w_up_t, s_x, s_w)}))
 
 
 _FP8_SPEED_FLAGS = ("amx_bf16", "amx_fp8", "amx_int8", "amx_tile", "avx2", "avx512_bf16", "avx512_fp16", "avx512f")
