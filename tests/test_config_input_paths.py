@@ -182,3 +182,27 @@ def test_an_override_that_is_not_yaml_is_one_line_printed_as_typed():
     result = runner.invoke(app, ["train", "--dry-run", "data.task.type=gsm8k", "data.reward.type=math-answer",
                                  "data.task.path=/nope/[red]x[/red].jsonl"])
     assert result.exit_code == 2 and "/nope/[red]x[/red].jsonl does not exist" in " ".join(result.output.split())
+
+
+def test_a_checkpoint_whose_head_does_not_generate_is_refused_before_the_cluster(tmp_path):
+    """A BERT masked-LM checkpoint (with a fitting tokenizer) was refused only by the vLLM engine, after
+    the cluster and the learner had started; now at the config, naming model.path and the architecture.
+    A causal model of the same files passes."""
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, Qwen2Config, Qwen2ForCausalLM
+
+    from system.models.model_dir import resolve_model_dir
+    from system.models.tiny import build_tiny_model
+
+    base = resolve_config([], [])
+    untrained = base.model.model_copy(update={"warm_start_steps": 0})  # only its tokenizer is needed
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(untrained, base.data.task, base.seed, tmp_path / "c"))
+    bert, qwen = tmp_path / "bert", tmp_path / "qwen"
+    BertForMaskedLM(BertConfig(vocab_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)).save_pretrained(bert)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(qwen)
+    for path in (bert, qwen):
+        tokenizer.save_pretrained(path)
+    with pytest.raises(ConfigError, match=rf"model.path {bert}: a BertForMaskedLM checkpoint, whose head does not "):
+        resolve_model_dir(resolve_config([], ["model.type=pretrained", f"model.path={bert}"]))
+    assert resolve_model_dir(resolve_config([], ["model.type=pretrained", f"model.path={qwen}"])) == str(qwen)

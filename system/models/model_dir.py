@@ -8,6 +8,14 @@ from system.models.hf_files import load_config, load_tokenizer
 from system.models.tiny import build_tiny_model, default_cache_dir
 
 
+NOT_GENERATIVE = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+                  "ForMultipleChoice", "ForNextSentencePrediction", "ForPreTraining", "ForImageClassification",
+                  "ForAudioClassification", "ForCTC")
+"""Architecture name endings of heads that score or classify instead of generating (a BERT checkpoint
+was refused only by the engine, after the cluster had started). Only these are refused here: a
+generative model may carry any name (``ChatGLMModel``), and vLLM names what it cannot run itself."""
+
+
 def resolve_model_dir(cfg: RunConfig, cache_dir: str | Path | None = None) -> str:
     """A path (or hub id) that transformers' ``from_pretrained`` and vLLM both load."""
     if cfg.model.type == "pretrained":
@@ -59,6 +67,10 @@ def check_loadable(path: str, trust_remote_code: bool = False):
     if tokens <= 1:
         raise ConfigError(f"model.path {path}: no tokenizer there ({tokens} token; save the tokenizer beside the "
                           "model: tokenizer.json and tokenizer_config.json)")
+    heads = getattr(config, "architectures", None) or []
+    if heads and all(name.endswith(NOT_GENERATIVE) for name in heads):
+        raise ConfigError(f"model.path {path}: a {'/'.join(heads)} checkpoint, whose head does not generate text "
+                          "(masked-LM, classification, ...); give a causal language model (...ForCausalLM)")
     rows = getattr(config, "vocab_size", None)
     if isinstance(rows, int) and tokens > rows:
         raise ConfigError(f"model.path {path}: its tokenizer has {tokens} tokens, the model's embeddings {rows} "
