@@ -173,6 +173,8 @@ def test_ais_sanity_refuses_a_run_without_dumps(tmp_path, kind):
     ("bench_loopback_ceiling.py", ["--mib", "0"], "error: argument --mib: expected a positive integer, got '0'"),
     ("bench_memory_growth.py", ["--steps", "0"], "error: argument --steps: expected a positive integer, got '0'"),
     ("bench_memory_growth.py", ["no_such_key=1"], "error: overrides: "),
+    ("bench_startup.py", ["--base", "no-such-revision"], "error: --base no-such-revision: not a revision"),
+    ("bench_startup.py", ["--base", "HEAD", "--rounds", "0"], "error: argument --rounds: expected a positive integer"),
 ])
 def test_scripts_refuse_bad_arguments(script, args, message):
     before = _snapshot()
