@@ -84,3 +84,11 @@ def test_vllm_and_wandb_are_imported_in_one_module_each():
             if lib in _direct_imports(path) and module not in owners:
                 offenders.append(f"{module} imports {lib}")
     assert offenders == []
+
+
+def test_the_driver_does_not_load_vllm():
+    """The driver imports the rollout worker's actor class but never builds an engine: importing vLLM
+    there cost ~4 s of a 2-core machine at every start, beside the ranks and workers starting
+    (``system.rollout.worker`` imports the engine module when it builds one)."""
+    assert "vllm" not in loaded_by(["actors.trainer", "actors.cli"])
+    assert "vllm" in loaded_by(["system.rollout.vllm_engine"])  # the probe sees it where it is imported

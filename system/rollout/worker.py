@@ -21,7 +21,6 @@ from system.rewards.registry import build_reward
 from system.rollout.chat import chat_prompt_ids, check_chat_template
 from system.rollout.perturbation import model_dir_payload, perturb_payload, perturbation_sigma
 from system.rollout.samples import PromptSamples
-from system.rollout.vllm_engine import VLLMEngine
 from system.types import Completion, Prompt, RolloutGroup
 from system.weight_payload import WeightPayload
 
@@ -38,6 +37,10 @@ class RolloutWorkerCore:
     def __init__(self, run_cfg: RunConfig, model_dir: str | Path, worker_id: str,
                  fp8_kernel_pins: dict[str, str] | None = None) -> None:
         """``fp8_kernel_pins``: the FP8 kernel the run chose before on each kind of CPU (``VLLMEngine``)."""
+        # deferred: the driver imports this module (with the Ray actor class) but never builds an engine,
+        # and importing vLLM took it ~4 s of a 2-core machine while the learner ranks and workers started
+        from system.rollout.vllm_engine import VLLMEngine
+
         self.cfg = run_cfg
         self.worker_id = worker_id
         self.engine = VLLMEngine(
