@@ -11,6 +11,7 @@ both. The model cache is shared (both build the same model; the first, untimed, 
 """
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -27,9 +28,10 @@ ONE_STEP = ["max_steps=1", "prompts_per_step=4", "rollout.group_size=4", "rollou
             "learner.num_ranks=1", "model.warm_start_steps=20", "report.dump_every=0", "checkpoint_every=0"]
 
 
-def one_run(checkout: Path, cache: Path, out: Path) -> float:
+def one_run(checkout: Path, cache: Path, out: Path) -> tuple[float, str | None]:
     """Wall seconds of a one-step ``aisrl train`` whose code is ``checkout``'s (first on the path of the
-    driver and of every Ray worker it starts); exits with its stderr's end if it fails."""
+    driver and of every Ray worker it starts), and the FP8 kernel its worker chose (its probe runs
+    beside the start of the learner rank); exits with its stderr's end if it fails."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "AISRL_CACHE_DIR": str(cache), "WANDB_MODE": "offline"}
     cmd = [sys.executable, "-c", "import actors.cli; actors.cli.app()", "train", *ONE_STEP, f"output_dir={out}",
            "--overwrite"]
@@ -38,7 +40,8 @@ def one_run(checkout: Path, cache: Path, out: Path) -> float:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"aisrl train from {checkout} failed (exit status {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall
+    kernels = json.loads((out / "rollout_workers.json").read_text()).get("fp8_kernel", {})
+    return wall, next((k.get("kernel") for k in kernels.values()), None)
 
 
 def main() -> None:
@@ -57,15 +60,18 @@ def main() -> None:
             checkouts = {"base": worktree, "head": ROOT}
             one_run(ROOT, tmp / "cache", tmp / "warm-up")  # builds the model, warms the page cache
             times: dict[str, list[float]] = {"base": [], "head": []}
+            kernels: dict[str, list[str | None]] = {"base": [], "head": []}
             for _ in range(args.rounds):
                 for name, checkout in checkouts.items():
-                    times[name].append(round(one_run(checkout, tmp / "cache", tmp / name), 2))
-                    print(name, times[name][-1], file=sys.stderr)
+                    wall, kernel = one_run(checkout, tmp / "cache", tmp / name)
+                    times[name].append(round(wall, 2))
+                    kernels[name].append(kernel)
+                    print(name, times[name][-1], kernel, file=sys.stderr)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
     medians = {name: statistics.median(t) for name, t in times.items()}
     emit("startup_cpu", {"benchmark": "startup_cpu", **environment(), "base": base.stdout.strip(),
-                         "overrides": ONE_STEP, "seconds": times,
+                         "overrides": ONE_STEP, "seconds": times, "fp8_kernels": kernels,
                          "median_seconds": medians, "head_over_base": medians["head"] / medians["base"]})
 
 
