@@ -188,7 +188,13 @@ def test_a_checkpoint_whose_head_does_not_generate_is_refused_before_the_cluster
     """A BERT masked-LM checkpoint (with a fitting tokenizer) was refused only by the vLLM engine, after
     the cluster and the learner had started; now at the config, naming model.path and the architecture.
     A causal model of the same files passes."""
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     from system.models.model_dir import resolve_model_dir
     from system.models.tiny import build_tiny_model

@@ -7,7 +7,6 @@ from system.config.model import VLLM_HEAD_SIZES
 from system.models.hf_files import load_config, load_tokenizer
 from system.models.tiny import build_tiny_model, default_cache_dir
 
-
 NOT_GENERATIVE = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
                   "ForMultipleChoice", "ForNextSentencePrediction", "ForPreTraining", "ForImageClassification",
                   "ForAudioClassification", "ForCTC")
