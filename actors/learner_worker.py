@@ -251,6 +251,7 @@ class LearnerGroup:
         world = cfg.learner.num_ranks
         opts = {**options.actor_options(), "runtime_env": actor_env()}
         self.ranks = [actor_cls.options(**opts).remote(cfg, model_dir, r, world) for r in range(world)]
+        self.met = False
         if meet:
             self.meet()
 
@@ -259,6 +260,7 @@ class LearnerGroup:
         # rank 0's node hosts the rendezvous: the ranks may be spread over several nodes
         master_addr, master_port = gather([self.ranks[0].rendezvous_address.remote()])[0]
         gather([r.connect.remote(master_addr, master_port) for r in self.ranks])
+        self.met = True
 
     def submit(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> "PendingStep":
         """Start the whole step on every rank without waiting (Ray runs a caller's calls to an actor
@@ -292,8 +294,11 @@ class LearnerGroup:
         return ray.get(self.ranks[0].policy_version.remote())
 
     def shutdown(self) -> None:
+        """Close every rank (30 s at most), then kill it; ranks that never met are killed at once (a
+        ``close`` would queue behind a ``connect`` still loading the model, or stuck on a dead peer)."""
         try:
-            ray.get([r.close.remote() for r in self.ranks], timeout=30)
+            if self.met:
+                ray.get([r.close.remote() for r in self.ranks], timeout=30)
         except (ray.exceptions.RayError, TimeoutError):
             pass  # a rank already died (the run is failing): killing them all below is enough
         finally:

@@ -137,3 +137,11 @@ def check_placeable(cfg: RunConfig, cluster_resources: dict[str, float]) -> None
     short = private_cluster_shortfall(cfg, cluster_resources)
     if short:
         raise ValueError("the roles cannot all be placed, so the run would wait for ever: " + "; ".join(short))
+
+
+def gpu_shared(roles: dict[str, RoleOptions]) -> bool:
+    """Whether a learner rank and a rollout worker may land on one GPU (each asks for a fraction of one).
+    Then the run's first workers start only after the ranks have loaded: vLLM profiles the free GPU
+    memory at engine start and fails (or sizes its KV cache wrong) when a rank allocates meanwhile."""
+    learner, rollout = roles["learner_rank"].num_gpus, roles["rollout_worker"].num_gpus
+    return 0 < learner < 1 and 0 < rollout < 1

@@ -28,7 +28,7 @@ from actors.control import create_control, remove_control_file
 from actors.controller import RolloutLoop, SharedState, take_batch
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank
-from actors.placement import check_placeable, plan_placement, required_cpus
+from actors.placement import check_placeable, gpu_shared, plan_placement, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
@@ -156,8 +156,8 @@ class Trainer:
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], learner_cls, meet=False)
         pins = run_state.fp8_kernel_pins(self.run_dir) if self.ckpt is not None else {}
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], rollout_cls, fp8_kernel_pins=pins)
-        first_workers = self.pool.launch_first(cfg.rollout.num_workers)  # they start while the ranks do
-        self.learners.meet()
+        first_workers = self.pool.launch_first(cfg.rollout.num_workers) if not gpu_shared(roles) else None
+        self.learners.meet()  # the workers launched above start meanwhile (on a GPU a rank may share: after)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
         self.transport = build_transport(cfg, self.learners)
         if self.ckpt is not None:  # every check of the checkpoint before the service opens the W&B run

@@ -118,6 +118,7 @@ class SimulatedRolloutWorker:
         self.fp8_kernel_pins = dict(fp8_kernel_pins or {})
         if self.settings.fail_to_start:
             raise RuntimeError(f"simulated worker {worker_id}: the engine cannot be built here")
+        stamp(self.settings.timeline, "constructed", worker=worker_id)
         self.cfg, self.worker_id = cfg, worker_id
         self.vocab_size = _vocab_size(model_dir)
         self.reward = build_reward(cfg.data.reward)
@@ -247,6 +248,8 @@ class SimulatedLearnerSettings:
     """Std of the Gaussian noise added to the behaviour log-probs to make ``old``."""
     timeline: str | None = None
     """A JSONL file to stamp ``step_call`` and ``step_end`` (with step and rank) into."""
+    connect_seconds: float = 0.0
+    """Simulated time of ``connect`` (a rank loading its model and joining the process group)."""
     nonfinite_versions: tuple[int, ...] = ()
     """Policy versions whose step reports a skipped update (a non-finite gradient), as a diverging
     learner would."""
@@ -292,7 +295,8 @@ class SimulatedLearnerRank:
         return ray.util.get_node_ip_address(), 0
 
     def connect(self, master_addr: str, master_port: int) -> None:
-        pass
+        time.sleep(self.settings.connect_seconds)
+        stamp(self.settings.timeline, "connect_end", rank=self.rank)
 
     def policy_version(self) -> int:
         return self._policy_version

@@ -355,3 +355,43 @@ def test_workers_of_a_run_run_one_fp8_kernel_per_kind_of_cpu(loopback_ray, tmp_p
     assert {w: (d["kernel"], d["pinned"]) for w, d in record["fp8_kernel"].items()} == {
         "rollout-0": ("upcast", False), "rollout-1": ("upcast", True)}  # rollout-1's own probe said vllm
     assert record["fp8_kernel_pins"] == {SIM_CPU: "upcast"}
+
+
+def test_the_first_workers_start_while_the_learner_ranks_load(loopback_ray, tmp_path):
+    """Start-up: the run's first rollout worker is built while the ranks still load (``connect`` takes
+    8 s here), not after them (the driver used to wait for the ranks to meet before launching a worker)."""
+    timeline = tmp_path / "timeline.jsonl"
+    cfg = sim_config(tmp_path / "run", "max_steps=1")
+    learner = SimulatedLearnerRank.actor_class(train_seconds=0.01, payload_params=1000, connect_seconds=8.0,
+                                               timeline=str(timeline))
+    run_to_end(Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.01,
+                                                                           timeline=str(timeline)),
+                       learner_cls=learner))
+    events = [json.loads(line) for line in timeline.read_text().splitlines()]
+    built = [e["t"] for e in events if e["kind"] == "constructed"]
+    met = [e["t"] for e in events if e["kind"] == "connect_end"]
+    assert len(built) == 1 and len(met) == cfg.learner.num_ranks
+    assert built[0] < min(met)
+
+
+def test_a_sigterm_while_the_ranks_load_kills_them_at_once(loopback_ray, tmp_path):
+    """A reviewer's finding: a start that fails while the ranks still load (here SIGTERM) closed them with
+    a ``close`` call queued behind their ``connect``, then waited 30 s for it before killing them; ranks
+    that never met are now killed at once (and the worker launched beside them too)."""
+    import os
+    import signal
+
+    cfg = sim_config(tmp_path / "run", "max_steps=1")
+    learner = SimulatedLearnerRank.actor_class(payload_params=1000, connect_seconds=120.0)
+    timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    started = time.monotonic()
+    try:
+        # Terminated, or KeyboardInterrupt when the signal lands in a ray.get (Ray raises its own for it)
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(), learner_cls=learner)
+    finally:
+        timer.cancel()
+    elapsed = time.monotonic() - started
+    assert elapsed < 20, elapsed  # 4 s to the signal, then the clean-up; not 4 + 30
+    assert not (tmp_path / "run").exists()  # a failed start leaves no run behind

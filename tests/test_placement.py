@@ -12,6 +12,7 @@ from actors.cluster import use_loopback_only
 from actors.placement import (
     RoleOptions,
     actor_needs,
+    gpu_shared,
     plan_placement,
     required_cpus,
     room_for,
@@ -108,3 +109,20 @@ def test_a_scale_up_beyond_the_room_says_how_many_fit_and_why_the_rest_wait():
                            "the other 4094 wait: this run's private cluster never grows")
     assert "until the cluster offers them" in scale_up_note(3, {"CPU": 1.0, "rollout": 1.0},
                                                           {"CPU": 4.0, "rollout": 1.0}, private=False)
+
+
+@pytest.mark.parametrize(("learner_gpus", "rollout_gpus", "shared"), [
+    (0.0, 0.0, False),  # CPU roles: nothing to share
+    (1.0, 0.5, False),  # a rank holds a whole GPU: a worker's half lands on another one
+    (0.5, 1.0, False),
+    (1.0, 1.0, False),
+    (0.5, 0.5, True),   # both ask for half a GPU: Ray may put a rank and a worker on one
+    (0.25, 0.5, True),
+])
+def test_learner_ranks_and_rollout_workers_share_a_gpu_only_when_both_take_a_fraction(learner_gpus, rollout_gpus,
+                                                                                       shared):
+    """A reviewer's finding: a worker starting beside a rank on one GPU profiles vLLM's free memory while
+    the rank loads; the trainer then starts the workers after the ranks (the old order)."""
+    roles = {"learner_rank": RoleOptions("learner_rank", 2, 1.0, learner_gpus, {}),
+             "rollout_worker": RoleOptions("rollout_worker", 1, 1.0, rollout_gpus, {})}
+    assert gpu_shared(roles) is shared
