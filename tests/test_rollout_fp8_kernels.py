@@ -178,7 +178,7 @@ def test_probe_times_every_variant_on_this_cpu():
     assert p.bf16_ms > 0 and p.channelwise_ms > 0 and p.rowwise_ms > 0 and p.upcast_ms > 0
 
 
-def test_the_probe_interleaves_the_variants_and_drops_a_pathological_one_after_its_warm_up():
+def test_the_probe_interleaves_the_variants_and_drops_a_pathological_one_after_its_warm_up(monkeypatch):
     """Rounds of one call each (a load that comes and goes falls on every variant alike), after one
     warm-up each; a variant whose warm-up spent the budget is not called again; best time kept."""
     from system.rollout import fp8_kernels
@@ -192,12 +192,9 @@ def test_the_probe_interleaves_the_variants_and_drops_a_pathological_one_after_i
             clock[0] += costs[name][(calls.count(name) - 1) % len(costs[name])]
         return call
 
-    real = fp8_kernels.time.perf_counter
-    fp8_kernels.time.perf_counter = lambda: clock[0]
-    try:
-        best = fp8_kernels._time_ms({n: variant(n) for n in costs}, budget_s=0.25, max_calls=3)
-    finally:
-        fp8_kernels.time.perf_counter = real
+    monkeypatch.setattr(fp8_kernels.time, "perf_counter", lambda: clock[0])
+    best = fp8_kernels._time_ms({n: variant(n) for n in costs}, budget_s=0.25, max_calls=3)
+    monkeypatch.undo()
     # warm-ups fast, slow, mid; slow spent 0.5 s > 0.25 s and leaves; then 3 rounds of fast, mid
     assert calls == ["fast", "slow", "mid"] + ["fast", "mid"] * 3
     # fast: 3, 1, 2, 3 ms -> 1; mid: 4, 2, 4, 2 ms -> 2; slow: its warm-up, 500
