@@ -106,14 +106,14 @@ class RolloutPool:
         """Have ``count`` workers up (the run's first): ``launched`` (from :meth:`launch_first`, else
         launched here), waited for, then the rest launched and waited for."""
         first = self.launch_first(count) if launched is None else launched
-        new: list[WorkerSlot] = []
-        for batch in (first, None):
-            if batch is None:
-                batch = self.launch(count - len(first))
-            for slot, info in zip(batch, self.runtime.get([s.starting for s in batch]), strict=True):
-                self.mark_ready(slot, info)
-            new += batch
-        return new
+        self._wait_ready(first)
+        rest = self.launch(count - len(first))
+        self._wait_ready(rest)
+        return first + rest
+
+    def _wait_ready(self, slots: list[WorkerSlot]) -> None:
+        for slot, info in zip(slots, self.runtime.get([s.starting for s in slots]), strict=True):
+            self.mark_ready(slot, info)
 
     def mark_ready(self, slot: WorkerSlot, info: dict) -> None:
         slot.starting = None

@@ -24,6 +24,21 @@ def loopback_ray(tmp_path_factory):
             ray.shutdown()
 
 
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    """The tiny default model's tokenizer (15 tokens), from a build without the warm start (only the
+    tokenizer is needed: the warm start took 16 s)."""
+    from transformers import AutoTokenizer
+
+    from system.config import RunConfig
+    from system.models.tiny import build_tiny_model
+
+    cfg = RunConfig()
+    untrained = cfg.model.model_copy(update={"warm_start_steps": 0})
+    return AutoTokenizer.from_pretrained(build_tiny_model(untrained, cfg.data.task, cfg.seed,
+                                                          tmp_path_factory.mktemp("tokenizer")))
+
 # The end of the test process. After the last test this process still holds native runtimes
 # that have no ordered teardown: counted at exit on the full suite (2026-11-24, AMD EPYC), the
 # threads of Ray's GCS client and gRPC, gloo run loops and a torch TCP store (in-process

@@ -105,23 +105,19 @@ def test_a_pretrained_model_that_cannot_be_loaded_here_is_one_line_naming_model_
         resolve_model_dir(cfg)
 
 
-def test_a_pretrained_models_tokenizer_must_fit_its_embeddings(tmp_path):
+def test_a_pretrained_models_tokenizer_must_fit_its_embeddings(tmp_path, tiny_tokenizer):
     """Found by probe 10: a tokenizer of 15 tokens on a model of 10 embedding rows passed the start; vLLM
     sampled on and the learner's first step raised "IndexError: index out of range in self"."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from system.models.model_dir import resolve_model_dir
-    from system.models.tiny import build_tiny_model
 
-    base = resolve_config([], [])
-    untrained = base.model.model_copy(update={"warm_start_steps": 0})  # only its tokenizer is needed
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(untrained, base.data.task, base.seed, tmp_path / "c"))
-    assert len(tokenizer) == 15
+    assert len(tiny_tokenizer) == 15
     for rows, ok in ((10, False), (15, True), (64, True)):  # more rows than tokens is common (padded tables)
         path = tmp_path / f"rows{rows}"
         Qwen2ForCausalLM(Qwen2Config(vocab_size=rows, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1)).save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        tiny_tokenizer.save_pretrained(path)
         cfg = resolve_config([], ["model.type=pretrained", f"model.path={path}"])
         if ok:
             assert resolve_model_dir(cfg) == str(path)
@@ -133,7 +129,7 @@ def test_a_pretrained_models_tokenizer_must_fit_its_embeddings(tmp_path):
     path = tmp_path / "head16"
     Qwen2ForCausalLM(Qwen2Config(vocab_size=15, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=4, num_key_value_heads=1)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
     with pytest.raises(ConfigError, match=rf"model\.path {path}: head size 16, which vLLM's CPU attention cannot run"):
         resolve_model_dir(resolve_config([], ["model.type=pretrained", f"model.path={path}"]))
     on_gpus = resolve_config([], ["model.type=pretrained", f"model.path={path}", "ray.rollout_gpus=1"])
@@ -184,31 +180,21 @@ def test_an_override_that_is_not_yaml_is_one_line_printed_as_typed():
     assert result.exit_code == 2 and "/nope/[red]x[/red].jsonl does not exist" in " ".join(result.output.split())
 
 
-def test_a_checkpoint_whose_head_does_not_generate_is_refused_before_the_cluster(tmp_path):
+def test_a_checkpoint_whose_head_does_not_generate_is_refused_before_the_cluster(tmp_path, tiny_tokenizer):
     """A BERT masked-LM checkpoint (with a fitting tokenizer) was refused only by the vLLM engine, after
     the cluster and the learner had started; now at the config, naming model.path and the architecture.
     A causal model of the same files passes."""
-    from transformers import (
-        AutoTokenizer,
-        BertConfig,
-        BertForMaskedLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import BertConfig, BertForMaskedLM, Qwen2Config, Qwen2ForCausalLM
 
     from system.models.model_dir import resolve_model_dir
-    from system.models.tiny import build_tiny_model
 
-    base = resolve_config([], [])
-    untrained = base.model.model_copy(update={"warm_start_steps": 0})  # only its tokenizer is needed
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(untrained, base.data.task, base.seed, tmp_path / "c"))
     bert, qwen = tmp_path / "bert", tmp_path / "qwen"
     BertForMaskedLM(BertConfig(vocab_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                intermediate_size=32)).save_pretrained(bert)
     Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=2, num_key_value_heads=1)).save_pretrained(qwen)
     for path in (bert, qwen):
-        tokenizer.save_pretrained(path)
+        tiny_tokenizer.save_pretrained(path)
     with pytest.raises(ConfigError, match=rf"model.path {bert}: a BertForMaskedLM checkpoint, whose head does not "):
         resolve_model_dir(resolve_config([], ["model.type=pretrained", f"model.path={bert}"]))
     assert resolve_model_dir(resolve_config([], ["model.type=pretrained", f"model.path={qwen}"])) == str(qwen)

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 from transformers import (
-    AutoTokenizer,
     Gemma2Config,
     Gemma2ForCausalLM,
     Qwen2Config,
@@ -14,7 +13,6 @@ from transformers import (
 )
 
 from system.config import RunConfig
-from system.models.tiny import build_tiny_model
 from system.rollout.vllm_engine import VLLMEngine
 from system.weight_payload import encode_weights
 
@@ -24,10 +22,8 @@ SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_att
              max_position_embeddings=128, bos_token_id=1, eos_token_id=1, pad_token_id=0, tie_word_embeddings=True)
 
 
-def model_dir(tmp_path, kind: str):
+def model_dir(tmp_path, kind: str, tokenizer):
     """A randomly initialised tied model with the tiny default's tokenizer (15 tokens)."""
-    untrained = CFG.model.model_copy(update={"warm_start_steps": 0})  # only its tokenizer is needed
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(untrained, CFG.data.task, CFG.seed, tmp_path / "cache"))
     torch.manual_seed(0)
     if kind == "gemma2":
         model = Gemma2ForCausalLM(Gemma2Config(vocab_size=len(tokenizer), head_dim=32, sliding_window=16, **SIZES))
@@ -49,10 +45,10 @@ def reference_logprobs(model, prompt_ids: np.ndarray, response_ids: np.ndarray) 
 
 
 @pytest.mark.parametrize("kind", ["gemma2", "qwen2"])
-def test_a_tied_models_sync_moves_its_head_with_the_embedding(tmp_path, kind):
+def test_a_tied_models_sync_moves_its_head_with_the_embedding(tmp_path, kind, tiny_tokenizer):
     """After each load the engine's sampled log-probs are those of the loaded weights (Hugging Face,
     fp32; bf16 engine: within 0.1): a head left behind on the old embedding would be far off."""
-    path, model = model_dir(tmp_path, kind)
+    path, model = model_dir(tmp_path, kind, tiny_tokenizer)
     engine = VLLMEngine(path, "bf16", CFG.rollout.engine, seed=0)
     assert engine.tied_embeddings
     state = dict(model.state_dict())

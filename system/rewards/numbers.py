@@ -55,11 +55,11 @@ _BEFORE_NUMBER = re.compile(r"[ \t]*(?:(?:the[ \t]+)?(?:final[ \t]+)?answer(?:[ 
 """What may stand between the marker and its number: spaces, an answer label (``Final Answer:``), bold
 ``**``, ``\\boxed{`` and a dollar sign (``#### $1,234``, ``#### Final Answer: **18**``)."""
 
-_NUMBERED_TITLE = re.compile(r"(?m)^[ ]{0,3}(?<!#)####[ \t]+\d+[.)][ \t]+[^\W\d_]")
-"""``#### 2. Add the pears``: a numbered title, when the text has two or more (a list of headings)."""
-
 _NUMBERED_PREFIX = re.compile(r"(?m)^[ ]{0,3}####[ \t]+\d+[.)]")
 """A numbered title's ``#### 2.``, whose number is not an answer."""
+
+_NUMBERED_TITLE = re.compile(_NUMBERED_PREFIX.pattern + r"[ \t]+[^\W\d_]")
+"""``#### 2. Add the pears``: a numbered title, when the text has two or more (a list of headings)."""
 
 
 def _number_at(text: str, start: int) -> str | None:
@@ -95,15 +95,14 @@ def _last_marker(text: str) -> tuple[int, str | None] | None:
 def final_answer(text: str) -> tuple[bool, str | None]:
     """``(marked, number)``: the number right after the last answer marker (``marked``; spaces, an answer
     label, bold, ``\\boxed{`` and a ``$`` may come between; None when none is there: no answer, not
-    the reasoning's number before the marker or a later one: ``#### Step 2: ...`` is no 2), else the last number in ``text`` outside numbered headings (``#### 2. Add
-    the pears`` is no number 2)."""
+    the reasoning's number before the marker or a later one: ``#### Step 2: ...`` is no 2), else the
+    last number in ``text`` outside numbered headings (``#### 2. Add the pears`` is no number 2)."""
     found = _last_marker(text)
     if found is not None:
         return True, found[1]
     if len(_NUMBERED_TITLE.findall(text)) >= 2:
         text = _NUMBERED_PREFIX.sub("", text)
     return False, last_number(text)
-
 
 
 def last_number(text: str) -> str | None:
