@@ -1,13 +1,16 @@
-"""vLLM's side of a completion without an engine: a response's conversion (empty, no log-probs) and
-vLLM's own top-k / top-p function against the learner's kept set (``system.learner.logprobs``)."""
+"""vLLM's side of a completion without an engine: a response's conversion (empty, no log-probs),
+vLLM's own top-k / top-p function against the learner's kept set (``system.learner.logprobs``), and
+the heap left out of the engine build's garbage collections."""
 
+import gc
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from system.rollout.vllm_engine import _response
+from system.rollout.vllm_engine import _response, frozen_heap
 
 pytestmark = pytest.mark.vllm
 
@@ -41,3 +44,31 @@ def test_kept_sets_match_vllms_own_top_k_top_p_function():
         kept = logprobs._kept(z, torch.arange(V)[None, :], cut_value, cut_index)
         assert torch.equal(kept, torch.isfinite(vllm_logp)), (top_p, top_k)
         torch.testing.assert_close((z - lse[:, None])[kept], vllm_logp[kept], atol=1e-5, rtol=0)
+
+
+class _Node:
+    pass
+
+
+def _cycle() -> weakref.ref:
+    """A reference cycle nothing else holds: only a garbage collection frees it; returns a weak ref."""
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def test_the_engine_build_collects_only_what_it_creates():
+    gc.collect()
+    before = _cycle()
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0
+        during = _cycle()
+        gc.collect()  # what vLLM's memory profiling calls
+        assert during() is None  # made during the build: collected as before
+        assert before() is not None  # alive before the build: left out
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert before() is None  # back in collection after the build
+    with pytest.raises(RuntimeError), frozen_heap():  # a build that fails unfreezes as well
+        raise RuntimeError("engine start failed")
+    assert gc.get_freeze_count() == 0

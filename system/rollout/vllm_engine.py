@@ -38,6 +38,7 @@ on 0.32.0 like the rest).
 import contextlib
 import dataclasses
 import functools
+import gc
 import json
 import numbers
 import os
@@ -71,6 +72,24 @@ from system.weight_payload import WeightPayload, decode_weights
 __all__ = ["VLLMEngine", "resolve_quantization"]
 
 _GIB = 1 << 30
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """While the engine is built, the objects alive before it are left out of garbage collection.
+
+    vLLM's start calls ``gc.collect()`` five times (its memory profiling), and each walks every
+    object the torch, transformers and vLLM imports left: 1.0 of the 2.0 s an engine took to build
+    on a 2-core AMD EPYC. ``gc.freeze`` moves those objects to the permanent generation, so the
+    collections walk only what the engine creates (still collected as before: the profiling
+    measures the same garbage); ``gc.unfreeze`` gives them back to collection afterwards.
+    Reference counting frees every object as usual meanwhile; only a cycle among the older objects
+    waits for the next collection after the build."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _configure_environment(device: str) -> None:
@@ -264,7 +283,7 @@ class VLLMEngine:
                                                   eager=engine_cfg.enforce_eager)
             build_context = fp8_kernel_installed(self.fp8_decision.kernel)
         started = time.perf_counter()
-        with build_context:
+        with build_context, frozen_heap():
             self.llm = self._build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code,
                                        {**memory, **_scheduling(self.device)})
         self.build_seconds = time.perf_counter() - started
