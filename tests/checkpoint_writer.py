@@ -7,9 +7,13 @@ steps), written exactly as the trainer writes one: the learner half with DCP
 ``controller.pkl`` (``system.controller_state.save_controller_state``) with ``step = k``.
 
     python tests/checkpoint_writer.py RUN_DIR
+
+The test starts it as a ``multiprocessing`` forkserver child (torch, DCP and the checkpoint modules
+imported once by the server, not at each of its 12+ restarts) and reads the steps from a pipe.
 """
 
 import sys
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -28,7 +32,10 @@ def build() -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.
     return model, optimizer, scheduler
 
 
-def main(run_dir: str) -> None:
+def main(run_dir: str, done: Callable[[int], None] | None = None) -> None:
+    """Write checkpoints 1, 2, ... (after the newest complete one) until killed; ``done(step)`` after
+    each (default: print it)."""
+    done = done or (lambda step: print(step, flush=True))
     distributed.init_process_group(0, 1, distributed.find_free_port())
     model, optimizer, scheduler = build()
     latest = run_state.latest_run_checkpoint(run_dir)
@@ -47,7 +54,7 @@ def main(run_dir: str) -> None:
         ckpt = run_state.checkpoint_dir(run_dir, step)
         save_checkpoint(run_state.learner_dir(ckpt), model, optimizer, scheduler, {"policy_version": step})
         controller_state.save_controller_state(ckpt, {"step": step})
-        print(step, flush=True)
+        done(step)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ class RolloutConfig(StrictModel):
     """FP8 linear kernel on CPU: ``auto`` times this CPU's FP8 and BF16 matmuls at engine start and
     replaces vLLM's channel-wise kernel by the faster of aisrl's row-wise one (scales fused into
     ``torch._scaled_mm``) and upcast one (the FP8 product on the BF16 matmul units) where that is
-    at least 2x faster (Intel AMX CPUs, where vLLM's is pathological; any CPU at a real model's width);
+    at least 1.5x faster (``MIN_GAIN``; Intel AMX CPUs, where vLLM's is pathological; AMD EPYC; any CPU at
+    a real model's width);
     ``vllm`` / ``rowwise`` / ``upcast`` force one (``upcast`` with ``engine.enforce_eager`` only; ``auto``
     leaves it out of a compiled engine). Within a run the choice is made once per kind of CPU and
     kept (resumes included). What ran is in ``rollout_workers.json``."""

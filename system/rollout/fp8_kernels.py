@@ -51,9 +51,12 @@ from system.cpu_info import cpuinfo_fields
 Fp8KernelChoice = Literal["auto", "vllm", "rowwise", "upcast"]
 Fp8Kernel = Literal["vllm", "rowwise", "upcast"]
 
-MIN_GAIN = 2.0
-"""``auto`` replaces vLLM's kernel only when another is at least this much faster (so a kernel choice
-does not flip between runs on timing noise)."""
+MIN_GAIN = 1.5
+"""``auto`` replaces vLLM's kernel only when another is at least this much faster, a threshold away from
+where CPUs measure (so a kernel choice does not flip between runs on timing noise): on a 2-core AMD
+EPYC the tiny default's probe gave 3.0x in one session and 2.08-2.13x in another (1.82-2.11x beside a
+busy process), on an Intel AMX CPU vLLM's kernel is ~1000x slower. It was 2.0 until the second AMD
+session, where 1 of 8 starts beside a loading learner rank fell under it and ran vLLM's kernel."""
 SLOW_FP8_RATIO = 0.1
 """Warn when the chosen FP8 matmul runs below this fraction of the BF16 matmul's speed. A matmul
 ratio is not a rollout ratio: on AMD EPYC the tiny model's FP8 matmuls run at 0.2-0.3x of BF16
