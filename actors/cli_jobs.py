@@ -24,7 +24,7 @@ def submit(
     stop_wait_s: int = typer.Option(300, "--stop-wait-s", min=0, help="On `job stop`, seconds between SIGTERM (finish the step, drain the rollouts for up to 60 s, checkpoint) and SIGKILL; as the RayJob."),
     resume: str = typer.Option(None, "--resume", help="Continue this run directory (a path on the cluster) from its last complete checkpoint; ARGS are overrides only."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in output_dir on the cluster (its files are deleted), as `aisrl train --overwrite`."),
-    verbose: bool = typer.Option(False, "--verbose", help="Keep the libraries' own logs, warnings and progress bars in the job's log (`aisrl train --verbose` on the cluster)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Keep the libraries' own logs, warnings and progress bars in the job's log (`aisrl train --verbose` on the cluster), and Ray's INFO lines on this console."),
 ) -> None:
     """Validate the config here, then run `aisrl train` on a running Ray cluster as a Ray job."""
     import signal
@@ -32,6 +32,8 @@ def submit(
     # SIGTERM (a scheduler, `timeout`) unwinds like Ctrl-C does, so the staged copy of the checkout is
     # removed (a probe found /tmp/aisrl-submit-* left behind, 4 MB each)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if verbose:  # Ray's client lines too (actors.job_console)
+        os.environ["AISRL_VERBOSE"] = "1"
     try:
         _stage_and_submit(args, address, follow, dry_run, stop_wait_s, resume, overwrite, verbose)
     finally:
@@ -72,7 +74,7 @@ def _stage_and_submit(args, address, follow, dry_run, stop_wait_s, resume, overw
     say(f"{sub.job_id}: {sub.entrypoint}", "submitted", "bold")
     print(sub.job_id)
     if follow:
-        _follow(address, sub.job_id)
+        _follow(address, sub.job_id, ray_info=verbose)
 
 
 def _submit_notes(cfg: RunConfig | None) -> None:
@@ -90,11 +92,12 @@ def _submit_notes(cfg: RunConfig | None) -> None:
         say("note: report.wandb.mode=online; the cluster must provide WANDB_API_KEY (it is never sent with the job)")
 
 
-def _follow(address: str, job_id: str) -> None:
+def _follow(address: str, job_id: str, ray_info: bool = True) -> None:
+    """Stream the job's log (without Ray's INFO lines unless ``ray_info``) and exit with its outcome."""
     from actors import jobs
 
     try:
-        final = jobs.follow(address, job_id)
+        final = jobs.follow(address, job_id, ray_info=ray_info)
     except KeyboardInterrupt:
         say(f"stopped following; the job keeps running (aisrl job stop {job_id} --address {address})")
         raise typer.Exit(code=130) from None

@@ -37,7 +37,8 @@ from ray.exceptions import AuthenticationError
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from actors import ray_internals
-from actors.cluster import QUIET_ENV
+from actors.cluster import QUIET_ENV, verbose
+from actors.job_console import quiet_client_loggers, without_ray_info
 from actors.ray_internals import TimedJobSubmissionClient
 from system.config import RunConfig, dump_config, resolve_config
 from system.config.resume import resume_config
@@ -117,7 +118,10 @@ def check_address(address: str) -> str:
 
 @contextmanager
 def job_api(address: str) -> Iterator[JobSubmissionClient]:
-    """A Jobs API client that sends the token; errors come out as :class:`JobError`."""
+    """A Jobs API client that sends the token; errors come out as :class:`JobError`. Ray's client INFO
+    lines stay off the console unless ``AISRL_VERBOSE`` (``actors.job_console``)."""
+    if not verbose():
+        quiet_client_loggers()
     token, source = find_auth_token()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
@@ -356,15 +360,17 @@ def wait(address: str, job_id: str, timeout_s: float, poll_s: float = 0.5) -> Jo
     return current
 
 
-def follow(address: str, job_id: str, out: TextIO = sys.stdout) -> JobStatus:
-    """Stream the job's logs to ``out`` until it ends; return its final status."""
+def follow(address: str, job_id: str, out: TextIO = sys.stdout, ray_info: bool = True) -> JobStatus:
+    """Stream the job's logs to ``out`` until it ends; return its final status. ``ray_info`` False leaves
+    out the lines Ray's job supervisor logs at INFO (``actors.job_console``)."""
     with job_api(address) as client:
         client.get_job_status(job_id)  # an unknown id: the API's "does not exist", not a refused websocket
-        asyncio.run(_tail(client, job_id, out))
+        asyncio.run(_tail(client, job_id, out, ray_info))
     return wait(address, job_id, timeout_s=60.0)
 
 
-async def _tail(client: JobSubmissionClient, job_id: str, out: TextIO) -> None:
-    async for chunk in client.tail_job_logs(job_id):
+async def _tail(client: JobSubmissionClient, job_id: str, out: TextIO, ray_info: bool) -> None:
+    chunks = client.tail_job_logs(job_id)
+    async for chunk in chunks if ray_info else without_ray_info(chunks):
         out.write(chunk)
         out.flush()

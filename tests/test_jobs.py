@@ -166,6 +166,9 @@ def test_submit_runs_the_validated_config_to_success(head, tmp_path):
     [job_id] = job_ids(out.stdout)
     print(f"submit -> SUCCEEDED in {elapsed:.1f} s")
     assert "done: 1 steps" in out.stdout + out.stderr  # streamed by --follow
+    # the console holds aisrl's lines and the job's, not Ray's INFO lines (package upload, the job
+    # supervisor's "Runtime env is setting up.", "WebSocket closed")
+    assert not re.search(r"\bINFO \S+\.py:\d+ --", out.stdout + out.stderr), out.stdout[-3000:] + out.stderr[-3000:]
 
     status = aisrl("job", "status", job_id, "--address", head.url, token=head.token, home=tmp_path)
     assert status.returncode == 0 and status.stdout.startswith(f"{job_id} SUCCEEDED"), status.stdout + status.stderr
