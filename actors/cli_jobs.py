@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from actors.cli_common import fail, say, split_args
+from actors.cluster import verbose as cluster_verbose
 from system.config import ConfigError, RunConfig
 from system.config.environment import wandb_mode_from
 
@@ -74,7 +75,7 @@ def _stage_and_submit(args, address, follow, dry_run, stop_wait_s, resume, overw
     say(f"{sub.job_id}: {sub.entrypoint}", "submitted", "bold")
     print(sub.job_id)
     if follow:
-        _follow(address, sub.job_id, ray_info=verbose)
+        _follow(address, sub.job_id, ray_info=verbose or cluster_verbose())
 
 
 def _submit_notes(cfg: RunConfig | None) -> None:

@@ -28,13 +28,19 @@ def quiet_client_loggers() -> None:
 
 async def without_ray_info(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
     """``chunks`` of a streamed log with Ray's INFO lines left out. A line split across chunks is held
-    until its end arrives (or the stream ends)."""
+    until its end arrives (or the stream ends or breaks). (A line rewritten with ``\\r``, a progress
+    bar, arrives whole at its end: without ``--verbose`` the job's progress bars are off.)"""
     held = ""
-    async for chunk in chunks:
-        lines = (held + chunk).split("\n")
-        held = lines.pop()
-        kept = [line + "\n" for line in lines if not RAY_INFO_LINE.match(line)]
-        if kept:
-            yield "".join(kept)
+    try:
+        async for chunk in chunks:
+            lines = (held + chunk).split("\n")
+            held = lines.pop()
+            kept = [line + "\n" for line in lines if not RAY_INFO_LINE.match(line)]
+            if kept:
+                yield "".join(kept)
+    except Exception:  # the stream broke: what it had sent is still shown
+        if held and not RAY_INFO_LINE.match(held):
+            yield held
+        raise
     if held and not RAY_INFO_LINE.match(held):
         yield held

@@ -1,6 +1,6 @@
 """A kill during checkpoint writing never leaves a checkpoint that loads wrong.
 
-A helper process (``tests/checkpoint_writer.py``, forked from a forkserver that imported it once)
+A helper process (``tests/checkpoint_writer.py``, forked from a forkserver that imported its modules once)
 writes run checkpoints back to back, exactly
 as the trainer does (DCP learner half into ``*.partial``, renamed when complete, then
 ``controller.pkl`` through a temp file); checkpoint ``k`` has every parameter equal to ``k``.
@@ -73,8 +73,9 @@ def test_killed_writer_leaves_only_loadable_checkpoints(process_group, tmp_path)
     rng = random.Random(7)
     run_dir = tmp_path / "run"
     # a restart is a fork of a server that imported the writer's modules once, not a new interpreter
-    # importing them (2.5 of the ~3 s of each); the server starts with the first writer, so the list
-    # names importable modules only (a failed preload is skipped silently: tests/ is not on its path)
+    # importing them (2.5 of the ~3 s of each). The list names installed modules only: Python 3.11's
+    # forkserver imports the preload before it applies the parent's sys.path (tests/ is not on it), and
+    # skips a module it cannot import silently
     forks = multiprocessing.get_context("forkserver")
     forks.set_forkserver_preload(["torch._dynamo", "torch.distributed.checkpoint", "system.learner.checkpoint",
                                   "system.controller_state", "system.run_state"])

@@ -38,10 +38,35 @@ def test_a_followed_log_loses_rays_info_lines_only():
     assert streamed([SUPERVISOR.rstrip("\n")]) == ""
 
 
-def test_the_job_client_logs_warnings_only_unless_verbose(monkeypatch):
+def test_a_stream_that_breaks_still_shows_what_it_sent():
+    async def source():
+        yield OWN[0] + "half a li"
+        raise RuntimeError("websocket closed abnormally")
+
+    async def collect(out):
+        async for c in without_ray_info(source()):
+            out.append(c)
+
+    out: list[str] = []
+    with pytest.raises(RuntimeError, match="abnormally"):
+        asyncio.run(collect(out))
+    assert "".join(out) == OWN[0] + "half a li"
+
+
+@pytest.fixture
+def ray_loggers():
+    """Ray's job-client loggers at INFO, as Ray leaves them; their levels restored afterwards."""
     loggers = [logging.getLogger(name) for name in RAY_CLIENT_LOGGERS]
+    levels = [lg.level for lg in loggers]
     for lg in loggers:
-        monkeypatch.setattr(lg, "level", logging.INFO)  # as Ray leaves them; restored after the test
+        lg.setLevel(logging.INFO)
+    yield loggers
+    for lg, level in zip(loggers, levels, strict=True):
+        lg.setLevel(level)
+
+
+def test_the_job_client_logs_warnings_only_unless_verbose(ray_loggers, monkeypatch):
+    loggers = ray_loggers
     monkeypatch.setenv("AISRL_VERBOSE", "1")
     with pytest.raises(jobs.JobError, match="cannot reach"), jobs.job_api("http://127.0.0.1:9"):  # closed port
         pass

@@ -52,8 +52,9 @@ def test_auto_takes_upcast_where_it_is_the_fastest_replacement():
     # vLLM's kernel 2.2 / 1.0 = 2.2x slower than the upcast one (>= MIN_GAIN), row-wise no faster than vLLM's
     amd = MatmulProbe(512, 1536, 8960, bf16_ms=0.9, channelwise_ms=2.2, rowwise_ms=2.3, upcast_ms=1.0)
     assert choose_fp8_kernel("auto", amd).kernel == "upcast"
-    # the tiny default's probe on a 2-core AMD EPYC beside a loading learner rank: 0.235 / 0.129 = 1.82x
-    # (quiet 2.03-2.13x): upcast, as quiet (under the old threshold of 2 it took vLLM's kernel)
+    # the tiny default's probe on a 2-core AMD EPYC beside a process running matmuls: 0.235 / 0.129 = 1.82x
+    # (quiet: 2.08-2.13x over 40 probes, 2.03x at a worker's start): upcast, as quiet (under the old
+    # threshold of 2 it took vLLM's kernel, as 1 of 8 workers starting beside a learner rank did)
     loaded = MatmulProbe(256, 64, 256, bf16_ms=0.0595, channelwise_ms=0.235, rowwise_ms=0.2215, upcast_ms=0.129)
     assert choose_fp8_kernel("auto", loaded).kernel == "upcast"
     forced_slow = choose_fp8_kernel("rowwise", dataclasses.replace(amd, rowwise_ms=10.0))

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from system.rollout.vllm_engine import _response, frozen_heap
+from system.rollout.gc_heap import frozen_heap
+from system.rollout.vllm_engine import _response
 
 pytestmark = pytest.mark.vllm
 
@@ -57,8 +58,14 @@ def _cycle() -> weakref.ref:
     return weakref.ref(a)
 
 
-def test_the_engine_build_collects_only_what_it_creates():
-    gc.collect()
+@pytest.fixture
+def unfrozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_the_engine_build_collects_only_what_it_creates(unfrozen):
     before = _cycle()
     with frozen_heap():
         assert gc.get_freeze_count() > 0
@@ -66,9 +73,35 @@ def test_the_engine_build_collects_only_what_it_creates():
         gc.collect()  # what vLLM's memory profiling calls
         assert during() is None  # made during the build: collected as before
         assert before() is not None  # alive before the build: left out
-    assert gc.get_freeze_count() == 0
+        gc.freeze()  # vLLM's freeze_gc_heap at the end of its engine's start
+    assert gc.get_freeze_count() > 0  # the heap stays frozen for serving, as vLLM leaves it
+    gc.unfreeze()
     gc.collect()
-    assert before() is None  # back in collection after the build
-    with pytest.raises(RuntimeError), frozen_heap():  # a build that fails unfreezes as well
-        raise RuntimeError("engine start failed")
-    assert gc.get_freeze_count() == 0
+    assert before() is None  # an unfreeze gives the objects of before back to collection
+
+
+def test_a_failed_build_unfreezes(unfrozen):
+    for freeze_inside in (False, True):
+        with pytest.raises(RuntimeError), frozen_heap():
+            if freeze_inside:
+                gc.freeze()
+            raise RuntimeError("engine start failed")
+        assert gc.get_freeze_count() == 0
+
+
+def test_the_engine_is_built_inside_frozen_heap(monkeypatch, unfrozen):
+    """``VLLMEngine`` builds its ``LLM`` with the heap frozen (a stand-in build records the freeze and
+    fails, so no engine is needed) and leaves it unfrozen after a failed build."""
+    from system.config.rollout import VLLMEngineConfig
+    from system.rollout.vllm_engine import VLLMEngine
+
+    seen = []
+
+    def build(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        raise RuntimeError("stand-in engine")
+
+    monkeypatch.setattr(VLLMEngine, "_build_llm", staticmethod(build))
+    with pytest.raises(RuntimeError, match="stand-in engine"):
+        VLLMEngine("/nonexistent", "bf16", VLLMEngineConfig())
+    assert len(seen) == 1 and seen[0] > 0 and gc.get_freeze_count() == 0

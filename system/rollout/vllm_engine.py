@@ -38,7 +38,6 @@ on 0.32.0 like the rest).
 import contextlib
 import dataclasses
 import functools
-import gc
 import json
 import numbers
 import os
@@ -63,6 +62,7 @@ from system.rollout.fp8_kernels import (
     probe_fp8_matmul,
     upcast_product,
 )
+from system.rollout.gc_heap import frozen_heap
 from system.rollout.quantization import resolve_quantization, scheme_name
 from system.rollout.samples import PromptSamples, SampledResponse
 from system.rollout.weight_names import model_tensor_names, payload_name_problems
@@ -72,24 +72,6 @@ from system.weight_payload import WeightPayload, decode_weights
 __all__ = ["VLLMEngine", "resolve_quantization"]
 
 _GIB = 1 << 30
-
-
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """While the engine is built, the objects alive before it are left out of garbage collection.
-
-    vLLM's start calls ``gc.collect()`` five times (its memory profiling), and each walks every
-    object the torch, transformers and vLLM imports left: 1.0 of the 2.0 s an engine took to build
-    on a 2-core AMD EPYC. ``gc.freeze`` moves those objects to the permanent generation, so the
-    collections walk only what the engine creates (still collected as before: the profiling
-    measures the same garbage); ``gc.unfreeze`` gives them back to collection afterwards.
-    Reference counting frees every object as usual meanwhile; only a cycle among the older objects
-    waits for the next collection after the build."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _configure_environment(device: str) -> None:
