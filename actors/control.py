@@ -70,8 +70,24 @@ def create_control(run_dir: Path, cfg: RunConfig, worker: RoleOptions) -> ray.ac
                                 scheduling_strategy=here).remote(num_workers, ceiling, facts)  # dies only with the driver's node
     ctx = ray.get_runtime_context()
     info = {"gcs_address": ctx.gcs_address, "actor": name, "auth_mode": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    (run_dir / "control.json").write_text(json.dumps(info, indent=1))
+    temp = run_dir / "control.json.tmp"  # whole or absent: `aisrl scale` may read it at any moment
+    temp.write_text(json.dumps(info, indent=1))
+    os.replace(temp, run_dir / "control.json")
     return handle
+
+
+def read_control_file(path: Path) -> dict:
+    """``control.json``'s ``gcs_address`` and ``actor``; a file that is not one is refused naming it."""
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not readable as a run's control file ({exc})") from None
+    bad = [k for k in ("gcs_address", "actor") if not isinstance(info, dict) or not isinstance(info.get(k), str)
+           or not info[k]]
+    if bad:
+        raise ValueError(f"{path}: not a run's control file ({', '.join(bad)} missing or not text); the run's "
+                         "driver writes it when its cluster is up")
+    return info
 
 
 def remove_control_file(run_dir: Path) -> None:
@@ -89,7 +105,7 @@ def find_control(run_dir: str | Path, address: str | None) -> ray.actor.ActorHan
     info_path = Path(run_dir) / "control.json"
     if not info_path.is_file():
         raise ValueError(f"{info_path}: not found; is a run using {run_dir} as output_dir running?")
-    info = json.loads(info_path.read_text())
+    info = read_control_file(info_path)
     if address and address.split("://")[0].lower() in ("http", "https"):
         raise ValueError(f"--address {address}: a dashboard (Jobs API) URL, which `aisrl submit` and `aisrl job` "
                          "take; `aisrl scale` joins the cluster itself: its GCS address (host:port, as in "

@@ -42,3 +42,11 @@ def remote_error(exc: BaseException, limit: int = 400) -> str:
     if len(text) > limit:
         text = text[:limit] + " ..."
     return (f"{type(cause).__name__}: {text}" if cause is not exc else text) + (f" (in {where})" if where else "")
+
+
+def error_line(exc: BaseException) -> str:
+    """:func:`remote_error`, with the type named for a local error too (``"OSError: ... (in X.y)"``,
+    ``"ValueError: ..."``): for a message that wraps the error in an exception of its own."""
+    text = remote_error(exc)
+    return text if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None \
+        else f"{type(exc).__name__}: {text}"

@@ -345,8 +345,9 @@ class Trainer:
         uninterrupted run would have), then account for the unused groups and the prompts still in
         flight in the final ledger (dropped, with their reasons)."""
         self.rollout.drain(timeout=60)
-        if self.cfg.checkpoint_every == 0 or self.step % self.cfg.checkpoint_every:
-            self.save_checkpoint()
+        # (a step's periodic checkpoint is not written twice; a run stopped before its first step gets
+        # one of step 0, so --resume continues it: a probe's was refused as having no checkpoint)
+        self.save_checkpoint()
         with self.state.cond:
             for g in self.buffer.groups():
                 self.sampler.mark_dropped(g.prompt.prompt_id, "unused_at_end")

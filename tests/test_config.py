@@ -304,6 +304,8 @@ def test_yaml_merge_keys_work_and_may_be_overridden(tmp_path):
 
 @pytest.mark.parametrize("override, field", [
     ("weight_sync={type: collective, timeout_s: 8.0e9}", "weight_sync.timeout_s"),
+    ("weight_sync={type: collective, timeout_s: 1.0e-9}", "weight_sync.timeout_s"),  # passed, then a C++ crash
+    ("weight_sync={type: delta, timeout_s: 0.0009}", "weight_sync.timeout_s"),
     ("rollout.worker_timeout_s=1e11", "rollout.worker_timeout_s"),
     ("report.wandb.init_timeout_s=1e7", "report.wandb.init_timeout_s"),
     ("rollout.engine.kv_cache_gib=1e-300", "rollout.engine.kv_cache_gib"),

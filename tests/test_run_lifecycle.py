@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -229,3 +230,64 @@ def test_an_actor_that_died_in_its_creation_says_the_last_exception_not_the_trac
     assert "File " not in said and len(said) <= 404
     plain = RuntimeError("weights of version 3 lack lm_head.weight")  # no traceback: unchanged
     assert remote_error(plain) == "weights of version 3 lack lm_head.weight"
+
+
+def test_a_broken_rollout_loop_is_said_with_its_cause_and_actor_method(loopback_ray):
+    """Found by a probe: a learner rank's OSError that ended the rollout loop reached the console as
+    "the rollout loop failed: RayTaskError(OSError)()": no message, no actor method."""
+    from types import SimpleNamespace
+
+    from actors.controller import SharedState, take_batch
+
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        ray.get(_Rank.remote().step.remote(_Service.remote()))
+    rollout = SimpleNamespace(error=err.value)
+    with pytest.raises(RuntimeError) as failed:
+        take_batch(resolve_config([], []), None, None, SharedState(0, (0, None)), 0, rollout)
+    assert str(failed.value) == ("the rollout loop failed: FileExistsError: [Errno 17] File exists: '/run/dumps' "
+                                 "(in _Service.process)")
+    with pytest.raises(RuntimeError, match=r"^the rollout loop failed: KeyError: 'w'$"):
+        take_batch(resolve_config([], []), None, None, SharedState(0, (0, None)), 0, SimpleNamespace(error=KeyError("w")))
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "not readable as a run's control file (Expecting value"),
+    ("{}", "not a run's control file (gcs_address, actor missing or not text)"),
+    ("[]", "not a run's control file (gcs_address, actor missing or not text)"),
+    ('{"gcs_address": null, "actor": "a"}', "not a run's control file (gcs_address missing or not text)"),
+    ('{"gcs_address": 6379, "actor": "a"}', "not a run's control file (gcs_address missing or not text)"),
+])
+def test_a_damaged_control_file_is_refused_naming_it(tmp_path, text, says):
+    """Found by a probe: `aisrl scale` on a control.json of {} or [] or a null address ended in a KeyError,
+    TypeError or AttributeError traceback (exit 1); an empty one said the JSON error without the file."""
+    (tmp_path / "control.json").write_text(text)
+    result = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "2"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"{tmp_path / 'control.json'}: {says}" in said, said
+
+
+def test_a_run_stopped_before_its_first_step_leaves_a_checkpoint_to_resume(loopback_ray, tmp_path):
+    """Found by a probe: a SIGTERM before step 1 (a scheduler preempting while the first batch is still
+    generated) ended "done: 0 steps" with exit 0 and no checkpoint at the default checkpoint_every 10
+    (step 0 is a multiple of it), so `--resume` was refused and a new run into the directory too."""
+    from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+
+    from actors.trainer import Trainer
+    from system import controller_state
+
+    cfg = resolve_config([], [f"output_dir={tmp_path / 'run'}", "max_steps=4", "checkpoint_every=2",
+                              "prompts_per_step=4", "rollout.group_size=2", "model.warm_start_steps=0",
+                              "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0"])
+    trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
+                      learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.01, payload_params=1000))
+    trainer.stop_requested.set()  # what SIGTERM sets
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+        ray.kill(trainer.service, no_restart=True)
+    assert trainer.step == 0
+    ckpt = run_state.checkpoint_dir(tmp_path / "run", 0)  # (the simulated ranks' half is no DCP checkpoint:
+    assert controller_state.read_controller_state(ckpt)["step"] == 0  # a real resume of it is run by hand)
+    assert sorted(p.name for p in Path(run_state.learner_dir(ckpt)).iterdir()) == ["simulated_rank0.json",
+                                                                                  "simulated_rank1.json"]

@@ -15,6 +15,12 @@ class ObjectStoreSyncConfig(StrictModel):
     """Selects this transport."""
 
 
+MIN_SYNC_TIMEOUT_S = 0.1
+"""Below this no generation could form (its workers join over TCP), and below 1 ms torch's store
+timeout rounds to 0, so learner rank 0 could not even host the group's store: a probe's run with
+1e-9 failed with a C++ backtrace after passing ``--dry-run``."""
+
+
 class CollectiveSyncConfig(StrictModel):
     """Learner rank 0 broadcasts each version to the ready workers over a process group of their own
     (gloo on CPU: ``system.weight_broadcast``), right after its export; a worker loads the version it
@@ -23,7 +29,7 @@ class CollectiveSyncConfig(StrictModel):
 
     type: Literal["collective"] = "collective"
     """Selects this transport."""
-    timeout_s: float = Field(default=60.0, gt=0.0, le=MAX_TIMEOUT_S)
+    timeout_s: float = Field(default=60.0, ge=MIN_SYNC_TIMEOUT_S, le=MAX_TIMEOUT_S)
     """A version's transfer (and a generation's forming) that does not complete in this time fails (the
     group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
     chunk_mb: int = Field(default=64, ge=1)
@@ -42,7 +48,7 @@ class DeltaSyncConfig(StrictModel):
 
     type: Literal["delta"] = "delta"
     """Selects this transport."""
-    timeout_s: float = Field(default=60.0, gt=0.0, le=MAX_TIMEOUT_S)
+    timeout_s: float = Field(default=60.0, ge=MIN_SYNC_TIMEOUT_S, le=MAX_TIMEOUT_S)
     """A version's transfer (and a generation's forming) that does not complete in this time fails (the
     group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
     chunk_mb: int = Field(default=64, ge=1)
