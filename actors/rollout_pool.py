@@ -53,10 +53,15 @@ class WorkerSlot:
 
 class RolloutPool:
     def __init__(self, cfg: RunConfig, model_dir: str, options: RoleOptions, actor_cls=RolloutWorker,
-                 runtime: RayRuntime = RAY, fp8_kernel_pins: dict[str, str] | None = None) -> None:
+                 runtime: RayRuntime = RAY, fp8_kernel_pins: dict[str, str] | None = None,
+                 tmp_dir: str | None = None) -> None:
         """``actor_cls``: the Ray actor class of a worker (a simulated engine in orchestration benchmarks);
         ``runtime``: the Ray calls (``actors.runtime``; an in-process stand-in in controller tests);
-        ``fp8_kernel_pins``: the FP8 kernel a resumed run chose before on each kind of CPU."""
+        ``fp8_kernel_pins``: the FP8 kernel a resumed run chose before on each kind of CPU; ``tmp_dir``:
+        the workers' ``TMPDIR`` (the run's, on the driver's node, removed after the run: each vLLM engine
+        leaves a ``vllm_dist_*`` rendezvous file there, which a killed worker never removes; a probe found
+        187 in /tmp. A worker on another node, where it is missing, uses its own /tmp)."""
+        self.tmp_dir = tmp_dir
         self.cfg = cfg
         self.runtime = runtime
         self.actor_cls = actor_cls
@@ -83,7 +88,8 @@ class RolloutPool:
         for _ in range(count):
             wid = f"rollout-{self._next_id}"
             self._next_id += 1
-            handle = self.actor_cls.options(**self.options.actor_options(), runtime_env=actor_env()).remote(
+            env = actor_env(**({"TMPDIR": self.tmp_dir} if self.tmp_dir else {}))
+            handle = self.actor_cls.options(**self.options.actor_options(), runtime_env=env).remote(
                 self.cfg, self.model_dir, wid, dict(self.fp8_kernel_pins))
             slot = WorkerSlot(wid, handle, handle.ready.remote(), time.monotonic())
             self.slots[wid] = slot

@@ -155,7 +155,9 @@ class Trainer:
         rollout_cls, learner_cls = self.actor_classes
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], learner_cls, meet=False)
         pins = run_state.fp8_kernel_pins(self.run_dir) if self.ckpt is not None else {}
-        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], rollout_cls, fp8_kernel_pins=pins)
+        self._tmp = tempfile.mkdtemp(prefix="aisrl-run-")  # the service's and the workers' TMPDIR (see below)
+        self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], rollout_cls, fp8_kernel_pins=pins,
+                                tmp_dir=self._tmp)
         first_workers = self.pool.launch_first(cfg.rollout.num_workers) if not gpu_shared(roles) else None
         self.learners.meet()  # the workers launched above start meanwhile (on a GPU a rank may share: after)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
@@ -164,11 +166,10 @@ class Trainer:
             saved = self._restore(saved)
         # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): it writes the run dir
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        # its own temporary directory, removed after it stops: W&B leaves a directory per logged table and
-        # its socket directory there until an interpreter exit a Ray actor never reaches (a probe: 47 in /tmp)
-        self._service_tmp = tempfile.mkdtemp(prefix="aisrl-service-")
+        # the run's temporary directory, removed after it stops: W&B leaves a directory per logged table and its
+        # socket directory there until an interpreter exit a Ray actor never reaches (a probe: 47 in /tmp), vLLM a file
         self.service = CorrectionService.options(
-            num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._service_tmp),
+            num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._tmp),
         ).remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"), self._wandb_sent_through)
         published = (0, None)
         if self.ckpt is not None:
@@ -345,9 +346,7 @@ class Trainer:
         uninterrupted run would have), then account for the unused groups and the prompts still in
         flight in the final ledger (dropped, with their reasons)."""
         self.rollout.drain(timeout=60)
-        # (a step's periodic checkpoint is not written twice; a run stopped before its first step gets
-        # one of step 0, so --resume continues it: a probe's was refused as having no checkpoint)
-        self.save_checkpoint()
+        self.save_checkpoint()  # not twice for a step; step 0's too (a stop before step 1: --resume continues)
         with self.state.cond:
             for g in self.buffer.groups():
                 self.sampler.mark_dropped(g.prompt.prompt_id, "unused_at_end")
@@ -396,6 +395,6 @@ class Trainer:
                 log.warning("the correction service did not close (%s); its last records may be lost",
                             type(exc).__name__)
             ray.kill(self.service, no_restart=True)
-        if getattr(self, "_service_tmp", None) is not None:
-            shutil.rmtree(self._service_tmp, ignore_errors=True)
+        if getattr(self, "_tmp", None) is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 

@@ -85,8 +85,10 @@ class FakeWorkerClass:
         self.handles: dict[str, FakeWorker] = {}
         self.pins: dict[str, dict] = {}  # the FP8 kernel pins each worker was started with
         self.kernel_of = kernel_of or (lambda worker_id, pins: None)  # the FP8 decision a worker reports
+        self.options_seen: list[dict] = []  # the actor options of each launch
 
     def options(self, **kwargs) -> "FakeWorkerClass":
+        self.options_seen.append(kwargs)
         return self
 
     def remote(self, cfg, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> FakeWorker:

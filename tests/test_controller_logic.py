@@ -321,3 +321,16 @@ def test_a_batch_that_does_not_come_is_said_on_the_console(caplog):
     assert 3 <= len(warnings) <= int(waited / 0.1) + 1, (warnings, waited)
     assert re.fullmatch(r"no batch for step 1 after \d+ s: 0 of 2 groups buffered, 1 rollout worker\(s\) ready "
                         r"\(a worker stuck in a generate call, or too few workers for the batch\)", warnings[0])
+
+
+def test_the_workers_get_the_runs_temporary_directory(tmp_path):
+    """Found by a probe: every vLLM engine start left a ``vllm_dist_*`` rendezvous file in /tmp (187 from
+    the sessions so far; a killed worker never removes its own): the workers run with the run's TMPDIR
+    (the trainer removes it after the run; ``tests/test_e2e_train.py`` checks /tmp after a real run)."""
+    cfg = resolve_config(overrides=["rollout.num_workers=2"])
+    for tmp_dir, expected in ((str(tmp_path), [str(tmp_path)] * 2), (None, [None, None])):
+        cls = FakeWorkerClass()
+        pool = RolloutPool(cfg, "unused", RoleOptions("rollout_worker", 2, 1.0, 0.0, {}), cls, InProcessRuntime(),
+                           tmp_dir=tmp_dir)
+        pool.launch(2)
+        assert [o["runtime_env"]["env_vars"].get("TMPDIR") for o in cls.options_seen] == expected

@@ -73,10 +73,12 @@ def listening_sockets(pid: int) -> set[tuple[str, str, int]]:
     return found
 
 
-def w_and_b_temp_dirs() -> set[Path]:
-    """What W&B (and the service's own temporary directory) would leave in the system temp dir."""
+def run_temp_files() -> set[Path]:
+    """What W&B, the vLLM engines (a rendezvous file each) and the run's own temporary directory would
+    leave in the system temp dir."""
     tmp = Path(tempfile.gettempdir())
-    return {*tmp.glob("wandb-*"), *(p.parent for p in tmp.glob("tmp*/mismatch")), *tmp.glob("aisrl-service-*")}
+    return {*tmp.glob("wandb-*"), *(p.parent for p in tmp.glob("tmp*/mismatch")), *tmp.glob("aisrl-run-*"),
+            *tmp.glob("vllm_dist_*")}
 
 
 def records(run: Path) -> list[dict]:
@@ -91,11 +93,12 @@ def cache(tmp_path_factory) -> Path:
 def test_train_three_steps_and_refuse_a_second_run_into_its_directory(tmp_path, cache):
     run = tmp_path / "run"
     listeners: set = set()
-    temp_before = w_and_b_temp_dirs()
+    temp_before = run_temp_files()
     first = aisrl("train", "max_steps=3", f"output_dir={run}", *SMALL, cache=cache, listeners=listeners)
-    # found by a probe: W&B left a directory per logged table and its socket directory in /tmp per run;
-    # the service now runs with a temporary directory of its own, removed when it stops
-    assert w_and_b_temp_dirs() - temp_before == set()
+    # found by probes: W&B left a directory per logged table and its socket directory in /tmp per run,
+    # each vLLM engine a rendezvous file; the service and the workers now run with the run's temporary
+    # directory, removed when it stops
+    assert run_temp_files() - temp_before == set()
     assert FAKE_KEY not in first.stdout + first.stderr
     # every socket the run listened on is on loopback (the README's promise for private clusters)
     assert len(listeners) >= 3, listeners  # at least Ray's GCS, raylet and the learner's rendezvous
