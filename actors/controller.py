@@ -68,6 +68,10 @@ from system.types import RolloutGroup
 
 log = logging.getLogger(__name__)
 
+LAUNCHES_PER_TICK = 16
+"""Workers launched per turn of the rollout loop at most: a probe's `aisrl scale --workers 4096` created
+4095 actors in one turn, and the running step waited 8.8 s for its batch meanwhile."""
+
 
 class RolloutLoop:
     """Keeps every admitted worker generating; owns every call made to the workers.
@@ -164,8 +168,8 @@ class RolloutLoop:
         from 0, or waiting for the autoscaler) waits as long as it takes.
         """
         live = len(self.pool.live())
-        if live < self.target_workers:
-            self.pool.launch(self.target_workers - live)
+        if live < self.target_workers:  # a few at a time: the loop keeps serving the workers it has
+            self.pool.launch(min(self.target_workers - live, LAUNCHES_PER_TICK))
         elif live > self.target_workers:
             self.pool.retire(live - self.target_workers, starting_only=self.cfg.rollout.follow_cluster)
         for slot in [s for s in self.pool.slots_now() if s.retiring and not s.calls

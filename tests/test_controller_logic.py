@@ -138,6 +138,12 @@ def test_scaling_follows_desired_workers():
     ticks(loop)
     assert len(pool.slots) == 1
     assert sum(h.killed for h in cls.handles.values()) == 2
+    # a large scale-up launches LAUNCHES_PER_TICK (16) per turn of the loop, which generates in between
+    loop.desired_workers = 40
+    ticks(loop, 1)
+    assert len(pool.slots) == 1 + 16
+    ticks(loop, 2)
+    assert len(pool.slots) == 40
 
 
 
