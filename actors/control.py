@@ -17,6 +17,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.cluster import join, reachable
 from actors.placement import RoleOptions, actor_needs
 from actors.ray_internals import reload_config
+from system import run_state
 from system.config import RunConfig
 from system.config.rollout import MAX_ROLLOUT_WORKERS
 
@@ -70,9 +71,8 @@ def create_control(run_dir: Path, cfg: RunConfig, worker: RoleOptions) -> ray.ac
                                 scheduling_strategy=here).remote(num_workers, ceiling, facts)  # dies only with the driver's node
     ctx = ray.get_runtime_context()
     info = {"gcs_address": ctx.gcs_address, "actor": name, "auth_mode": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    temp = run_dir / "control.json.tmp"  # whole or absent: `aisrl scale` may read it at any moment
-    temp.write_text(json.dumps(info, indent=1))
-    os.replace(temp, run_dir / "control.json")
+    # whole or absent: `aisrl scale` may read it at any moment
+    run_state.write_text_whole(run_dir / "control.json", json.dumps(info, indent=1))
     return handle
 
 
@@ -84,6 +84,8 @@ def read_control_file(path: Path) -> dict:
         raise ValueError(f"{path}: not readable as a run's control file ({exc})") from None
     bad = [k for k in ("gcs_address", "actor") if not isinstance(info, dict) or not isinstance(info.get(k), str)
            or not info[k]]
+    if not bad and not isinstance(info.get("auth_mode", ""), str):
+        bad = ["auth_mode"]
     if bad:
         raise ValueError(f"{path}: not a run's control file ({', '.join(bad)} missing or not text); the run's "
                          "driver writes it when its cluster is up")

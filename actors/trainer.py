@@ -74,11 +74,14 @@ class Trainer:
             self._start(resume, overwrite)
         except BaseException:
             restore_deferred = defer_signals()  # the cleanup below runs to its end
-            try:
-                self._clean_failed_start(created)
+            try:  # whatever started before the failure (ranks, service, workers, the run's temp dir) first
+                self._stop_parts()
             finally:
-                restore_deferred()
-                self._restore_signals()
+                try:
+                    self._clean_failed_start(created)
+                finally:
+                    restore_deferred()
+                    self._restore_signals()
             raise
 
     def _clean_failed_start(self, created: bool) -> None:
@@ -116,11 +119,7 @@ class Trainer:
         self.nothing_kept = NothingKeptGuard(cfg.correction.max_nothing_kept_steps, cfg.correction.method.label())
         self._queued: SubmittedStep | None = None  # a step submitted behind the running one
         self._checkpoint_owed = False  # a due checkpoint was skipped (a non-finite step): take the next one
-        try:
-            saved = self._build(saved)
-        except BaseException:
-            self._stop_parts()  # whatever started before the failure (learner ranks, service, workers)
-            raise
+        saved = self._build(saved)
         # written once the run is accepted: a refused --resume leaves the directory as it was
         if self.ckpt is not None:
             dropped = metrics_file.trim_metrics(self.run_dir, saved["step"], self._wandb_sent_through)

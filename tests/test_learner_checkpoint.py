@@ -1,4 +1,5 @@
-"""Finding checkpoints: only complete, published ``step_*`` directories count (no process group needed).
+"""Finding checkpoints: only complete, published ``step_*`` directories count (no process group needed);
+hyperparameters and a step-0 checkpoint on load (the last on a 1-rank gloo group).
 
 The save/load round trip itself runs on 2 gloo ranks in ``test_learner_fsdp``.
 """
@@ -129,3 +130,30 @@ def test_a_failed_save_raises_the_first_ranks_own_error_naming_the_checkpoint(tm
     assert isinstance(other, RuntimeError) and str(other) == (
         f"checkpoint {tmp_path / 'c.partial'}, rank 0: RuntimeError: [enforce fail at inline_container.cc:672] . "
         f"unexpected pos 704 vs 598; {free:.1f} MiB free on its file system" + (" (full)" if free < 1 else ""))
+
+
+def test_a_checkpoint_saved_before_any_update_resumes_as_a_fresh_optimiser(tmp_path):
+    """Found by a review: a run stopped before step 1 checkpoints step 0; torch's ``get_state_dict`` gives an
+    optimiser without state a zero-gradient step (lr 0) first, so that checkpoint held AdamW ``step`` 1 and
+    the resumed first update was 0.74x the uninterrupted run's (step 2's bias correction)."""
+    import torch
+
+    from system.learner import distributed
+    from system.learner.checkpoint import save_checkpoint
+
+    distributed.init_process_group(0, 1, distributed.find_free_port())
+    try:
+        saved_model, saved_opt, saved_sched = _trained(lr=1e-3, warmup=0, weight_decay=0.1, steps=0)
+        save_checkpoint(str(tmp_path / "step_0"), saved_model, saved_opt, saved_sched,
+                        {"policy_version": 0, "optimizer_step": 0})
+        model, opt, sched = _trained(lr=1e-3, warmup=0, weight_decay=0.1, steps=0)
+        assert load_checkpoint(str(tmp_path / "step_0"), model, opt, sched)["optimizer_step"] == 0
+        assert len(opt.state) == 0  # as an optimiser that never stepped
+        fresh, fresh_opt, _ = _trained(lr=1e-3, warmup=0, weight_decay=0.1, steps=0)
+        for m, o in ((model, opt), (fresh, fresh_opt)):  # one update each: the same parameters after it
+            m(torch.ones(1, 3)).sum().backward()
+            o.step()
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
+        assert float(next(iter(opt.state.values()))["step"]) == 1.0
+    finally:
+        distributed.destroy_process_group()

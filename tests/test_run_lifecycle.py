@@ -256,6 +256,7 @@ def test_a_broken_rollout_loop_is_said_with_its_cause_and_actor_method(loopback_
     ("[]", "not a run's control file (gcs_address, actor missing or not text)"),
     ('{"gcs_address": null, "actor": "a"}', "not a run's control file (gcs_address missing or not text)"),
     ('{"gcs_address": 6379, "actor": "a"}', "not a run's control file (gcs_address missing or not text)"),
+    ('{"gcs_address": "127.0.0.1:1", "actor": "a", "auth_mode": null}', "not a run's control file (auth_mode missing or not text)"),
 ])
 def test_a_damaged_control_file_is_refused_naming_it(tmp_path, text, says):
     """Found by a probe: `aisrl scale` on a control.json of {} or [] or a null address ended in a KeyError,

@@ -158,6 +158,12 @@ def load_checkpoint(
         with open(os.path.join(path, _TRAINER_FILE)) as f:
             trainer = json.load(f)
         scheduler.load_state_dict(trainer["scheduler"])
+        if trainer["counters"].get("optimizer_step") == 0:
+            # saved before any update (a run stopped before step 1): torch's get_state_dict gives an optimiser
+            # without state one zero-gradient step (lr 0) to make some, so the checkpoint holds AdamW step 1
+            # and zero moments, and a resumed first update would take step 2's bias correction (0.74x of the
+            # uninterrupted run's); an optimiser that never stepped has no state
+            optimizer.state.clear()
     return {k: int(v) for k, v in trainer["counters"].items()}
 
 
