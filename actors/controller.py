@@ -58,7 +58,7 @@ import time
 import ray
 
 from actors.placement import follow_target, rollout_capacity
-from actors.remote_errors import error_line
+from actors.remote_errors import remote_error
 from actors.rollout_pool import GenerateCall, RolloutPool, WorkerSlot
 from actors.weight_sync import WeightTransport
 from system.config import RunConfig
@@ -376,7 +376,7 @@ def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler,
                 warn_at += stall_s
             if rollout.error is not None:
                 # the cause and the actor method in the line (its repr was "RayTaskError(OSError)()")
-                raise RuntimeError(f"the rollout loop failed: {error_line(rollout.error)}") from rollout.error
+                raise RuntimeError(f"the rollout loop failed: {remote_error(rollout.error, with_type=True)}") from rollout.error
             groups, stale = buffer.take(cfg.prompts_per_step, learner_version)
             for g in stale:
                 sampler.mark_dropped(g.prompt.prompt_id, "stale")

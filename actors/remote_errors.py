@@ -28,9 +28,10 @@ def last_raised(text: str) -> str:
     return f"{first}: {text[found[-1].start():]}"
 
 
-def remote_error(exc: BaseException, limit: int = 400) -> str:
+def remote_error(exc: BaseException, limit: int = 400, with_type: bool = False) -> str:
     """``"<Type>: <message> (in <Actor.method>)"`` of the innermost cause of ``exc`` (``exc`` itself
-    when it is not a remote task's error), white space collapsed, at most ``limit`` characters."""
+    when it is not a remote task's error: its message only, unless ``with_type``, for a message that wraps
+    it in an error of its own), white space collapsed, at most ``limit`` characters."""
     where, cause = None, exc
     while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
         # a task's error raised on in the task that called it (rank 0 calling the correction service)
@@ -41,12 +42,4 @@ def remote_error(exc: BaseException, limit: int = 400) -> str:
     text = " ".join(last_raised(str(cause)).split())
     if len(text) > limit:
         text = text[:limit] + " ..."
-    return (f"{type(cause).__name__}: {text}" if cause is not exc else text) + (f" (in {where})" if where else "")
-
-
-def error_line(exc: BaseException) -> str:
-    """:func:`remote_error`, with the type named for a local error too (``"OSError: ... (in X.y)"``,
-    ``"ValueError: ..."``): for a message that wraps the error in an exception of its own."""
-    text = remote_error(exc)
-    return text if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None \
-        else f"{type(exc).__name__}: {text}"
+    return (f"{type(cause).__name__}: {text}" if cause is not exc or with_type else text) + (f" (in {where})" if where else "")

@@ -85,10 +85,10 @@ class RolloutPool:
     def launch(self, count: int) -> list[WorkerSlot]:
         """Create ``count`` workers without waiting; each is *starting* until its ``ready`` returns."""
         new = []
+        env = actor_env(**({"TMPDIR": self.tmp_dir} if self.tmp_dir else {}))
         for _ in range(count):
             wid = f"rollout-{self._next_id}"
             self._next_id += 1
-            env = actor_env(**({"TMPDIR": self.tmp_dir} if self.tmp_dir else {}))
             handle = self.actor_cls.options(**self.options.actor_options(), runtime_env=env).remote(
                 self.cfg, self.model_dir, wid, dict(self.fp8_kernel_pins))
             slot = WorkerSlot(wid, handle, handle.ready.remote(), time.monotonic())

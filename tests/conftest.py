@@ -68,3 +68,47 @@ def pytest_unconfigure(config):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+# ---- the real-engine tests' model and engines (tests/vllm_engines.py) --------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The real-engine tests' tiny model (``tests/vllm_engines.py``'s ``CFG``)."""
+    import numpy as np
+    from vllm_engines import CFG
+
+    # The fused correction pass's library is loaded (and run) in this process before any engine is
+    # built: a library that broke vLLM's engine construction (as numba's llvmlite did) fails here.
+    from system.correction import fused
+    from system.models.tiny import build_tiny_model
+
+    if fused.available():
+        fused.fused_sums(np.zeros((2, 3), np.float32), np.full((2, 3), -0.1, np.float32), np.ones((2, 3), bool))
+    return build_tiny_model(CFG.model, CFG.data.task, CFG.seed, tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(model_dir):
+    from vllm_engines import CFG
+
+    from system.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model_dir, "bf16", CFG.rollout.engine, seed=0)
+
+
+@pytest.fixture(scope="module")
+def fp8_worker(model_dir):
+    from vllm_engines import CFG
+
+    from system.rollout.worker import RolloutWorkerCore
+
+    return RolloutWorkerCore(CFG, model_dir, worker_id="w0")

@@ -1,12 +1,7 @@
-"""The vLLM engine and rollout worker core on a real engine (CPU: bf16 and fp8_per_channel).
-
-Reference log-probs come from transformers in float32 on the *bf16-rounded* weights (the
-function vLLM's bf16 engine approximates), with logits divided by the temperature before
-``log_softmax``. The remaining bf16 gap comes from vLLM's bf16 activations and logits, so it
-grows with the logits' magnitude (one bf16 ulp is 2**-8 relative): the test model is
-warm-started for 10 steps only, which keeps its logits under ~2 and the gap near 0.005.
-Two engines are built once for the module: a bf16 ``VLLMEngine`` and the fp8 engine of a
-``RolloutWorkerCore``.
+"""The vLLM engine and rollout worker core on a real engine (CPU: bf16 and fp8_per_channel): log-probs,
+seeds, weight reloads, the worker's groups. Two engines are built once for the module (fixtures of
+``tests/conftest.py``): a bf16 ``VLLMEngine`` and the fp8 engine of a ``RolloutWorkerCore``. aisrl's
+FP8 kernels: ``tests/test_rollout_fp8_engines.py``.
 """
 
 import copy
@@ -14,79 +9,13 @@ import copy
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
+from vllm_engines import PROMPTS, TEMPERATURE, logprob_gaps, sample
 
-from system.config import RunConfig
-from system.config.data import ArithmeticTaskConfig
-from system.data.arithmetic import ArithmeticPrompts
-from system.models.tiny import build_tiny_model
 from system.rewards.digit_match import digit_match
-from system.rollout.vllm_engine import VLLMEngine
-from system.rollout.worker import RolloutWorkerCore
 from system.weight_payload import encode_weights
 
 pytestmark = pytest.mark.vllm
-
-CFG = RunConfig.model_validate({
-    "model": {"type": "tiny", "warm_start_steps": 10, "warm_start_label_smoothing": 0.0},
-    "data": {"task": {"type": "arithmetic", "num_prompts": 500}},
-    # vLLM's own FP8 kernel in the worker: the reference the row-wise and upcast engines are compared with
-    # (``auto`` may pick either of those on this CPU)
-    "rollout": {"group_size": 4, "max_new_tokens": 5, "engine": {"type": "vllm", "kv_cache_gib": 0.25},
-                "fp8_kernel": "vllm"},
-})
-TEMPERATURE = 0.7
-PROMPTS = [ArithmeticPrompts(ArithmeticTaskConfig(num_prompts=500), seed=0)[i] for i in range(8)]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    # The fused correction pass's library is loaded (and run) in this process before any engine is
-    # built: a library that broke vLLM's engine construction (as numba's llvmlite did) fails here.
-    from system.correction import fused
-
-    if fused.available():
-        fused.fused_sums(np.zeros((2, 3), np.float32), np.full((2, 3), -0.1, np.float32), np.ones((2, 3), bool))
-    return build_tiny_model(CFG.model, CFG.data.task, CFG.seed, tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def bf16_engine(model_dir):
-    return VLLMEngine(model_dir, "bf16", CFG.rollout.engine, seed=0)
-
-
-@pytest.fixture(scope="module")
-def fp8_worker(model_dir):
-    return RolloutWorkerCore(CFG, model_dir, worker_id="w0")
-
-
-def reference_logprobs(model, prompt_ids, response_ids, temperature):
-    """log softmax(logits / T) of each response token, by transformers in float32."""
-    ids = torch.tensor(np.concatenate([prompt_ids, response_ids]), dtype=torch.long)[None]
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1] / temperature
-    return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids):, None]).squeeze(-1).numpy()
-
-
-def logprob_gaps(model, samples, temperature):
-    """|vLLM - transformers on the bf16-rounded weights| over every sampled token."""
-    rounded = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in rounded.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    gaps = [np.abs(r.behaviour_logprobs - reference_logprobs(rounded, s.prompt_token_ids, r.response_token_ids, temperature))
-            for s in samples for r in s.responses]
-    return np.concatenate(gaps)
-
-
-def sample(engine, temperature=TEMPERATURE, seed=1):
-    return engine.generate([p.text for p in PROMPTS], n=4, temperature=temperature, top_p=1.0,
-                           max_new_tokens=5, seed=seed)
 
 
 def test_bf16_logprobs_match_transformers_after_temperature(bf16_engine, hf_model):
@@ -188,118 +117,6 @@ def test_payload_without_head_is_refused_for_untied_model(bf16_engine, hf_model)
     state = {k: v for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
     with pytest.raises(ValueError, match="lacks lm_head.weight"):
         bf16_engine.load_weights(encode_weights(state, policy_version=3))
-
-
-def test_fp8_gap_is_larger_than_bf16(fp8_worker, bf16_engine, hf_model):
-    assert fp8_worker.quantization_scheme == "fp8_per_channel"
-    bf16 = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
-    fp8 = logprob_gaps(hf_model, sample(fp8_worker.engine), TEMPERATURE)
-    print(f"log-prob gap to transformers: bf16 mean {bf16.mean():.5f} max {bf16.max():.5f}; "
-          f"fp8_per_channel mean {fp8.mean():.5f} max {fp8.max():.5f}")
-    assert fp8.mean() > 1.5 * bf16.mean() and fp8.max() > bf16.max()
-
-
-@pytest.fixture(scope="module")
-def rowwise_engine(model_dir):
-    """Kept for the module: destroying one of several in-process engines tears down vLLM's global
-    parallel state that the others still use."""
-    return VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="rowwise")
-
-
-@pytest.fixture(scope="module")
-def upcast_engine(model_dir):
-    """Kept for the module, like ``rowwise_engine``."""
-    return VLLMEngine(model_dir, "fp8", CFG.rollout.engine, seed=0, fp8_kernel="upcast")
-
-
-def kernel_class(kernel: str) -> type:
-    from system.rollout.vllm_engine import rowwise_kernel_class, upcast_kernel_class
-
-    return {"rowwise": rowwise_kernel_class, "upcast": upcast_kernel_class}[kernel]()
-
-
-def skip_where_vllms_native_fp8_kernel_runs():
-    """On a CPU with AMX-FP8 vLLM's native kernel runs for ``vllm`` / ``auto`` without a probe."""
-    from system.rollout.vllm_engine import native_amx_fp8
-
-    if native_amx_fp8():
-        pytest.skip("this CPU has AMX-FP8: vLLM's native FP8 kernel runs unprobed")
-
-
-@pytest.mark.parametrize("kernel", ["rowwise", "upcast"])
-def test_aisrl_fp8_kernel_is_used_and_matches_the_channelwise_one(kernel, fp8_worker, bf16_engine, hf_model, request):
-    """aisrl's row-wise kernel (scales fused into ``torch._scaled_mm``) and upcast kernel (the product on the
-    BF16 matmul path, one more BF16 rounding) compute vLLM's FP8 product: their gap to the reference sits at
-    the FP8 level of vLLM's channel-wise kernel (the worker's), not at the BF16 one."""
-    skip_where_vllms_native_fp8_kernel_runs()
-    engine = request.getfixturevalue(f"{kernel}_engine")
-    assert fp8_worker.fp8_kernel["kernel"] == "vllm" and fp8_worker.fp8_kernel["probe"]["bf16_ms"] > 0  # probed
-    before = kernel_class(kernel).calls
-    assert engine.quantization_scheme == "fp8_per_channel" and engine.fp8_kernel["kernel"] == kernel
-    ours = logprob_gaps(hf_model, sample(engine), TEMPERATURE)
-    assert kernel_class(kernel).calls > before  # vLLM ran the products through it
-    cw = logprob_gaps(hf_model, sample(fp8_worker.engine), TEMPERATURE)
-    bf16 = logprob_gaps(hf_model, sample(bf16_engine), TEMPERATURE)
-    print(f"log-prob gap mean: bf16 {bf16.mean():.5f}, fp8 channel-wise {cw.mean():.5f}, {kernel} {ours.mean():.5f}")
-    assert ours.mean() > 1.5 * bf16.mean()
-    assert 0.5 * cw.mean() < ours.mean() < 2.0 * cw.mean()
-
-
-@pytest.mark.parametrize("kernel", ["rowwise", "upcast"])
-def test_aisrl_fp8_kernel_runs_a_single_sequence(kernel, hf_model, request):
-    """Found by a review (row-wise): with one sequence running, the decode forward has one token, so vLLM's
-    per-token scales are [1, 1] and the kernel took them for a per-tensor scale: the padded product raised
-    ``Invalid scaling configuration`` (the last unfinished completion of a call)."""
-    engine = request.getfixturevalue(f"{kernel}_engine")
-    before = kernel_class(kernel).calls
-    one = engine.generate([PROMPTS[0].text], n=1, temperature=TEMPERATURE, top_p=1.0, max_new_tokens=5, seed=2)
-    assert kernel_class(kernel).calls > before
-    response = one[0].responses[0]
-    assert len(response.response_token_ids) >= 1 and np.isfinite(response.behaviour_logprobs).all()
-    gap = logprob_gaps(hf_model, one, TEMPERATURE)
-    assert gap.max() < 0.5  # FP8's level of error (about 0.01-0.05 here), not a broken product
-
-
-def test_auto_keeps_the_kernel_the_run_chose_before_on_this_cpu(model_dir):
-    """A resumed run's (or a replacement's) worker gets the run's earlier choice for its kind of CPU and
-    keeps it whatever its own probe says; another kind of CPU's pin does not apply."""
-    from system.rollout.fp8_kernels import cpu_identity
-    from system.rollout.vllm_engine import decide_fp8_kernel
-
-    skip_where_vllms_native_fp8_kernel_runs()
-    for kernel in ("rowwise", "vllm", "upcast"):
-        d = decide_fp8_kernel(model_dir, "auto", pins={cpu_identity(): kernel, "another CPU []": "rowwise"})
-        assert d.kernel == kernel and d.pinned and d.cpu == cpu_identity() and d.probe is not None
-    free = decide_fp8_kernel(model_dir, "auto", pins={"another CPU []": "rowwise"})
-    assert not free.pinned and "this run chose before" not in free.reason
-    assert decide_fp8_kernel(model_dir, "auto", eager=False, pins={cpu_identity(): "upcast"}).kernel != "upcast"
-
-
-def test_upcast_fp8_kernel_follows_every_weight_load(upcast_engine, hf_model):
-    """The kernel keeps a BF16 copy of each layer's FP8 weights: a load must renew it, or the engine would
-    sample with the weights it replaced (vLLM's own kernels read the FP8 weights at every product)."""
-    from system.rollout.vllm_engine import upcast_kernel_class
-
-    old_state = {k: v.clone() for k, v in hf_model.state_dict().items()}
-    gen = torch.Generator().manual_seed(1)
-    # the projections go through the FP8 kernel (the embedding and the head do not): change only them
-    new_state = {k: (v * (1 + 0.5 * torch.randn(v.shape, generator=gen)) if k.endswith("proj.weight") else v)
-                 for k, v in old_state.items()}
-    try:
-        widened = upcast_kernel_class().widened
-        upcast_engine.load_weights(encode_weights(new_state, policy_version=1))
-        samples = sample(upcast_engine)
-        assert upcast_kernel_class().widened > widened  # the copies were made again
-        hf_model.load_state_dict(new_state)
-        new_gap = logprob_gaps(hf_model, samples, TEMPERATURE)
-        hf_model.load_state_dict(old_state)
-        old_gap = logprob_gaps(hf_model, samples, TEMPERATURE)
-        print(f"upcast after reload: vs new weights mean {new_gap.mean():.4f}, vs old weights mean {old_gap.mean():.4f}")
-        # FP8's level against the weights loaded (about 0.01-0.05 here); far from the replaced ones
-        assert new_gap.mean() < 0.1 and old_gap.mean() > 3 * new_gap.mean()
-    finally:
-        hf_model.load_state_dict(old_state)
-        upcast_engine.load_weights(encode_weights(old_state, policy_version=0))
 
 
 def test_worker_groups_are_scored_stamped_and_typed(fp8_worker, model_dir):
