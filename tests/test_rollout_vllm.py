@@ -28,6 +28,20 @@ def test_bf16_logprobs_match_transformers_after_temperature(bf16_engine, hf_mode
     assert raw_gap.max() > 0.05  # so the engine returns processed (temperature-scaled) log-probs
 
 
+def test_an_eager_engine_compiles_nothing_when_it_samples(bf16_engine):
+    """vLLM's sampler ranks each sampled token with a ``torch.compile``d op: an eager engine (the
+    default) compiled it at every worker's first step, 15.6 s on a 2-core AMD EPYC with the empty
+    inductor cache a worker starts with. Dynamo's caches are reset first, so a compile would happen
+    here whichever test sampled before."""
+    from torch._dynamo.utils import counters
+
+    assert bf16_engine.eager
+    torch._dynamo.reset()
+    before = counters["frames"]["total"]
+    sample(bf16_engine)
+    assert counters["frames"]["total"] == before
+
+
 def test_same_seed_same_samples_and_repeated_prompts_differ(bf16_engine):
     first, again = sample(bf16_engine, seed=7), sample(bf16_engine, seed=7)
     assert [r.response_token_ids.tolist() for s in first for r in s.responses] == \

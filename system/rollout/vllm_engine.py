@@ -62,6 +62,7 @@ from system.rollout.fp8_kernels import (
     probe_fp8_matmul,
     upcast_product,
 )
+from system.rollout.eager_sampling import eager_sampling
 from system.rollout.gc_heap import frozen_heap
 from system.rollout.quantization import resolve_quantization, scheme_name
 from system.rollout.samples import PromptSamples, SampledResponse
@@ -269,6 +270,7 @@ class VLLMEngine:
             self.llm = self._build_llm(model_dir, vllm_quantization, engine_cfg, seed, trust_remote_code,
                                        {**memory, **_scheduling(self.device)})
         self.build_seconds = time.perf_counter() - started
+        self.eager = engine_cfg.enforce_eager
         model_config = self.llm.llm_engine.vllm_config.model_config
         self.quantization_scheme = scheme_name(model_config.quantization)
         """The scheme that actually ran: ``fp8_per_channel`` (CPU), ``fp8`` (CUDA) or ``bf16``."""
@@ -338,7 +340,8 @@ class VLLMEngine:
                            max_tokens=max_new_tokens, logprobs=0, seed=s)
             for s in seeds
         ]
-        outputs = self.llm.generate(as_engine_prompts(prompts), params, use_tqdm=False)
+        with eager_sampling(self.eager):  # vLLM's sampler compiles an op even when eager (see that module)
+            outputs = self.llm.generate(as_engine_prompts(prompts), params, use_tqdm=False)
         return [
             PromptSamples(
                 prompt_token_ids=frozen_array(out.prompt_token_ids, np.int32),
