@@ -53,6 +53,7 @@ from vllm.platforms import current_platform
 from system.config.rollout import VLLMEngineConfig
 from system.models.warm_start import single_thread
 from system.rollout.chat import as_engine_prompts
+from system.rollout.eager_sampling import eager_sampling
 from system.rollout.fp8_kernels import (
     Fp8KernelChoice,
     Fp8KernelDecision,
@@ -62,7 +63,6 @@ from system.rollout.fp8_kernels import (
     probe_fp8_matmul,
     upcast_product,
 )
-from system.rollout.eager_sampling import eager_sampling
 from system.rollout.gc_heap import frozen_heap
 from system.rollout.quantization import resolve_quantization, scheme_name
 from system.rollout.samples import PromptSamples, SampledResponse
