@@ -37,7 +37,7 @@ demo: $(STAMP)
 	$(BIN)/aisrl train --overwrite
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests -m "not gpu" --durations=25
+	$(BIN)/python -m pytest -q tests -m "not gpu" --durations=25 -n 2 --dist loadgroup
 
 report-demo: $(STAMP)
 	$(BIN)/aisrl demo-dump runs/demo/step_000000.npz --overwrite

@@ -10,9 +10,10 @@ Scenarios (each on its own private loopback Ray cluster, in this process):
 * ``all_rollout_nodes_lost``: simulated engines on ``ray.cluster_utils`` nodes; the only node
   offering ``rollout`` is removed. Seconds to the run's error with the default
   ``rollout.worker_timeout_s``.
-* ``soak``: simulated engines, 4 workers; a random worker killed every 2 s for 60 s. Kills,
-  losses handled, prompts lost, trained twice, fewest steps in any 10 s window, replacement
-  seconds.
+* ``soak``: simulated engines, 4 workers; a random worker killed every 2 s for 60 s (when all
+  four are replacements still starting, as on a loaded machine, the kill waits for the first up,
+  at most 15 s). Kills, losses handled, prompts lost, trained twice, fewest steps in any 10 s
+  window, replacement seconds.
 * ``resume_equality``: the real stack, synchronous, AIS on. A run of 6 steps against a run
   stopped after 3 and resumed to 6: the largest absolute difference of any compared metric
   over steps 4-6 (0.0 = bit-identical).
@@ -159,11 +160,14 @@ def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
     windows, kills = [], 0
     try:
         thread, _ = in_thread(trainer)
-        rng, start = random.Random(0), time.monotonic()
-        while time.monotonic() - start < seconds:
+        rng = random.Random(0)
+        for _ in range(round(seconds / every)):  # one kill per interval: a wait below lengthens the soak
             before = trainer.step
             time.sleep(every)
-            live = [s for s in list(trainer.pool.slots.values()) if s.starting is None]
+            live, wait_until = [], time.monotonic() + 15.0
+            while not (live := [s for s in list(trainer.pool.slots.values()) if s.starting is None]) \
+                    and time.monotonic() < wait_until:
+                time.sleep(0.05)
             if live:
                 ray.kill(rng.choice(live).handle, no_restart=True)
                 kills += 1

@@ -9,8 +9,10 @@ Runs the real stack: vLLM (CPU, FP8 per-channel), a 2-rank FSDP2 learner on gloo
 correction service and W&B offline. Each run is a subprocess, so its Ray cluster is its own.
 """
 
+import getpass
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,10 +36,14 @@ SMALL = ["prompts_per_step=4", "rollout.group_size=4", "rollout.prompts_per_call
 FAKE_KEY = "fake-wandb-key-" + "5ecre7" * 5  # planted: must appear in no artefact or log
 
 
-def aisrl(*args: str, cache: Path, rc: int = 0, listeners: set | None = None) -> subprocess.CompletedProcess:
+def aisrl(*args: str, cache: Path, rc: int = 0, listeners: set | None = None,
+          temp_dir: Path | None = None) -> subprocess.CompletedProcess:
     """Run the CLI in a subprocess; with ``listeners``, collect (process, address) of every listening
-    socket in the run's whole process tree (Ray, learner ranks, vLLM, service, W&B) while it runs."""
+    socket in the run's whole process tree (Ray, learner ranks, vLLM, service, W&B) while it runs; with
+    ``temp_dir``, that is the run's system temp dir (``TMPDIR``)."""
     env = {**os.environ, "AISRL_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "WANDB_API_KEY": FAKE_KEY}
+    if temp_dir is not None:
+        env["TMPDIR"] = str(temp_dir)
     cmd = [sys.executable, "-c", "from actors.cli import app; app()", *args]
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True)
@@ -73,12 +79,13 @@ def listening_sockets(pid: int) -> set[tuple[str, str, int]]:
     return found
 
 
-def run_temp_files() -> set[Path]:
-    """What W&B, the vLLM engines (a rendezvous file each) and the run's own temporary directory would
-    leave in the system temp dir."""
-    tmp = Path(tempfile.gettempdir())
-    return {*tmp.glob("wandb-*"), *(p.parent for p in tmp.glob("tmp*/mismatch")), *tmp.glob("aisrl-run-*"),
-            *tmp.glob("vllm_dist_*")}
+@pytest.fixture
+def private_temp():
+    """A system temp dir for one run alone (its ``TMPDIR``), so nothing another test or process writes
+    to /tmp meanwhile is taken for the run's; short, as Ray's socket paths (under it) must fit 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="aisrl-t", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def records(run: Path) -> list[dict]:
@@ -90,15 +97,16 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("model-cache")
 
 
-def test_train_three_steps_and_refuse_a_second_run_into_its_directory(tmp_path, cache):
+def test_train_three_steps_and_refuse_a_second_run_into_its_directory(tmp_path, cache, private_temp):
     run = tmp_path / "run"
     listeners: set = set()
-    temp_before = run_temp_files()
-    first = aisrl("train", "max_steps=3", f"output_dir={run}", *SMALL, cache=cache, listeners=listeners)
+    first = aisrl("train", "max_steps=3", f"output_dir={run}", *SMALL, cache=cache, listeners=listeners,
+                  temp_dir=private_temp)
     # found by probes: W&B left a directory per logged table and its socket directory in /tmp per run,
     # each vLLM engine a rendezvous file; the service and the workers now run with the run's temporary
-    # directory, removed when it stops
-    assert run_temp_files() - temp_before == set()
+    # directory, removed when it stops. What stays is shared, not per run: Ray's session directory (its
+    # logs) and torch's compile cache (torchinductor_<user>, reused by every later run).
+    assert {p.name for p in private_temp.iterdir()} <= {"ray", f"torchinductor_{getpass.getuser()}"}
     assert FAKE_KEY not in first.stdout + first.stderr
     # every socket the run listened on is on loopback (the README's promise for private clusters)
     assert len(listeners) >= 3, listeners  # at least Ray's GCS, raylet and the learner's rendezvous

@@ -3,7 +3,8 @@
 The ``soak`` scenario of ``benchmarks/bench_fault_tolerance.py``: real controller, buffer,
 sampler, correction service and weight path on a loopback Ray cluster; the two compute roles
 are the simulated actors of ``tests/sim_actors.py`` (fake engines, so a replacement
-starts in about two seconds and the 30 s hold ~20 kills), 4 workers. (The benchmark's soak runs
+starts in about two seconds and the 30 s hold 20 kills; on a loaded machine, when all four are
+replacements still starting, a kill waits for the first up), 4 workers. (The benchmark's soak runs
 a minute or longer; the test is shortened to keep the suite inside its time budget.)
 Checked: 0 prompts lost (the ledger balances), 0 trained twice, steps keep completing.
 """
@@ -20,11 +21,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_kill_a_worker_every_one_and_a_half_seconds_for_30_seconds(tmp_path, monkeypatch):
-    # (40 s at one kill every 2 s before: the same ~20 kills in 10 s less of the suite; the benchmark soaks 60 s)
+    # (40 s at one kill every 2 s before: the same 20 kills in 10 s less of the suite; the benchmark soaks 60 s)
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
     r = soak(tmp_path, seconds=30.0, every=1.5)
     print(f"\nsoak: {r}")
-    assert r["kills"] >= 16 and r["losses_handled"] >= r["kills"] - 1
+    assert r["kills"] == 20 and r["losses_handled"] >= r["kills"] - 1  # 30 s / 1.5 s: each interval kills one
     assert r["trained_twice"] == 0 and r["prompts_lost"] == 0
     assert r["trained"] == r["steps"] * r["prompts_per_step"]
     assert r["min_steps_per_10s"] > 0  # training never stalls: every 10 s completes steps
