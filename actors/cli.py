@@ -177,8 +177,9 @@ def scale(
     except ValueError as exc:  # a RayTaskError of the board's ValueError is one too
         refused = getattr(exc, "cause", None)  # the board refusing the count: the user's error, its message only
         fail(str(refused) if isinstance(refused, ValueError) else failure_text(exc))
-    say(f"rollout workers -> {workers}; job at step {status.get('step', 0)}/{status.get('max_steps', '?')}, "
-        f"{status.get('workers_ready', '?')} ready now")
+    progress = (f"job at step {status['step']}/{status['max_steps']}, {status['workers_ready']} ready now"
+                if {"step", "max_steps", "workers_ready"} <= status.keys() else "the job has not finished a step yet")
+    say(f"rollout workers -> {workers}; {progress}")
     if workers > before and "worker_needs" in status:  # a board of a run started before it had facts: none
         note = scale_up_note(workers - before, status["worker_needs"], free,
                              bool(status.get("private_cluster")))

@@ -27,12 +27,13 @@ def loopback_ray(tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     """The suite runs on two processes (``make test``: pytest-xdist, ``--dist loadgroup``). Every test
-    that starts a Ray cluster (marker ``ray``) is in one group, run in order by one process, so at most
-    one cluster runs at a time (two on 2 cores would halve each one's speed and share Ray's fixed agent
-    ports); every other module is a group of its own (its module fixtures are built once), run by
-    whichever process is free."""
+    that starts a Ray cluster (marker ``ray``, or the ``loopback_ray`` fixture) is in one group, run in
+    order by one process, so at most one cluster runs at a time (two on 2 cores would halve each one's
+    speed and share Ray's fixed agent ports); every other module is a group of its own (its module
+    fixtures are built once), run by whichever process is free."""
     for item in items:
-        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]
+        ray_test = item.get_closest_marker("ray") or "loopback_ray" in getattr(item, "fixturenames", ())
+        group = "ray" if ray_test else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -167,11 +167,15 @@ def test_scale_says_when_the_new_workers_do_not_fit(loopback_ray, monkeypatch, t
     monkeypatch.setattr(actors.control, "find_control", lambda run_dir, address: board)
     up = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "6"])
     said = " ".join(up.output.split())
-    assert up.exit_code == 0 and "rollout workers -> 6" in said
+    # before the run's first step the board has no progress: said so (it printed "job at step 0/?, ? ready now")
+    assert up.exit_code == 0 and "rollout workers -> 6; the job has not finished a step yet" in said, said
     assert "room for 0 more now (free: CPU 8, rollout 0; each worker takes CPU 1, rollout 1); the other 5 wait: " \
            "this run's private cluster never grows" in said, said
+    ray.get(board.report.remote({"step": 3, "max_steps": 10, "workers_ready": 1, "reward/mean": 0.5}))
     down = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "2"])
-    assert down.exit_code == 0 and "room for" not in down.output
+    said = " ".join(down.output.split())
+    assert down.exit_code == 0 and "room for" not in said
+    assert "rollout workers -> 2; job at step 3/10, 1 ready now" in said, said
     over = CliRunner().invoke(app, ["scale", str(tmp_path), "--workers", "9"])  # above the board's ceiling, 8
     said = " ".join(over.output.split())
     assert over.exit_code == 2 and said.startswith("error: --workers must be in 0 .. 8 (rollout.max_workers"), said
