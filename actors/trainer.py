@@ -13,8 +13,6 @@ waits in the learners' queue (``SubmittedStep.queued_ahead``).
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ from actors.placement import check_placeable, gpu_shared, plan_placement, requir
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
+from actors.run_temp import make_run_temp, remove_run_temp
 from actors.step_records import RecordsInFlight, SubmittedStep
 from actors.stop_signals import as_terminated, defer_signals, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
@@ -154,7 +153,7 @@ class Trainer:
         rollout_cls, learner_cls = self.actor_classes
         self.learners = LearnerGroup(cfg, self.model_dir, roles["learner_rank"], learner_cls, meet=False)
         pins = run_state.fp8_kernel_pins(self.run_dir) if self.ckpt is not None else {}
-        self._tmp = tempfile.mkdtemp(prefix="aisrl-run-")  # the service's and the workers' TMPDIR (see below)
+        self._tmp = make_run_temp()  # the service's and the workers' TMPDIR (actors/run_temp.py)
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], rollout_cls, fp8_kernel_pins=pins,
                                 tmp_dir=self._tmp)
         first_workers = self.pool.launch_first(cfg.rollout.num_workers) if not gpu_shared(roles) else None
@@ -165,8 +164,6 @@ class Trainer:
             saved = self._restore(saved)
         # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): it writes the run dir
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        # the run's temporary directory, removed after it stops: W&B leaves a directory per logged table and its
-        # socket directory there until an interpreter exit a Ray actor never reaches (a probe: 47 in /tmp), vLLM a file
         self.service = CorrectionService.options(
             num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._tmp),
         ).remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"), self._wandb_sent_through)
@@ -395,5 +392,5 @@ class Trainer:
                             type(exc).__name__)
             ray.kill(self.service, no_restart=True)
         if getattr(self, "_tmp", None) is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            remove_run_temp(self._tmp)
 
