@@ -28,9 +28,9 @@ def loopback_ray(tmp_path_factory):
 def pytest_collection_modifyitems(config, items):
     """The suite runs on two processes (``make test``: pytest-xdist, ``--dist loadgroup``). Every test
     that starts a Ray cluster (marker ``ray``, or the ``loopback_ray`` fixture) is in one group, run in
-    order by one process, so at most one cluster runs at a time (two on 2 cores would halve each one's
-    speed and share Ray's fixed agent ports); every other module is a group of its own (its module
-    fixtures are built once), run by whichever process is free."""
+    order by one process, so at most one cluster runs at a time (each such test sizes its waits for
+    one run on the machine, and two on 2 cores would halve each one's speed); every other module is a
+    group of its own (its module fixtures are built once), run by whichever process is free."""
     for item in items:
         ray_test = item.get_closest_marker("ray") or "loopback_ray" in getattr(item, "fixturenames", ())
         group = "ray" if ray_test else item.nodeid.split("::")[0]
