@@ -21,7 +21,22 @@ timeout rounds to 0, so learner rank 0 could not even host the group's store: a 
 1e-9 failed with a C++ backtrace after passing ``--dry-run``."""
 
 
-class CollectiveSyncConfig(StrictModel):
+class _GroupSyncConfig(StrictModel):
+    """What ``collective`` and ``delta`` share: a broadcast group from learner rank 0 to the ready workers."""
+
+    type: str  # each transport's literal (declared here so that it comes first in a dumped config)
+    timeout_s: float = Field(default=60.0, ge=MIN_SYNC_TIMEOUT_S, le=MAX_TIMEOUT_S)
+    """A version's transfer (and a generation's forming) that does not complete in this time fails (the
+    group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
+    chunk_mb: int = Field(default=64, ge=1)
+    """Data goes in chunks of this many MiB (the sender's staging buffer)."""
+    shared_memory: bool = True
+    """When every worker of a generation sees learner rank 0's ``/dev/shm`` (same host, checked as
+    they join), the data goes through a shared segment instead of gloo's sockets; otherwise (another
+    node, its own container) all of it goes over gloo. The segment holds one copy of the weights."""
+
+
+class CollectiveSyncConfig(_GroupSyncConfig):
     """Learner rank 0 broadcasts each version to the ready workers over a process group of their own
     (gloo on CPU: ``system.weight_broadcast``), right after its export; a worker loads the version it
     received, and falls back to the object store when it missed it (it joined since the group was
@@ -29,18 +44,9 @@ class CollectiveSyncConfig(StrictModel):
 
     type: Literal["collective"] = "collective"
     """Selects this transport."""
-    timeout_s: float = Field(default=60.0, ge=MIN_SYNC_TIMEOUT_S, le=MAX_TIMEOUT_S)
-    """A version's transfer (and a generation's forming) that does not complete in this time fails (the
-    group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
-    chunk_mb: int = Field(default=64, ge=1)
-    """Data goes in chunks of this many MiB (the sender's staging buffer)."""
-    shared_memory: bool = True
-    """When every worker of a generation sees learner rank 0's ``/dev/shm`` (same host, checked as
-    they join), the data goes through a shared segment instead of gloo's sockets; otherwise (another
-    node, its own container) all of it goes over gloo. The segment holds one copy of the weights."""
 
 
-class DeltaSyncConfig(StrictModel):
+class DeltaSyncConfig(_GroupSyncConfig):
     """``collective``, but each version after the first of a generation travels as a lossy delta with
     error feedback (``system.weight_delta``: rank-``rank`` float16 factors per matrix, int8 rows for
     the rest), and in full every ``full_every`` versions. The workers run on the reconstruction: its
@@ -48,15 +54,6 @@ class DeltaSyncConfig(StrictModel):
 
     type: Literal["delta"] = "delta"
     """Selects this transport."""
-    timeout_s: float = Field(default=60.0, ge=MIN_SYNC_TIMEOUT_S, le=MAX_TIMEOUT_S)
-    """A version's transfer (and a generation's forming) that does not complete in this time fails (the
-    group is then re-formed); the workers' wait for the next version between steps is not bounded by it."""
-    chunk_mb: int = Field(default=64, ge=1)
-    """Data goes in chunks of this many MiB (the sender's staging buffer)."""
-    shared_memory: bool = True
-    """When every worker of a generation sees learner rank 0's ``/dev/shm`` (same host, checked as
-    they join), the data goes through a shared segment instead of gloo's sockets; otherwise (another
-    node, its own container) all of it goes over gloo. The segment holds one copy of the weights."""
     rank: int = Field(default=4, ge=1)
     """Rank of each matrix's delta (PowerSGD-style, one warm-started power iteration per version)."""
     full_every: int = Field(default=20, ge=1)
