@@ -287,7 +287,8 @@ class Trainer:
             tokens_trained=int(batch.response_len_B.sum()), learner=outcome.learner, correction=outcome.correction,
             ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_rate(),
             weight_sync=outcome.weight_sync,
-            lag_counts={int(lag): int(n) for lag, n in zip(*np.unique(lags, return_counts=True), strict=True)},
+            # every lag up to max_lag, zeros too: a W&B summary would keep a lag's last non-zero count
+            lag_counts=dict(enumerate(np.bincount(lags, minlength=self.cfg.async_.max_lag + 1).tolist())),
             queued_ahead=sub.queued_ahead, workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
         self.records.check()  # the earlier records the service could not write stop the run
         self.records.sent(self.step, self.service.finish_step.remote(record))  # the sinks write meanwhile

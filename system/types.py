@@ -258,7 +258,8 @@ class StepRecord:
     weight_sync: dict = field(default_factory=dict)
     """How the step's new weights travelled (``weight_sync/<key>``: payload and broadcast bytes, seconds)."""
     lag_counts: dict = field(default_factory=dict)
-    """Sequences trained at each lag (``{lag: count}``), streamed as ``staleness/sequences_lag_<lag>``."""
+    """Sequences trained at each lag (``{lag: count}``, every lag from 0 to ``async.max_lag``, zeros too),
+    streamed as ``staleness/sequences_lag_<lag>``."""
     queued_ahead: bool = False
     """The step was submitted while the previous one ran (its batch was ready early), so the learner
     went on without a pause; streamed as ``pipeline/queued_ahead`` (0/1)."""
