@@ -102,6 +102,15 @@ def test_output_dir_that_cannot_be_written_is_refused_whoever_runs_the_tests(tmp
     assert _refused(result, f"output_dir '{tmp_path / 'ro'}' is not writable"), result.output
 
 
+@pytest.mark.parametrize("dry", [["--dry-run"], []], ids=["dry-run", "train"])
+def test_output_dir_the_permission_bits_allow_but_no_file_system_takes_is_refused(dry):
+    """A probe (as root): ``output_dir=/proc/x`` passed ``--dry-run`` and failed the run with exit 1 after
+    its cluster had started; the check now creates the directory (and removes it again)."""
+    result = runner.invoke(app, ["train", *dry, "output_dir=/proc/aisrl-probe/run"])
+    assert _refused(result, "error: output_dir '/proc/aisrl-probe/run' cannot be created"), result.output
+    assert not os.path.exists("/proc/aisrl-probe")
+
+
 def test_report_out_that_is_a_file_is_refused(tmp_path):
     dump = tmp_path / "d.npz"
     assert runner.invoke(app, ["demo-dump", str(dump), "--sequences", "4", "--max-len", "4"]).exit_code == 0

@@ -74,7 +74,25 @@ def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
             raise ConfigError(f"{what} {str(p)!r} cannot be created: {str(parent)!r} is not a directory")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{what} {str(p)!r} cannot be created: {str(parent)!r} is not writable")
+        _try_create(p, parent, what)
     except (OSError, ValueError) as exc:  # a name too long, a NUL byte, ...
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"{what} {str(p)!r} is not a usable directory: {exc}") from None
+
+
+def _try_create(p: Path, parent: Path, what: str) -> None:
+    """Create ``p`` (and the directories up to ``parent``, which exists) and remove them again: the
+    permission bits do not say everything (root may write anywhere by them, yet ``/proc/x`` cannot be
+    created; a probe's run was refused only after its cluster had started)."""
+    try:
+        p.mkdir(parents=True)
+    except OSError as exc:
+        raise ConfigError(f"{what} {str(p)!r} cannot be created: {exc.strerror or exc}") from None
+    made = p.absolute()
+    while made != parent:
+        try:
+            made.rmdir()
+        except OSError:
+            return  # someone else's file arrived meanwhile: leave the rest
+        made = made.parent
