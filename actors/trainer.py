@@ -123,11 +123,11 @@ class Trainer:
         if self.ckpt is not None:
             dropped = metrics_file.trim_metrics(self.run_dir, saved["step"], self._wandb_sent_through)
             moved, dumps = run_state.set_aside_after(self.run_dir, saved["step"])
-            if dropped or moved or dumps:
-                log.warning("resuming at step %d: dropped %d metrics lines (records past that checkpoint, and a "
-                            "line cut at the end) and %d dumps written after it%s", saved["step"], dropped, dumps,
-                            f"; moved the later checkpoints {moved} to checkpoints/{run_state.ABANDONED_DIR}/"
-                            if moved else "")
+            why = (f": dropped {dropped} metrics lines (records past that checkpoint, and a line cut at the end) and "
+                   f"{dumps} dumps written after it" if dropped or moved or dumps else "")  # said always (a probe)
+            if moved:
+                why += f"; moved the later checkpoints {moved} to checkpoints/{run_state.ABANDONED_DIR}/"
+            log.warning("resuming at step %d%s", saved["step"], why)
         self._saved_step = saved.get("step")  # the checkpoint on disk for this step (None: none)
         run_state.drop_replaced(self._replaced)  # started: the replaced run goes
         self._replaced = None

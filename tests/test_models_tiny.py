@@ -63,13 +63,25 @@ def test_warm_start_learns_the_answers(built):
     assert len(losses) == 60 and losses[-1] < losses[0]
 
 
-def test_second_call_is_a_cache_hit(built):
+def test_second_call_is_a_cache_hit(built, caplog):
     cache, model_dir = built
     stamp = (model_dir / "model.safetensors").stat().st_mtime_ns
-    again = build_tiny_model(MODEL, TASK, seed=0, cache_dir=cache)
+    with caplog.at_level("WARNING", logger="system.models.tiny"):
+        again = build_tiny_model(MODEL, TASK, seed=0, cache_dir=cache)
+    assert caplog.records == []  # only a build is said (test_a_build_says_so_once)
     assert again == model_dir  # the file's unchanged mtime (below) shows nothing was rebuilt
     assert (model_dir / "model.safetensors").stat().st_mtime_ns == stamp
     assert model_dir.name == f"tiny-{build_key(MODEL, TASK, 0)}"
+
+
+def test_a_build_says_so_once(tmp_path, caplog):
+    """A first run was silent while the model built (a probe: 179 s for a 1200-step warm start)."""
+    small = MODEL.model_copy(update={"warm_start_steps": 2})
+    with caplog.at_level("WARNING", logger="system.models.tiny"):
+        build_tiny_model(small, TASK, seed=0, cache_dir=tmp_path)
+        build_tiny_model(small, TASK, seed=0, cache_dir=tmp_path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"building the tiny model (2 warm-start steps; once: later runs take it from {tmp_path})"]
 
 
 def test_key_covers_model_task_and_seed():

@@ -60,7 +60,7 @@ def uninterrupted(loopback_ray, tmp_path_factory) -> tuple[Path, list[dict]]:
     return run, train(run, 6)
 
 
-def test_stopped_and_resumed_run_equals_the_uninterrupted_one(uninterrupted, tmp_path):
+def test_stopped_and_resumed_run_equals_the_uninterrupted_one(uninterrupted, tmp_path, caplog):
     _, full = uninterrupted
     assert all(k in full[0] for k in COMPARED), [k for k in COMPARED if k not in full[0]]
     # synchronous mode (async.max_lag 0): every step trains only samples of its own version
@@ -72,7 +72,9 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(uninterrupted, tmp
     first = train(run, 3)
     assert [compared(r) for r in first] == [compared(r) for r in full[:3]]  # the run itself is deterministic
     forced = json.loads((run / "rollout_workers.json").read_text())["fp8_kernel"]["rollout-0"]
-    resumed = train(run, 6, resume=True)
+    with caplog.at_level("WARNING", logger="actors.trainer"):
+        resumed = train(run, 6, resume=True)
+    assert "resuming at step 3" in [r.getMessage() for r in caplog.records]  # said even with nothing dropped
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     kept = json.loads((run / "rollout_workers.json").read_text())["fp8_kernel"]["rollout-0"]
     # the resume asked for auto and kept the kernel of the run's first attempt, whatever its own probe says

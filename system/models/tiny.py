@@ -16,6 +16,7 @@ one's result.
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -29,6 +30,8 @@ from system.config.model import TinyModelConfig
 from system.data.prompt_source import AnyTaskConfig, PromptSource, build_prompt_source
 from system.models.tokenizer import train_char_tokenizer
 from system.models.warm_start import MAX_DRAWS_PER_ROW, warm_start
+
+log = logging.getLogger(__name__)
 
 BUILD_FORMAT = 2
 """Bumped whenever the build recipe changes, so stale cache entries are never reused (2: the byte-level
@@ -131,6 +134,9 @@ def build_tiny_model(
             return final
         shutil.rmtree(final, ignore_errors=True)  # cached by an older version with its warm start cut short
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # said: a first run was silent for minutes here (a probe: 179 s for configs/long_cpu.yaml's 1200 steps)
+    log.warning("building the tiny model (%d warm-start steps; once: later runs take it from %s)",
+                model_cfg.warm_start_steps, cache_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}-", dir=cache_dir))
     try:
         started = time.perf_counter()
