@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import signal
 from pathlib import Path
 
 import ray
@@ -118,6 +119,7 @@ def train(
     if verbose:
         os.environ["AISRL_VERBOSE"] = "1"
     from actors.cluster import check_address, quiet_workers, stop_session
+    from actors.stop_signals import stopped_by
     from actors.trainer import Trainer
 
     if cfg.ray.address is not None:  # before the model build: an address nobody answers on fails now
@@ -153,8 +155,18 @@ def train(
             if own_session:
                 stop_session()
     report = trainer.report_path or f"none (no dump yet: report.dump_every={cfg.report.dump_every})"
-    say(f"{trainer.step} steps in {cfg.output_dir}; "
-        f"final reward/mean {last.get('reward/mean', float('nan')):.3f}; report {report}", "done:", "green")
+    summary = (f"{trainer.step} steps in {cfg.output_dir}; final reward/mean {last.get('reward/mean', float('nan')):.3f}; "
+               f"report {report}")
+    signum = stopped_by()
+    if signum is None or trainer.step >= cfg.max_steps:
+        say(summary, "done:", "green")
+        return
+    # stopped after a step (final checkpoint, report, W&B finished): the exit status a shell gives a process a
+    # signal stopped, so a script tells it from a finished run (a probe: both ended "done:", exit 0)
+    sigterm = signum == signal.SIGTERM
+    say(f"by {'SIGTERM' if sigterm else 'Ctrl-C'} after step {trainer.step} of {cfg.max_steps}: {summary}; "
+        f"continue with aisrl train --resume {cfg.output_dir}", "stopped", "bold red")
+    raise typer.Exit(code=143 if sigterm else 130)
 
 
 @app.command()

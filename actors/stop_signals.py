@@ -19,6 +19,7 @@ def stop_on_signals(stop: threading.Event):
     Only in the main thread (elsewhere a no-op). Returns a function that restores the handlers before."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+    _STOPPED_BY.clear()
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
@@ -35,6 +36,7 @@ def stop_on_signals(stop: threading.Event):
                         "Ctrl-C again to stop at once, without them")
         else:
             log.warning("SIGTERM: stopping after the current step (checkpoint, report, W&B finish)")
+        _STOPPED_BY.append(signum)
         stop.set()
 
     for sig in before:
@@ -67,6 +69,17 @@ def _drain(fd: int) -> bytes:
         if not chunk:
             return data
         data += chunk
+
+
+_STOPPED_BY: list[int] = []
+"""The signals that asked the run (``stop_on_signals``' handler, since it was installed) to stop after
+its step: the first says how the run ended (:func:`stopped_by`)."""
+
+
+def stopped_by() -> int | None:
+    """The signal (``signal.SIGTERM`` or ``signal.SIGINT``) that first asked the run to stop after its
+    step, None when none did."""
+    return _STOPPED_BY[0] if _STOPPED_BY else None
 
 
 _TERMINATED: list[int] = []

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from actors import cluster
-from actors.stop_signals import defer_signals, stop_on_signals
+from actors.stop_signals import defer_signals, stop_on_signals, stopped_by
 
 
 @pytest.fixture
@@ -24,6 +24,22 @@ def handlers():
     yield
     for sig, old in before.items():
         signal.signal(sig, old)
+
+
+def test_the_first_signal_that_asked_for_the_stop_is_remembered_until_the_next_run(handlers):
+    """How ``aisrl train`` ends a run a signal stopped after its step: exit 143 (SIGTERM) or 130 (Ctrl-C),
+    not 0 and "done:" (a probe: a script could not tell a stopped run from a finished one)."""
+    restore = stop_on_signals(threading.Event())
+    assert stopped_by() is None
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    restore()
+    assert stopped_by() == signal.SIGINT  # the first; still known after the handlers are put back
+    defer_signals()()  # the cleanup's handlers, installed and put back, do not forget it
+    assert stopped_by() == signal.SIGINT
+    restore = stop_on_signals(threading.Event())  # the next run in this process starts with none
+    assert stopped_by() is None
+    restore()
 
 
 def test_sigterm_and_a_first_ctrl_c_request_a_stop_and_a_second_ctrl_c_interrupts():
