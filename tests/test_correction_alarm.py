@@ -161,8 +161,14 @@ def test_service_remembers_the_last_lag0_kl_across_batches_and_checkpoints():
     core = CorrectionCore(cfg)
     assert core.process(*_arrays({0: -0.01})).alarm is None
     stale = core.process(*_arrays({3: -0.8}))
-    assert stale.alarm_cause == CAUSE_STALENESS and "0:0.01 (an earlier batch) 3:0.8" in stale.alarm
+    # the message says how old the borrowed figure is (a probe: the default run's alarms at step 40-149 all
+    # quoted step 1's lag 0 as "an earlier batch")
+    assert stale.alarm_cause == CAUSE_STALENESS and "0:0.01 (1 batch earlier) 3:0.8" in stale.alarm
     assert CorrectionCore(cfg).process(*_arrays({3: -0.8})).alarm_cause == CAUSE_UNDETERMINED
     restored = CorrectionCore(cfg)
-    restored.load_state_dict(core.state_dict())
-    assert restored.process(*_arrays({3: -0.8})).alarm_cause == CAUSE_STALENESS
+    restored.load_state_dict(core.state_dict())  # batch 3 of the run, after batches 1 and 2
+    again = restored.process(*_arrays({3: -0.8}))
+    assert again.alarm_cause == CAUSE_STALENESS and "0:0.01 (2 batches earlier) 3:0.8" in again.alarm
+    older = CorrectionCore(cfg)  # a checkpoint written before the age was kept: said as before
+    older.load_state_dict({k: v for k, v in core.state_dict().items() if k != "kl0_age"})
+    assert "0:0.01 (an earlier batch) 3:0.8" in older.process(*_arrays({3: -0.8})).alarm

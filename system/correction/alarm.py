@@ -29,7 +29,9 @@ the lag split, with ``K = alarm.kl_k1_max``:
 
 A batch without lag-0 responses (a learner-bound run at ``max_lag >= 2`` trains whole batches
 of lag 2 or 3) cannot show lag 0 itself; the caller then passes ``kl0_before``, the lag-0 kl of
-the latest batch that had one, which stands in for ``kl_0`` in both rules (the message says so).
+the latest batch that had one, which stands in for ``kl_0`` in both rules (the message says so, and,
+given ``kl0_age``, how many batches before this one it was: in an asynchronous run at ``max_lag`` 1
+only the first batch may have lag 0, and its figure then stands in for every later alarm's).
 
 The message is one line: the crossed thresholds, the cause, and kl_k1 by lag.
 """
@@ -120,7 +122,8 @@ def likely_cause(metrics: dict, cfg: AlarmConfig, kl0_before: float | None = Non
     return CAUSE_UNDETERMINED
 
 
-def drift_alarm(metrics: dict, cfg: AlarmConfig, kl0_before: float | None = None) -> tuple[int, str | None]:
+def drift_alarm(metrics: dict, cfg: AlarmConfig, kl0_before: float | None = None,
+                kl0_age: int | None = None) -> tuple[int, str | None]:
     """``(1, one-line message)`` when a threshold is crossed, else ``(0, None)``; ``(0, None)`` when
     ``cfg.enabled`` is false. Pure: reads ``metrics`` only (rules in the module docstring)."""
     if not cfg.enabled:
@@ -137,7 +140,8 @@ def drift_alarm(metrics: dict, cfg: AlarmConfig, kl0_before: float | None = None
         return 0, None
     cause = likely_cause(metrics, cfg, kl0_before)
     by_lag, borrowed = _with_lag0(metrics, kl0_before)
-    lags = " ".join(f"{lag}:{value:.4g}{' (an earlier batch)' if borrowed and lag == 0 else ''}"
+    earlier = " (an earlier batch)" if kl0_age is None else f" ({kl0_age} batch{'es' * (kl0_age != 1)} earlier)"
+    lags = " ".join(f"{lag}:{value:.4g}{earlier if borrowed and lag == 0 else ''}"
                     for lag, value in by_lag.items()) or "none"
     return 1, (f"drift alarm: {', '.join(crossed)}; likely cause: {cause} ({_EXPLAIN[cause]}); "
                f"kl_k1 by lag {lags}")

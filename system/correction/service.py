@@ -62,6 +62,7 @@ class CorrectionCore:
         self.cfg = cfg
         self.ais = AdaptiveIS(cfg.ais)
         self.kl0_before: float | None = None  # lag-0 kl_k1 of the latest batch that had lag-0 responses
+        self.kl0_age: int | None = None  # how many batches before the next one that batch was
 
     def process(self, behaviour_BT: np.ndarray, proximal_BT: np.ndarray, mask_BT: np.ndarray,
                 lag_B: np.ndarray, advantage_B: np.ndarray | None = None) -> CorrectionResult:
@@ -95,10 +96,12 @@ class CorrectionCore:
         for lag, diag in by_lag.items():  # every section 1 key, as summary.json's by_lag
             metrics.update({f"mismatch_by_lag/{lag}/{k}": v for k, v in diag.items()})
         kl0_before = self.kl0_before
-        metrics["mismatch/alarm"], alarm = drift_alarm(metrics, self.cfg.alarm, kl0_before)
+        metrics["mismatch/alarm"], alarm = drift_alarm(metrics, self.cfg.alarm, kl0_before, self.kl0_age)
         kl0 = metrics.get("mismatch_by_lag/0/kl_k1")
         if kl0 is not None and math.isfinite(kl0):
-            self.kl0_before = float(kl0)
+            self.kl0_before, self.kl0_age = float(kl0), 1  # one batch earlier for the next one
+        elif self.kl0_age is not None:
+            self.kl0_age += 1
         return CorrectionResult(applied_BT.detach().to(torch.float32).numpy(), metrics,
                                 ratios.rho_BT[ratios.valid_BT].numpy(), alarm,
                                 likely_cause(metrics, self.cfg.alarm, kl0_before) if alarm else None)
@@ -115,8 +118,9 @@ class CorrectionCore:
         return compute_diagnostics(ratios), diagnostics_by_lag_of(ratios, torch.as_tensor(lag_B))
 
     def state_dict(self) -> dict:
-        return {"ais": self.ais.state_dict(), "kl0_before": self.kl0_before}
+        return {"ais": self.ais.state_dict(), "kl0_before": self.kl0_before, "kl0_age": self.kl0_age}
 
     def load_state_dict(self, sd: dict) -> None:
         self.ais.load_state_dict(sd["ais"])
         self.kl0_before = sd.get("kl0_before")  # absent in checkpoints written before it existed
+        self.kl0_age = sd.get("kl0_age")  # absent before it existed: the alarm then says "an earlier batch"
