@@ -41,7 +41,7 @@ test: $(STAMP)
 
 report-demo: $(STAMP)
 	$(BIN)/aisrl demo-dump runs/demo/step_000000.npz --overwrite
-	$(BIN)/aisrl report runs/demo/step_000000.npz --out runs/demo/report
+	$(BIN)/aisrl report runs/demo/step_000000.npz --out runs/demo/report --overwrite
 
 # verl 0.9.1 for the side-by-side only: into its own folder (never a dependency of aisrl), no deps
 # beyond its import chain (the rest, torch/ray/transformers/numpy, is the venv's).

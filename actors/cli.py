@@ -203,8 +203,12 @@ def scale(
 def report(
     dump: Path = typer.Argument(..., callback=expand_home, help="A batch dump (.npz, CORRECTION_SPEC.md section 6)."),
     out: str = typer.Option(..., "--out", "-o", callback=_out_path, help="Directory for summary.json, samples.json, report.html."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report already in --out."),
 ) -> None:
     """Write the mismatch report of one batch dump.
+
+    A report already in ``--out`` is kept (exit 2) unless ``--overwrite``, as ``demo-dump`` and
+    ``export`` keep what they would replace (a probe: a second report replaced the first silently).
 
     Exit 2 with a message naming the file and the key on a dump that cannot be used (not an
     .npz archive, a missing key, mismatched shapes, no rows, a negative lag). Log-probs above
@@ -212,12 +216,15 @@ def report(
     A batch without a valid token (all masked, or every log-prob non-finite) is legal: the
     report is written with every diagnostic null, and the exit code is 0.
     """
-    from system.report.mismatch_report import summary_line, write_report
+    from system.report.mismatch_report import REPORT_FILES, summary_line, write_report
 
     try:
         check_output_dir(out, "--out")
     except ConfigError as exc:
         fail(str(exc))
+    held = sorted(name for name in REPORT_FILES if os.path.isfile(os.path.join(out, name)))
+    if held and not overwrite:
+        fail(f"--out {out} already holds a report ({', '.join(held)}): pass --overwrite to replace it")
     try:
         summary = write_report(dump, out)
     except DumpError as exc:

@@ -67,7 +67,7 @@ def child(dump: str, out: str) -> None:
     from system.report import mismatch_report  # noqa: F401  (the command's lazy import, timed here)
 
     t1 = time.perf_counter()
-    app(["report", dump, "--out", out], standalone_mode=False)
+    app(["report", dump, "--out", out, "--overwrite"], standalone_mode=False)
     t2 = time.perf_counter()
     print(json.dumps({"import_seconds": t1 - t0, "report_seconds": t2 - t1}))
 

@@ -175,7 +175,7 @@ def test_a_failed_report_write_leaves_the_previous_report_whole(tmp_path, monkey
     (out / "report.html").unlink()
     (out / "report.html").mkdir()
     result = runner.invoke(app, ["report", str(save_dump(tmp_path / "b.npz", **make_demo_dump(7, 4, seed=2))),
-                                 "--out", str(out)])
+                                 "--out", str(out), "--overwrite"])
     assert result.exit_code == 2 and "cannot write the report" in said(result)
     assert "report.html" in "".join(result.output.split())
     assert {n: (out / n).read_bytes() for n in ("summary.json", "samples.json")} == \
@@ -198,6 +198,22 @@ def test_a_failed_report_write_leaves_the_previous_report_whole(tmp_path, monkey
     monkeypatch.undo()
     assert {n: (out / n).read_bytes() for n in before} == before
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "samples.json", "summary.json"]
+
+
+def test_a_second_report_into_the_same_out_needs_overwrite(tmp_path):
+    """A probe: ``aisrl report`` replaced a report already in ``--out`` without a word, where ``demo-dump``
+    and ``export`` ask for ``--overwrite``."""
+    result, out = _report(tmp_path, make_demo_dump(5, 4, seed=1))
+    assert result.exit_code == 0, result.output
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    second = str(save_dump(tmp_path / "b.npz", **make_demo_dump(7, 4, seed=2)))
+    refused = runner.invoke(app, ["report", second, "--out", str(out)])
+    assert refused.exit_code == 2 and said(refused) == (
+        f"error: --out {out} already holds a report (report.html, samples.json, summary.json): "
+        "pass --overwrite to replace it"), said(refused)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    replaced = runner.invoke(app, ["report", second, "--out", str(out), "--overwrite"])
+    assert replaced.exit_code == 0 and (out / "summary.json").read_bytes() != before["summary.json"]
 
 
 def test_the_fallback_report_takes_the_newest_complete_dump_of_this_attempt(tmp_path):

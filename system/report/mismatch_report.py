@@ -65,6 +65,10 @@ def _figures(ratios, summary: dict) -> dict[str, dict]:
     return figures
 
 
+REPORT_FILES = ("summary.json", "samples.json", "report.html")
+"""What :func:`write_report` writes into its directory."""
+
+
 def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFAULT_WORST_K) -> dict:
     """Write the three report files into ``out_dir``; return the summary (JSON-ready, None where
     undefined). ``worst_k``: responses whose full token tables go into samples.json. Raises
@@ -78,11 +82,9 @@ def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFA
         summary = strict_json.jsonable(build_summary(dump, ratios))
         figures = _figures(ratios, summary)
     del ratios, dump
-    texts = {
-        "summary.json": strict_json.dumps(summary, indent=2),
-        "samples.json": strict_json.dumps(samples, sanitize=False, separators=(",", ":")),
-        "report.html": render_page(str(dump_path), summary, samples, figures),
-    }
+    texts = dict(zip(REPORT_FILES, (strict_json.dumps(summary, indent=2),
+                                    strict_json.dumps(samples, sanitize=False, separators=(",", ":")),
+                                    render_page(str(dump_path), summary, samples, figures)), strict=True))
     write_all_or_none(Path(out_dir), texts)
     return summary
 
