@@ -101,10 +101,11 @@ def checkpoint_to_resume(run_dir: str | Path, max_steps: int) -> tuple[Path, dic
     if ckpt is None:
         raise CheckpointError(f"--resume: no usable checkpoint under {run_dir / 'checkpoints'}"
                               + (f" ({'; '.join(skipped)})" if skipped else ""))
-    if saved["step"] >= max_steps:
+    if saved["step"] >= max_steps:  # naming what was skipped: a damaged newest one is news (a probe)
         raise ValueError(
             f"--resume {run_dir}: its checkpoint is at step {saved['step']} and max_steps is {max_steps}: "
-            f"nothing to train; pass a larger max_steps (e.g. max_steps={saved['step'] + 50})")
+            f"nothing to train; pass a larger max_steps (e.g. max_steps={saved['step'] + 50})"
+            + (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
     return ckpt, saved, skipped
 
 

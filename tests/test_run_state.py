@@ -121,6 +121,10 @@ def test_checkpoint_to_resume_refuses_none_and_nothing_to_train(tmp_path):
     assert ckpt == c6 and state["step"] == 6 and skipped == []
     with pytest.raises(ValueError, match="at step 6 and max_steps is 6: nothing to train.*max_steps=56"):
         run_state.checkpoint_to_resume(tmp_path, max_steps=6)
+    # a damaged newer one the refusal fell back past is named in it (a probe: it was left out)
+    (make_checkpoint(tmp_path, 8) / "controller.pkl").write_bytes(b"cut")
+    with pytest.raises(ValueError, match=r"at step 6 and max_steps is 6: nothing to train.* \(skipped: step_00000008"):
+        run_state.checkpoint_to_resume(tmp_path, max_steps=6)
 
 
 def test_learner_half_problems(tmp_path):
