@@ -247,6 +247,24 @@ def test_errors_name_the_key_as_typed_the_layer_that_set_it_and_a_string_read_as
         resolve_config([], ["data.task.type=gsm8k", "data.reward.type=math-answer"])
 
 
+def test_an_unknown_key_near_a_known_one_is_answered_with_it():
+    """A probe: ``max_step`` was refused without a hint. The closest known key beside it (difflib ratio
+    >= 0.75: ``max_step`` / ``max_steps`` 2*8/17 = 0.94, ``lrr`` / ``lr`` 2*2/5 = 0.8) is suggested."""
+    said = {}
+    for override in ("max_step=3", "learner.lrr=1e-5", "correction.method.hii=2", "zzz=1"):
+        with pytest.raises(ConfigError) as err:
+            resolve_config([], [override])
+        said[override] = str(err.value).splitlines()[1].strip()
+    assert said == {
+        "max_step=3": "max_step: Extra inputs are not permitted (did you mean max_steps?) [set by the overrides]",
+        "learner.lrr=1e-5": "learner.lrr: Extra inputs are not permitted (did you mean learner.lr?) "
+                            "[set by the overrides]",
+        "correction.method.hii=2": "correction.method.hii: Extra inputs are not permitted (correction.method is "
+                                   "seq-mis; did you mean correction.method.hi?) [set by the overrides]",
+        "zzz=1": "zzz: Extra inputs are not permitted [set by the overrides]",  # nothing close: no guess
+    }
+
+
 def test_settings_that_cannot_learn_are_refused():
     with pytest.raises(ConfigError, match=r"rollout\.group_size: Input should be greater than or equal to 2"):
         resolve_config([], ["rollout.group_size=1"])  # a lone sample: advantage 0, no gradient

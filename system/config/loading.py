@@ -10,6 +10,7 @@ with hi = 2, as is the reverse). A key given twice takes its last value; an over
 a key below another override's non-mapping value is an error.
 """
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -194,15 +195,33 @@ def _lookup(data: Any, path: tuple[str, ...]) -> bool:
     return True
 
 
+def _near_key(path: tuple[str, ...], merged: dict, unknown: set[tuple[str, ...]]) -> str | None:
+    """The known key beside an unknown ``path`` whose name is closest to it (``difflib``, ratio >= 0.75),
+    dotted; None when none is that close (a probe: ``max_step`` was refused without a hint)."""
+    node: Any = merged
+    for part in path[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not path or not isinstance(node, dict):
+        return None
+    known = [key for key in node if (*path[:-1], key) not in unknown]
+    close = difflib.get_close_matches(path[-1], known, n=1, cutoff=0.75)
+    return ".".join((*path[:-1], close[0])) if close else None
+
+
 def _describe(exc: ValidationError, merged: dict, layers: list[tuple[str, dict]]) -> str:
     """One line per error: the dotted key as the user writes it, pydantic's message, a hint where YAML
     read a string field's value as another type, and the layer (preset or override) that set the key."""
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    unknown = {_user_path(e["loc"], merged)[0] for e in errors if e["type"] == "extra_forbidden"}
+    for err in errors:
         path, tags = _user_path(err["loc"], merged)
         line = f"  {'.'.join(path) or '(top level)'}: {err['msg']}"
-        if tags and err["type"] == "extra_forbidden":  # a key of another member of the union
-            line += f" ({', '.join(tags)})"
+        if err["type"] == "extra_forbidden":  # tags: maybe a key of another member of the union
+            notes = [", ".join(tags)] if tags else []
+            if near := _near_key(path, merged, unknown):
+                notes.append(f"did you mean {near}?")
+            line += f" ({'; '.join(notes)})" if notes else ""
         value = err.get("input")
         if err["type"] == "string_type" and (isinstance(value, bool | int | float | dict | list)
                                              or type(value).__name__ in ("date", "datetime")):
