@@ -25,16 +25,34 @@ def loopback_ray(tmp_path_factory):
 
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The suite runs on two processes (``make test``: pytest-xdist, ``--dist loadgroup``). Every test
     that starts a Ray cluster (marker ``ray``, or the ``loopback_ray`` fixture) is in one group, run in
     order by one process, so at most one cluster runs at a time (each such test sizes its waits for
     one run on the machine, and two on 2 cores would halve each one's speed); every other module is a
-    group of its own (its module fixtures are built once), run by whichever process is free."""
+    group of its own (its module fixtures are built once), run by whichever process is free.
+
+    First among the hooks (``tryfirst``): xdist reads the marks in its own hook of this name. The
+    grouping is checked as each worker's collection arrives (:func:`pytest_xdist_node_collection_finished`): with pytest 9.2 xdist's loadgroup
+    silently grouped nothing (pytest-xdist issue 1386; ``pyproject.toml`` pins pytest below 9.2)."""
     for item in items:
         ray_test = item.get_closest_marker("ray") or "loopback_ray" in getattr(item, "fixturenames", ())
         group = "ray" if ray_test else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """On the controller, for each worker's collection under ``--dist loadgroup``: stop the run when a
+    test id lacks its group suffix (``@ray``, ``@tests/test_x.py``): xdist would then schedule the Ray
+    tests on both processes at once (it did with pytest 9.2, without a word)."""
+    if node.config.getoption("dist", None) != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid.rpartition("::")[2]]
+    if ungrouped:
+        pytest.exit(f"pytest-xdist did not group {len(ungrouped)} tests (e.g. {ungrouped[0]}) with pytest "
+                    f"{pytest.__version__}: the Ray tests would run at once on both processes", returncode=3)
 
 
 @pytest.fixture(scope="session")

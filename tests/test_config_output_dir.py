@@ -125,6 +125,8 @@ def test_check_output_dir_accepts_new_and_existing_directories(tmp_path):
     check_output_dir(tmp_path)
     check_output_dir(tmp_path / "a" / "b" / "c")
     assert not (tmp_path / "a").exists()
+    check_output_dir(tmp_path / "runs" / ".." / "y" / "z")  # the check creates and removes: nothing stays
+    assert list(tmp_path.iterdir()) == []
     with pytest.raises(ConfigError, match="output_dir: String should have at least 1 character"):
         resolve_config([], ["output_dir=''"])
     with pytest.raises(ConfigError, match="broken symbolic link"):

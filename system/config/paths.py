@@ -55,7 +55,8 @@ def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
     """Raise ConfigError, naming ``what``, unless ``path`` is a writable directory or can be created.
 
     Refused: an existing non-directory, a broken symbolic link, a path below a non-directory,
-    and a directory (or the nearest existing parent of a new one) that this user cannot write.
+    and a directory (or the nearest existing parent of a new one) that this user cannot write, or
+    that cannot be made: a new one is created and removed again (:func:`_try_create`).
     """
     p = Path(path)
     try:
@@ -82,17 +83,28 @@ def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
 
 
 def _try_create(p: Path, parent: Path, what: str) -> None:
-    """Create ``p`` (and the directories up to ``parent``, which exists) and remove them again: the
-    permission bits do not say everything (root may write anywhere by them, yet ``/proc/x`` cannot be
-    created; a probe's run was refused only after its cluster had started)."""
+    """Create the missing directories from ``parent`` (which exists) down to ``p``, one at a time, and
+    remove again those this call created, newest first: the permission bits do not say everything (root
+    may write anywhere by them, yet ``/proc/x`` cannot be created; a probe's run was refused only after
+    its cluster had started). One that another process creates meanwhile is taken as it is, and kept."""
+    target = Path(os.path.abspath(p))  # ``a/../b`` as the file system will read it
+    missing = []
+    while target != parent and not os.path.lexists(target):
+        missing.append(target)
+        target = target.parent
+    made = []
     try:
-        p.mkdir(parents=True)
+        for part in reversed(missing):
+            try:
+                os.mkdir(part)
+            except FileExistsError:
+                continue  # made meanwhile by someone else: theirs
+            made.append(part)
     except OSError as exc:
         raise ConfigError(f"{what} {str(p)!r} cannot be created: {exc.strerror or exc}") from None
-    made = p.absolute()
-    while made != parent:
-        try:
-            made.rmdir()
-        except OSError:
-            return  # someone else's file arrived meanwhile: leave the rest
-        made = made.parent
+    finally:
+        for part in reversed(made):
+            try:
+                os.rmdir(part)
+            except OSError:
+                break  # someone else's file arrived meanwhile: leave it (and the directories above it)
