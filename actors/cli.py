@@ -141,10 +141,8 @@ def train(
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM before the loop started (stop_signals.Terminated)
         from actors.stop_signals import Terminated, sigterm_received
 
-        sigterm = isinstance(exc, Terminated) or sigterm_received()
-        say(f"by {'SIGTERM' if sigterm else 'Ctrl-C'}"
-            + ("" if trainer is not None else " during start-up: nothing was trained"), "stopped", "bold red")
-        raise typer.Exit(code=143 if sigterm else 130) from None
+        _stopped(isinstance(exc, Terminated) or sigterm_received(),
+                 "" if trainer is not None else " during start-up: nothing was trained")
     except (RuntimeError, OSError) as exc:  # OSError: a full disk or a file that cannot be written here
         _training_failed(exc, cfg.output_dir)
     finally:
@@ -161,11 +159,16 @@ def train(
     if signum is None or trainer.step >= cfg.max_steps:
         say(summary, "done:", "green")
         return
-    # stopped after a step (final checkpoint, report, W&B finished): the exit status a shell gives a process a
-    # signal stopped, so a script tells it from a finished run (a probe: both ended "done:", exit 0)
-    sigterm = signum == signal.SIGTERM
-    say(f"by {'SIGTERM' if sigterm else 'Ctrl-C'} after step {trainer.step} of {cfg.max_steps}: {summary}; "
-        f"continue with aisrl train --resume {cfg.output_dir}", "stopped", "bold red")
+    # stopped after a step (final checkpoint, report, W&B finished), exit status as below: a script tells it
+    # from a finished run (a probe: both ended "done:", exit 0)
+    _stopped(signum == signal.SIGTERM, f" after step {trainer.step} of {cfg.max_steps}: {summary}; "
+                                       f"continue with aisrl train --resume {cfg.output_dir}")
+
+
+def _stopped(sigterm: bool, how: str) -> None:
+    """``stopped by SIGTERM<how>`` (or Ctrl-C), and the exit status a shell gives a process that signal
+    stopped: 143 (SIGTERM) or 130 (Ctrl-C)."""
+    say(f"by {'SIGTERM' if sigterm else 'Ctrl-C'}{how}", "stopped", "bold red")
     raise typer.Exit(code=143 if sigterm else 130)
 
 

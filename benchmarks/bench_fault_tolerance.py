@@ -12,8 +12,8 @@ Scenarios (each on its own private loopback Ray cluster, in this process):
   ``rollout.worker_timeout_s``.
 * ``soak``: simulated engines, 4 workers; a random worker killed every 2 s for 60 s (when all
   four are replacements still starting, as on a loaded machine, the kill waits for the first up,
-  at most 15 s). Kills, losses handled, prompts lost, trained twice, fewest steps in any 10 s
-  window, replacement seconds.
+  at most 15 s, and the soak lasts that much longer). Kills, losses handled, prompts lost, trained
+  twice, fewest steps in a 10 s window of wall time, replacement seconds, seconds waited.
 * ``resume_equality``: the real stack, synchronous, AIS on. A run of 6 steps against a run
   stopped after 3 and resumed to 6: the largest absolute difference of any compared metric
   over steps 4-6 (0.0 = bit-identical).
@@ -157,34 +157,46 @@ def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
                                     "rollout.num_workers=4", *SIM])
     trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.2),
                       learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
-    windows, kills = [], 0
+    kills, waited = 0, 0.0
     try:
         thread, _ = in_thread(trainer)
-        rng = random.Random(0)
+        rng, start = random.Random(0), time.monotonic()
+        marks = [(start, trainer.step)]  # (time, steps done) at each interval's end
         for _ in range(round(seconds / every)):  # one kill per interval: a wait below lengthens the soak
-            before = trainer.step
             time.sleep(every)
-            live, wait_until = [], time.monotonic() + 15.0
+            live, wait_from = [], time.monotonic()
             while not (live := [s for s in list(trainer.pool.slots.values()) if s.starting is None]) \
-                    and time.monotonic() < wait_until:
+                    and time.monotonic() < wait_from + 15.0:
                 time.sleep(0.05)
+            waited += time.monotonic() - wait_from
             if live:
                 ray.kill(rng.choice(live).handle, no_restart=True)
                 kills += 1
-            windows.append(trainer.step - before)
+            marks.append((time.monotonic(), trainer.step))
         trainer.stop_requested.set()
         thread.join(timeout=120)
         c = trainer.sampler.counts()
     finally:
         trainer.shutdown()
         ray.shutdown()
-    n = max(1, round(10.0 / every))  # kill intervals per 10 s
-    per_10s = [sum(windows[i:i + n]) for i in range(0, len(windows) - n + 1, n)]
-    return {"seconds": seconds, "kill_every_s": every, "kills": kills, "losses_handled": trainer.pool.failures,
+    return {"seconds": round(marks[-1][0] - start, 1), "kill_every_s": every, "waited_s": round(waited, 1),
+            "kills": kills, "losses_handled": trainer.pool.failures,
             "steps": trainer.step, "trained": c["trained"], "prompts_per_step": cfg.prompts_per_step, "prompts_lost": c["issued"] - c["trained"] - c["dropped"] - c["in_flight"] - c["buffered"],
-            "trained_twice": c["duplicates"], "min_steps_per_10s": min(per_10s),
+            "trained_twice": c["duplicates"], "min_steps_per_10s": min(steps_per_10s(marks)),
             "replacement_s_median": float(np.median(trainer.pool.replacement_seconds)),
             "replacement_s_max": float(np.max(trainer.pool.replacement_seconds))}
+
+
+def steps_per_10s(marks: list[tuple[float, int]]) -> list[int]:
+    """Steps done in each run of consecutive intervals lasting at least 10 s of wall time (back to back,
+    from the first mark; an interval a kill waited in is longer than the kill period). ``marks``: (time,
+    steps done so far), in order."""
+    out, i = [], 0
+    for j in range(1, len(marks)):
+        if marks[j][0] - marks[i][0] >= 10.0:
+            out.append(marks[j][1] - marks[i][1])
+            i = j
+    return out
 
 
 def resume_equality(tmp: Path) -> dict:

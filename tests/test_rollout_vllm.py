@@ -33,9 +33,13 @@ def test_an_eager_engine_compiles_nothing_when_it_samples(bf16_engine):
     default) compiled it at every worker's first step, 15.6 s on a 2-core AMD EPYC with the empty
     inductor cache a worker starts with. Dynamo's caches are reset first, so a compile would happen
     here whichever test sampled before."""
+    import os
+
     from torch._dynamo.utils import counters
 
-    assert bf16_engine.eager
+    # the engine runs in this process (so do its sampler and Dynamo's counters): in a child one, the
+    # counters here would stay unchanged whatever happened there
+    assert bf16_engine.eager and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     torch._dynamo.reset()
     before = counters["frames"]["total"]
     sample(bf16_engine)

@@ -71,6 +71,45 @@ def test_sigterm_during_start_up_raises_like_ctrl_c_and_the_cli_says_so(monkeypa
     assert "stopped by SIGTERM during start-up: nothing was trained" in " ".join(result.output.split())
 
 
+@pytest.mark.parametrize("sig, steps, code, said", [
+    (signal.SIGTERM, 2, 143, "stopped by SIGTERM after step 2 of 5: 2 steps in {out}; final reward/mean 0.250; "
+                             "report none (no dump yet: report.dump_every=0); continue with aisrl train --resume {out}"),
+    (signal.SIGINT, 2, 130, "stopped by Ctrl-C after step 2 of 5: 2 steps in {out}"),
+    (signal.SIGTERM, 5, 0, "done: 5 steps in {out}"),  # the signal came during the last step: the run is whole
+    (None, 5, 0, "done: 5 steps in {out}")])
+def test_a_run_a_signal_stopped_after_a_step_says_so_and_exits_as_signalled(monkeypatch, tmp_path, sig, steps,
+                                                                            code, said):
+    """A probe: SIGTERM (or a first Ctrl-C) ended the run after its step with "done:" and exit 0, as a
+    finished run ends. A stand-in trainer takes the signal as ``Trainer.run`` does (``stop_on_signals``)."""
+    import threading
+
+    import actors.trainer as trainer_module
+    from actors.stop_signals import stop_on_signals
+
+    class SignalledRun:
+        def __init__(self, cfg, **kwargs):
+            self.step, self.report_path = 0, None
+
+        def run(self):
+            restore = stop_on_signals(threading.Event())
+            try:
+                if sig is not None:
+                    os.kill(os.getpid(), sig)
+            finally:
+                restore()
+            self.step = steps
+            return {"reward/mean": 0.25}
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(trainer_module, "Trainer", SignalledRun)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "max_steps=5", f"output_dir={out}", "report.dump_every=0"])
+    assert result.exit_code == code, result.output
+    assert said.format(out=out) in " ".join(result.output.split()), result.output
+
+
 def test_sigterm_inside_ray_init_and_during_cleanup(caplog):
     """A review: ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``) while it starts the
     cluster, so a SIGTERM then ended the CLI with exit 15 and no word; and after the loop the start-up

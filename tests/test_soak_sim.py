@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_fault_tolerance import soak  # noqa: E402
+from bench_fault_tolerance import soak, steps_per_10s  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -29,3 +29,10 @@ def test_kill_a_worker_every_one_and_a_half_seconds_for_30_seconds(tmp_path, mon
     assert r["trained_twice"] == 0 and r["prompts_lost"] == 0
     assert r["trained"] == r["steps"] * r["prompts_per_step"]
     assert r["min_steps_per_10s"] > 0  # training never stalls: every 10 s completes steps
+
+
+def test_steps_per_10s_counts_wall_time_windows_when_a_kill_waited():
+    # by hand: a mark every 1.5 s with one step each: windows end at 10.5 s (7 steps) and 21 s (7 more);
+    # a kill that waited 12 s makes its interval 13.5 s long: [0, 15] holds 2 steps, [15, 25.5] 7
+    assert steps_per_10s([(1.5 * k, k) for k in range(15)]) == [7, 7]
+    assert steps_per_10s([(0, 0), (1.5, 1), (15, 2), (16.5, 5), (18, 6), (25.5, 9)]) == [2, 7]
