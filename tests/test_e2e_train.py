@@ -9,7 +9,6 @@ Runs the real stack: vLLM (CPU, FP8 per-channel), a 2-rank FSDP2 learner on gloo
 correction service and W&B offline. Each run is a subprocess, so its Ray cluster is its own.
 """
 
-import getpass
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ import torch
 from typer.testing import CliRunner
 
 from actors.cli import app
+from actors.run_temp import compile_cache_name
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -105,8 +105,8 @@ def test_train_three_steps_and_refuse_a_second_run_into_its_directory(tmp_path, 
     # found by probes: W&B left a directory per logged table and its socket directory in /tmp per run,
     # each vLLM engine a rendezvous file; the service and the workers now run with the run's temporary
     # directory, removed when it stops. What stays is shared, not per run: Ray's session directory (its
-    # logs) and torch's compile cache (torchinductor_<user>, reused by every later run).
-    assert {p.name for p in private_temp.iterdir()} <= {"ray", f"torchinductor_{getpass.getuser()}"}
+    # logs) and torch's compile cache (``actors.run_temp``'s link target, reused by every later run).
+    assert {p.name for p in private_temp.iterdir()} <= {"ray", compile_cache_name()}
     assert FAKE_KEY not in first.stdout + first.stderr
     # every socket the run listened on is on loopback (the README's promise for private clusters)
     assert len(listeners) >= 3, listeners  # at least Ray's GCS, raylet and the learner's rendezvous
