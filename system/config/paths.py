@@ -75,21 +75,21 @@ def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
             raise ConfigError(f"{what} {str(p)!r} cannot be created: {str(parent)!r} is not a directory")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{what} {str(p)!r} cannot be created: {str(parent)!r} is not writable")
-        _try_create(p, parent, what)
+        _try_create(p, what)
     except (OSError, ValueError) as exc:  # a name too long, a NUL byte, ...
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"{what} {str(p)!r} is not a usable directory: {exc}") from None
 
 
-def _try_create(p: Path, parent: Path, what: str) -> None:
-    """Create the missing directories from ``parent`` (which exists) down to ``p``, one at a time, and
-    remove again those this call created, newest first: the permission bits do not say everything (root
+def _try_create(p: Path, what: str) -> None:
+    """Create the missing directories down to ``p`` (below the nearest one that exists), one at a time,
+    and remove again those this call created, newest first: the permission bits do not say everything (root
     may write anywhere by them, yet ``/proc/x`` cannot be created; a probe's run was refused only after
     its cluster had started). One that another process creates meanwhile is taken as it is, and kept."""
     target = Path(os.path.abspath(p))  # ``a/../b`` as the file system will read it
     missing = []
-    while target != parent and not os.path.lexists(target):
+    while not os.path.lexists(target):  # ends at the root at the latest
         missing.append(target)
         target = target.parent
     made = []
