@@ -92,6 +92,12 @@ def unpack(header: dict, data: np.ndarray) -> WeightPayload:
     return WeightPayload(policy_version=int(header["policy_version"]), arrays=arrays, dtypes=dtypes)
 
 
+def _buffer_pair(nbytes: int) -> tuple[np.ndarray, torch.Tensor]:
+    """A new receive buffer and the tensor over it (its storage holds one reference to the buffer)."""
+    buf = np.empty(nbytes, dtype=np.uint8)
+    return buf, torch.from_numpy(buf)
+
+
 NEXT_VERSION_WAIT = timedelta(days=7)
 """How long a receiver waits for member 0's next version (its header) before giving up."""
 
@@ -126,7 +132,7 @@ class WeightBroadcast:
         except RuntimeError as exc:  # the store's timeout, or gloo: a peer closed its connection
             raise BroadcastFailed(f"{self._what()} could not form its group: {exc}") from exc
         self._segment: SharedSegment | None = None
-        self._buffers: list[np.ndarray] = []  # a receiver's data buffers, reused once free
+        self._buffers: list[tuple[np.ndarray, torch.Tensor]] = []  # a receiver's data buffers, reused once free
         self.buffers_made = 0
         self.shared = bool(address.shared_memory) and self._agree_on_shared_memory(prefixed)
         """Whether the data goes through a shared segment (every member sees member 0's)."""
@@ -262,42 +268,44 @@ class WeightBroadcast:
             return self._receive_shared(header)
         if self.shared:  # member 0 stopped sharing (it could not write a segment): the sockets from now on
             self._stop_sharing("member 0 sent over gloo")
-        data = self._buffer(int(header["nbytes"]))
-        flat = torch.from_numpy(data)
+        data, flat = self._buffer(int(header["nbytes"]))
         chunk = int(header["chunk_bytes"])
         for start in range(0, data.size, chunk):
             self._broadcast(flat[start:start + chunk])
         return unpack(header, data)
 
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        """A buffer for the next version: an earlier one of this size that nothing else references any
-        more (its payload was dropped: every view ``unpack`` made, and every view of those, holds a
-        reference to it), else a new one (a recycled buffer's pages are already mapped: no page faults
-        on the copy). Free means: as many references as a fresh array held only by a list has, counted
-        by the same code (interpreters differ in whether the loop variable adds one)."""
+    def _buffer(self, nbytes: int) -> tuple[np.ndarray, torch.Tensor]:
+        """A buffer for the next version and the tensor over it: an earlier one of this size that
+        nothing else references any more (its payload was dropped: every view ``unpack`` made, and
+        every view of those, holds a reference to it), else a new one (a recycled buffer's pages are
+        already mapped: no page faults on the copy). The tensor lives as long as the buffer, so its
+        storage holds the buffer's one torch reference for good: a chunk view gloo's worker thread
+        releases a moment after ``wait()`` (seen under load) changes no count. Free means: as many
+        references as a fresh pair held by a list has, counted by the same code (interpreters differ
+        in whether the loop variable adds one)."""
         baseline = None
-        for fresh in [np.empty(0, dtype=np.uint8)]:
-            baseline = sys.getrefcount(fresh)
+        for pair in [_buffer_pair(0)]:
+            baseline = sys.getrefcount(pair[0])
         free, held = None, []
-        for buf in self._buffers:
-            refs = sys.getrefcount(buf)
-            if free is None and buf.size == nbytes and refs <= baseline:
-                free = buf
+        for pair in self._buffers:
+            refs = sys.getrefcount(pair[0])
+            if free is None and pair[0].size == nbytes and refs <= baseline:
+                free = pair
             elif refs > baseline:
-                held.append(buf)
+                held.append(pair)
         if free is not None:
             return free
-        buf = np.empty(nbytes, dtype=np.uint8)
+        pair = _buffer_pair(nbytes)
         self.buffers_made += 1
-        self._buffers = held[-2:] + [buf]  # at most two older ones kept for reuse, none still held
-        return buf
+        self._buffers = held[-2:] + [pair]  # at most two older ones kept for reuse, none still held
+        return pair
 
     def _receive_shared(self, header: dict) -> WeightPayload:
         """Copy the data out of member 0's segment, then tell it (the all-reduce) whether that worked;
         if any member failed, member 0 sends this version again over gloo, and every later one."""
         error = None
         try:
-            data = self._buffer(int(header["nbytes"]))
+            data, _ = self._buffer(int(header["nbytes"]))
             if self._segment is None or self._segment.name != header["shm"]:
                 self._drop_segment()
                 self._segment = SharedSegment(header["shm"], None, create=False)
