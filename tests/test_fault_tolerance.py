@@ -145,18 +145,18 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
     aisrl_scale(trainer.run_dir, 2)
     up = wait_for(lambda: len(trainer.pool.ready()) == 2, 180, "a second ready worker")
     step_up = trainer.step
-    wait_for(lambda: trainer.step >= step_up + 3, 60, "training to go on with 2 workers")
+    wait_for(lambda: trainer.step >= step_up + 3, 120, "training to go on with 2 workers")
     # the generation of both workers forms in the background (rank 0 opens it between steps, each
     # worker joins between its calls): wait until a step has broadcast to both, however fast steps go
     wait_for(lambda: max_broadcast_receivers(trainer.run_dir) == 2, 90, "a broadcast to both workers")
     board_scale(trainer, 1)
-    wait_for(lambda: len(trainer.pool.slots) == 1, 60, "one worker retired")
+    wait_for(lambda: len(trainer.pool.slots) == 1, 120, "one worker retired")
     step_down = trainer.step
-    wait_for(lambda: trainer.step >= step_down + 3, 60, "training to go on with 1 worker")
+    wait_for(lambda: trainer.step >= step_down + 3, 120, "training to go on with 1 worker")
     stats = ray.get(next(iter(trainer.pool.slots.values())).handle.stats.remote())
     # down to none: the generation is closed (a broadcast to a worker gone would fail), then up again
     board_scale(trainer, 0)
-    wait_for(lambda: not trainer.pool.slots and trainer.transport.members == (), 60, "no worker, no generation")
+    wait_for(lambda: not trainer.pool.slots and trainer.transport.members == (), 120, "no worker, no generation")
     step_none = trainer.step
     board_scale(trainer, 1)
     wait_for(lambda: broadcast_after(trainer.run_dir, step_none), 240, "a broadcast to the new worker")

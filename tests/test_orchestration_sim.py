@@ -191,7 +191,7 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
 
 
 def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path):
-    """Rollouts 12x faster than the learner (R = 0.05 s, L = 0.6 s), max_lag 1: every step's batch is
+    """Rollouts 30x faster than the learner (R = 0.05 s, L = 1.5 s), max_lag 1: every step's batch is
     ready while the previous step trains, so it is submitted then (``pipeline/queued_ahead`` 1) and
     the learner never waits; except the first step (nothing runs before it) and the step after a
     checkpoint (``checkpoint_every=4``: the learners must be idle at version 4 when it is saved, so
@@ -199,13 +199,15 @@ def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path)
 
     Step 3 is not checked: its batch is the first generated with published weights (version 1,
     published when step 1 ends), and the one-time costs of that first publish and load twice made
-    it miss the 0.3-0.6 s window on a loaded machine (full suites in parallel). Steps 4, 6, 7 and 8
-    are the same case in the steady state (each needs the version published when step k-2 ended)."""
+    it miss the window on a loaded machine (full suites in parallel). Steps 4, 6, 7 and 8 are the
+    same case in the steady state (each needs the version published when step k-2 ended): step k's
+    batch must be generated, gathered and submitted within step k-1's L, a chain of several Ray round
+    trips; L = 1.5 s (was 0.6 s) leaves it over a second on a machine the suite's other process loads."""
     run_dir = tmp_path / "run"
     cfg = sim_config(run_dir, "max_steps=8", "async.max_lag=1", "async.queue_ahead=true", "checkpoint_every=4")
     records = run_to_end(Trainer(
         cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
-        learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.6, payload_params=10_000)))
+        learner_cls=SimulatedLearnerRank.actor_class(train_seconds=1.5, payload_params=10_000)))
     assert [r["step"] for r in records] == list(range(1, 9))
     queued = {r["step"]: r["pipeline/queued_ahead"] for r in records}
     assert {k: queued[k] for k in (1, 2, 4, 5, 6, 7, 8)} == {1: 0, 2: 1, 4: 1, 5: 0, 6: 1, 7: 1, 8: 1}, queued
@@ -246,7 +248,7 @@ def test_a_queued_call_samples_with_weights_offered_after_it_was_queued(loopback
     behind generation (it returns while the first call still runs), the first call's samples keep
     version 0 and the queued call's carry version 1, loaded once; both calls run back to back."""
     cfg = sim_config(Path("/nonexistent"), "max_steps=1")
-    worker = SimulatedRolloutWorker.actor_class(seconds_per_call=3.0, weight_load="copy").remote(
+    worker = SimulatedRolloutWorker.actor_class(seconds_per_call=5.0, weight_load="copy").remote(
         cfg, "/nonexistent", "rollout-q")
     try:
         ray.get(worker.ready.remote())
@@ -259,7 +261,7 @@ def test_a_queued_call_samples_with_weights_offered_after_it_was_queued(loopback
             time.sleep(0.01)
         payload = WeightPayload(policy_version=1, arrays={"w": np.arange(8, dtype=np.int16)}, dtypes={"w": "bfloat16"})
         offered = worker.offer_weights.remote(1, [ray.put(payload)])
-        ready, _ = ray.wait([offered], timeout=2.0)  # well inside the first call's 3 s
+        ready, _ = ray.wait([offered], timeout=3.5)  # well inside the first call's 5 s
         assert ready and not ray.wait([first], timeout=0)[0]  # the offer returned while the first call runs
         assert {c.policy_version for g in ray.get(first) for c in g.completions} == {0}
         assert {c.policy_version for g in ray.get(queued) for c in g.completions} == {1}
@@ -284,8 +286,11 @@ def test_a_stop_request_ends_the_wait_for_a_batch_that_never_comes(loopback_ray,
     ray.get(trainer.control.set_workers.remote(0))  # `aisrl scale --workers 0`: no batch will ever come
     while trainer.pool.slots and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)  # the driver now waits for a batch
-    step = trainer.step
+    step, settled = trainer.step, time.monotonic()
+    while time.monotonic() - settled < 2.0 and time.monotonic() < deadline:  # the batches still buffered
+        time.sleep(0.05)  # train; then the driver waits for a batch (no step for 2 s)
+        if trainer.step != step:
+            step, settled = trainer.step, time.monotonic()
     trainer.stop_requested.set()
     runner.join(timeout=60)  # a hang guard: the wait notices the stop within a second
     assert not runner.is_alive(), "the run did not end after the stop request"

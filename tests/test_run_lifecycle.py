@@ -116,13 +116,13 @@ def test_sigterm_inside_ray_init_and_during_cleanup(caplog):
     handler raised inside the shutdown, leaving actors and the W&B run behind."""
     from actors.stop_signals import as_terminated, defer_signals, sigterm_received
 
-    terminate_raises()  # a fresh start: no SIGTERM noted
-    assert not sigterm_received()
-    assert isinstance(as_terminated(SystemExit(signal.SIGTERM)), Terminated) and sigterm_received()
-    other = SystemExit(2)
-    assert as_terminated(other) is other
-    before = signal.getsignal(signal.SIGTERM)
+    before = signal.getsignal(signal.SIGTERM)  # the test process's own, given back at the end
     try:
+        terminate_raises()  # a fresh start: no SIGTERM noted
+        assert not sigterm_received()
+        assert isinstance(as_terminated(SystemExit(signal.SIGTERM)), Terminated) and sigterm_received()
+        other = SystemExit(2)
+        assert as_terminated(other) is other
         restore = defer_signals()
         os.kill(os.getpid(), signal.SIGTERM)  # noted, nothing raised: the cleanup goes on
         time.sleep(0.2)

@@ -81,7 +81,7 @@ def _sabotage(kind: str) -> None:
 
 def _member(rank: int, address: GroupAddress, versions: list[int], results, die_after_header: bool = False,
             blind: bool = False, hold: bool = False, sabotage: str | None = None, timeout_s: float = 15.0,
-            gap_s: float = 0.0) -> None:
+            gap_s: float = 0.0, started=None) -> None:
     """``hold``: keep one array of every payload received and check them all at the end (a buffer still
     referenced is never reused for a later version); every member reports its ``shared`` flag when
     the group has formed and, at the end, how it ended (``shared`` again, buffers made)."""
@@ -91,6 +91,8 @@ def _member(rank: int, address: GroupAddress, versions: list[int], results, die_
     if sabotage:
         _sabotage(sabotage)
     held = []
+    if started is not None:  # every member imported: a short timeout_s bounds the forming, not an import
+        started.wait(60)
     try:
         group = WeightBroadcast(address, rank, timeout_s=timeout_s, chunk_bytes=CHUNK)
         results.put((rank, 0, f"shared={group.shared}"))
@@ -120,9 +122,9 @@ def run_generation(members: dict[int, dict], versions: list[int], name: str,
                    shared: bool = False) -> tuple[list, dict[int, int], list[int]]:
     """Run one generation; ``(sorted results, exit codes by rank, the members' pids)``."""
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results, started = ctx.Queue(), ctx.Barrier(len(members))
     address = GroupAddress("127.0.0.1", find_free_port(), name, len(members), shared)
-    procs = {r: ctx.Process(target=_member, args=(r, address, versions, results), kwargs=kw)
+    procs = {r: ctx.Process(target=_member, args=(r, address, versions, results), kwargs={**kw, "started": started})
              for r, kw in members.items()}
     for p in procs.values():
         p.start()
