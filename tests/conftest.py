@@ -28,16 +28,20 @@ def loopback_ray(tmp_path_factory):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The suite runs on two processes (``make test``: pytest-xdist, ``--dist loadgroup``). Every test
-    that starts a Ray cluster (marker ``ray``, or the ``loopback_ray`` fixture) is in one group, run in
-    order by one process, so at most one cluster runs at a time (each such test sizes its waits for
-    one run on the machine, and two on 2 cores would halve each one's speed); every other module is a
-    group of its own (its module fixtures are built once), run by whichever process is free.
+    that starts a Ray cluster in the test process (marker ``ray``, or the ``loopback_ray`` fixture) is
+    in one group, run in order by one process, so at most one such cluster runs at a time (the
+    simulated orchestration tests time their actors' stamps); every other module is a group of its
+    own (its module fixtures are built once), run by whichever process is free. That includes the
+    modules marked ``own_cluster`` (``aisrl`` and ``ray start`` in subprocesses, each with a cluster of
+    its own: 4.3 of the Ray group's 13 minutes, run beside it instead of after it), so at most two
+    clusters run at once.
 
     First among the hooks (``tryfirst``): xdist reads the marks in its own hook of this name. The
     grouping is checked as each worker's collection arrives (:func:`pytest_xdist_node_collection_finished`): with pytest 9.2 xdist's loadgroup
     silently grouped nothing (pytest-xdist issue 1386; ``pyproject.toml`` pins pytest below 9.2)."""
     for item in items:
-        ray_test = item.get_closest_marker("ray") or "loopback_ray" in getattr(item, "fixturenames", ())
+        in_process = item.get_closest_marker("ray") and not item.get_closest_marker("own_cluster")
+        ray_test = in_process or "loopback_ray" in getattr(item, "fixturenames", ())
         group = "ray" if ray_test else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
 

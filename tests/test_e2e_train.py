@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from actors.cli import app
 from actors.run_temp import compile_cache_name
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.own_cluster, pytest.mark.vllm, pytest.mark.slow]
 
 SMALL = ["prompts_per_step=4", "rollout.group_size=4", "rollout.prompts_per_call=2",
          "model.warm_start_steps=20", "report.dump_every=2", "checkpoint_every=2", "report.console=false"]

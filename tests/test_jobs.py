@@ -37,6 +37,8 @@ import pytest
 
 from actors import jobs
 
+pytestmark = pytest.mark.own_cluster  # the head and the CLI are subprocesses: a cluster of its own
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
