@@ -9,6 +9,7 @@ step (``actors.export_handoff``).
 """
 
 import logging
+import os
 import re
 import threading
 import time
@@ -23,7 +24,7 @@ from actors.placement import RoleOptions
 from actors.remote_errors import remote_error
 from system.config import RunConfig
 from system.learner.core import LearnerCore
-from system.learner.distributed import find_free_port
+from system.learner.distributed import reserve_rendezvous
 from system.learner.group_step import StepOutcome, run_step
 from system.weight_broadcast import GroupAddress
 from system.weight_delta import DeltaEncoder
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 class LearnerRank:
     """One FSDP2 rank. Built in two phases, because the ranks may sit on different nodes: the group
     asks rank 0 where to meet (:meth:`rendezvous_address`: its node's address, as Ray knows it, and a
-    free port there), then every rank joins the process group there (:meth:`connect`)."""
+    port rank 0 listens on from then on), then every rank joins the process group there
+    (:meth:`connect`)."""
 
     def __init__(self, cfg: RunConfig, model_dir: str, rank: int, world_size: int) -> None:
         if not torch.cuda.is_available():
@@ -47,18 +49,25 @@ class LearnerRank:
         self.core: LearnerCore | None = None
         self.sender: BroadcastSender | None = None
         self.exports = ExportHandoff()
+        self._listen_fd: int | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """Rank 0: ``(this node's address, a free port on it)``. On a private single-machine cluster
-        Ray's node address is 127.0.0.1, so the rendezvous stays on loopback there."""
+        """Rank 0: ``(this node's address, a port on it)``, listened on from now on (a port only
+        chosen here could be taken by another process before :meth:`connect` binds it). On a
+        private single-machine cluster Ray's node address is 127.0.0.1, so the rendezvous stays on
+        loopback there."""
         host = ray.util.get_node_ip_address()
-        return host, find_free_port(host)
+        if self._listen_fd is not None:
+            os.close(self._listen_fd)
+        self._listen_fd, port = reserve_rendezvous(host, self.world_size)
+        return host, port
 
     def connect(self, master_addr: str, master_port: int) -> None:
         """Join the process group hosted by rank 0 at ``master_addr:master_port`` and build the model
         (collective: every rank calls it together)."""
         cfg = self.cfg
-        self.core = LearnerCore(cfg, self.model_dir, self.rank, self.world_size, master_port, master_addr)
+        fd, self._listen_fd = self._listen_fd, None  # the store owns it from here (or closes it)
+        self.core = LearnerCore(cfg, self.model_dir, self.rank, self.world_size, master_port, master_addr, fd)
         sync = cfg.weight_sync
         encoder = DeltaEncoder(sync.rank, sync.full_every, cfg.seed) if sync.type == "delta" else None
         self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, encoder, sync.shared_memory)

@@ -65,6 +65,7 @@ class LearnerCore:
         world_size: int,
         master_port: int,
         master_addr: str = "127.0.0.1",
+        listen_fd: int | None = None,
     ) -> None:
         if world_size != run_cfg.learner.num_ranks:
             raise ValueError(
@@ -76,7 +77,8 @@ class LearnerCore:
         """The rollout's temperature, top-p and top-k: ``old`` and ``cur`` are log-probs of the
         distribution vLLM sampled from (spec section 0)."""
         self.rank, self.world_size = rank, world_size
-        self.device = distributed.init_process_group(rank, world_size, master_port, master_addr)
+        self.device = distributed.init_process_group(rank, world_size, master_port, master_addr,
+                                                     listen_fd=listen_fd)
         trust = getattr(run_cfg.model, "trust_remote_code", False)
         self.model = build_fsdp_model(model_dir, self.device, world_size, self.cfg.param_dtype, trust)
         self.optimizer = build_optimizer(self.model, self.cfg)

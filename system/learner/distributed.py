@@ -52,16 +52,28 @@ def init_process_group(
     master_addr: str = "127.0.0.1",
     device: torch.device | None = None,
     timeout_s: float = 600.0,
+    listen_fd: int | None = None,
 ) -> torch.device:
-    """Join the learner's process group; returns this rank's device. Collective over all ranks."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    if not 0 < master_port < 65536:
-        raise ValueError(f"master_port must be a TCP port in (0, 65536), got {master_port}")
-    if dist.is_initialized():
-        raise ValueError("a default process group already exists in this process; destroy it first")
+    """Join the learner's process group; returns this rank's device. Collective over all ranks.
+
+    ``listen_fd``: rank 0's rendezvous socket, already listening on ``master_addr:master_port``
+    (:func:`reserve_rendezvous`), taken over by the store (closed here on an error). Without it
+    rank 0 binds the port now, which another process may have taken since it was chosen."""
+    try:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if not 0 < master_port < 65536:
+            raise ValueError(f"master_port must be a TCP port in (0, 65536), got {master_port}")
+        if listen_fd is not None and rank != 0:
+            raise ValueError(f"only rank 0 hosts the rendezvous (listen_fd given to rank {rank})")
+        if dist.is_initialized():
+            raise ValueError("a default process group already exists in this process; destroy it first")
+    except ValueError:
+        if listen_fd is not None:
+            os.close(listen_fd)
+        raise
     device = device if device is not None else learner_device(rank)
     backend = backend_for_device(device)
     if backend == "gloo" and _is_loopback(master_addr):
@@ -69,7 +81,7 @@ def init_process_group(
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend=backend,
-        store=_rendezvous_store(rank, world_size, master_addr, master_port, timeout),
+        store=_rendezvous_store(rank, world_size, master_addr, master_port, timeout, listen_fd),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
@@ -78,8 +90,16 @@ def init_process_group(
     return device
 
 
-def _rendezvous_store(rank: int, world_size: int, addr: str, port: int, timeout: timedelta) -> dist.TCPStore:
-    """The TCP store of the rendezvous; rank 0 hosts it on ``addr`` only.
+def reserve_rendezvous(addr: str, world_size: int) -> tuple[int, int]:
+    """Rank 0's rendezvous socket, listening on a free port of ``addr`` from now on (no other process
+    can take the port between the choice and the process group): ``(fd, port)`` for
+    :func:`init_process_group`'s ``listen_fd`` and ``master_port``."""
+    return listening_fd(addr, 0, backlog=max(64, world_size))
+
+
+def _rendezvous_store(rank: int, world_size: int, addr: str, port: int, timeout: timedelta,
+                      listen_fd: int | None = None) -> dist.TCPStore:
+    """The TCP store of the rendezvous; rank 0 hosts it on ``addr`` only (on ``listen_fd`` when given).
 
     ``init_method="tcp://addr:port"`` makes rank 0's store listen on every interface (``*:port``)
     whatever ``addr`` says; binding the socket ourselves and handing it to the store (which owns
@@ -88,7 +108,7 @@ def _rendezvous_store(rank: int, world_size: int, addr: str, port: int, timeout:
     """
     if rank != 0:
         return dist.TCPStore(addr, port, world_size, False, timeout)
-    fd, port = listening_fd(addr, port, backlog=max(64, world_size))
+    fd, port = (listen_fd, port) if listen_fd is not None else listening_fd(addr, port, backlog=max(64, world_size))
     try:
         return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
     except BaseException:
