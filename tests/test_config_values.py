@@ -16,9 +16,10 @@ from system.config.learner import LearnerConfig
 
 # -- strict numbers (issue 9 a) -------------------------------------------------------------------
 
-def _number_fields(model_cls, prefix="", loc_prefix="", setup=()):
+def _number_fields(model_cls, prefix="", loc_prefix="", setup=(), of=(int, float)):
     """(dotted key, overrides selecting its union member, error path, kind) of every int / float
-    field, found by walking the annotations (a union member is selected with its ``type``)."""
+    field (``of``: those kinds), found by walking the annotations (a union member is selected with
+    its ``type``)."""
     for name, field in model_cls.model_fields.items():
         key = field.alias or name
         args = typing.get_args(field.annotation) or (field.annotation,)
@@ -28,16 +29,17 @@ def _number_fields(model_cls, prefix="", loc_prefix="", setup=()):
                 if field.discriminator:  # a tagged union, maybe of one member
                     tag = member.model_fields["type"].default
                     yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.",
-                                              (*setup, f"{prefix}{key}.type={tag}"))
+                                              (*setup, f"{prefix}{key}.type={tag}"), of)
                 else:
-                    yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.", setup)
+                    yield from _number_fields(member, f"{prefix}{key}.", f"{loc_prefix}{key}.", setup, of)
             continue
-        kinds = {a for a in args if a in (int, float)}
+        kinds = {a for a in args if a in of}
         if kinds:
-            yield f"{prefix}{key}", setup, f"{loc_prefix}{key}", "float" if float in kinds else "int"
+            yield f"{prefix}{key}", setup, f"{loc_prefix}{key}", "float" if float in kinds else kinds.pop().__name__
 
 
 NUMBER_FIELDS = list(_number_fields(RunConfig))
+BOOL_FIELDS = list(_number_fields(RunConfig, of=(bool,)))
 
 
 def test_the_walk_finds_the_number_fields():
@@ -61,6 +63,28 @@ def test_no_number_field_takes_a_boolean_or_a_non_finite_value(key, setup, loc, 
     if kind == "float":
         with pytest.raises(ConfigError, match="finite number"):
             resolve_config([], [*setup, f"{key}=.inf"])
+
+
+def test_the_walk_finds_the_boolean_fields():
+    keys = {k for k, *_ in BOOL_FIELDS}
+    assert {"weight_sync.shared_memory", "async.queue_ahead", "report.console",
+            "rollout.engine.enforce_eager", "model.trust_remote_code", "correction.method.self_normalize"} <= keys
+    assert all(kind == "bool" for *_, kind in BOOL_FIELDS)
+
+
+@pytest.mark.parametrize(("key", "setup", "loc", "kind"), BOOL_FIELDS, ids=[f"{k}-{s}" for k, s, *_ in BOOL_FIELDS])
+def test_no_boolean_field_takes_a_number_or_a_word(key, setup, loc, kind):
+    """A probe: ``weight_sync.shared_memory=1`` became true and ``=0.0`` or ``=n`` false (pydantic's
+    lax booleans). YAML's own booleans still work (``yes``/``no`` are booleans to YAML)."""
+    for value, shown in [("1", "1"), ("0", "0"), ("0.0", "0.0"), ("n", "'n'"), ("maybe", "'maybe'"), ("2", "2")]:
+        with pytest.raises(ConfigError) as err:
+            resolve_config([], [*setup, f"{key}={value}"])
+        assert f"{loc}: expected true or false, got {shown}" in str(err.value), (value, str(err.value))
+    for value in ("false", "no", "off", "true", "yes"):  # taken (a union member may want other fields)
+        try:
+            resolve_config([], [*setup, f"{key}={value}"])
+        except ConfigError as err:
+            assert f"{loc}: " not in str(err), (value, str(err))
 
 
 def test_the_issue_examples_are_refused():

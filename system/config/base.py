@@ -3,7 +3,9 @@
 Numbers are strict in every section, here once: a float field refuses ``inf`` and ``nan``
 (``allow_inf_nan=False``), an int or float field refuses a boolean (YAML's ``true`` would
 otherwise become 1), and an int must fit in 64 bits (seeds and counts reach numpy and torch).
-Strings from YAML or dotted overrides (``1e-3``) still convert to numbers as before.
+Strings from YAML or dotted overrides (``1e-3``) still convert to numbers as before. A boolean
+field takes only a boolean (YAML's ``true``/``false``, ``yes``/``no``, ``on``/``off``): pydantic
+would otherwise read ``1``, ``0.0`` or the string ``n`` as one (found by a probe).
 """
 
 import types
@@ -21,15 +23,20 @@ MAX_TIMEOUT_S = 1e6
 ``timedelta`` overflows; a user wanting no limit in practice writes 1e6."""
 
 
-def _is_number_type(annotation: Any) -> bool:
-    """True for ``int``, ``float`` and unions / ``Annotated`` wrappers holding one (not ``bool``)."""
-    if annotation in (int, float):
+def _holds(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """True for one of ``kinds`` and unions / ``Annotated`` wrappers holding one."""
+    if annotation in kinds:
         return True
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType, typing.Annotated):
         args = typing.get_args(annotation)
-        return any(_is_number_type(a) for a in (args[:1] if origin is typing.Annotated else args))
+        return any(_holds(a, kinds) for a in (args[:1] if origin is typing.Annotated else args))
     return False
+
+
+def _is_number_type(annotation: Any) -> bool:
+    """True for ``int``, ``float`` and unions / ``Annotated`` wrappers holding one (not ``bool``)."""
+    return _holds(annotation, (int, float))
 
 
 class StrictModel(BaseModel):
@@ -46,7 +53,7 @@ class StrictModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_for_numbers(cls, data: Any) -> Any:
+    def _bools_and_numbers_apart(cls, data: Any) -> Any:
         # A model-level check: pydantic allows no field "before" validator on a union's ``type``.
         if not isinstance(data, dict):
             return data
@@ -58,6 +65,13 @@ class StrictModel(BaseModel):
                     errors.append(InitErrorDetails(
                         type=PydanticCustomError("bool_not_number", "expected a number, got the boolean {value}",
                                                  {"value": str(value).lower()}),
+                        loc=(key,), input=value,
+                    ))
+                elif (value is not None and not isinstance(value, bool) and _holds(field.annotation, (bool,))
+                      and not _is_number_type(field.annotation)):
+                    errors.append(InitErrorDetails(
+                        type=PydanticCustomError("number_not_bool", "expected true or false, got {value}",
+                                                 {"value": repr(value)}),
                         loc=(key,), input=value,
                     ))
         if errors:  # raised as a ValidationError so that each error sits at its field (supported by pydantic-core)
