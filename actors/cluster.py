@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ray
 
-from actors.ray_internals import set_local_only
+from actors.ray_internals import quiet_worker_deaths, set_local_only
 from actors.stop_signals import defer_signals
 from system.config import RunConfig, check_output_dir
 from system.config.cluster import RayConfig
@@ -92,7 +92,8 @@ def verbose() -> bool:
 def quiet_workers() -> None:
     """Set :data:`QUIET_ENV` (values the user set win) before a private cluster starts, and quiet this
     process's progress bars (tqdm reads ``TQDM_DISABLE`` when it is imported, before this runs: the
-    tiny model's build printed "Writing model shards" bars). Off a terminal, Ray's prefixes of the
+    tiny model's build printed "Writing model shards" bars) and Ray's paragraph on every dead
+    actor process (``ray_internals.quiet_worker_deaths``). Off a terminal, Ray's prefixes of the
     workers' lines (``(CorrectionService pid=...)``) carry no colour codes."""
     if not verbose():
         for key, value in QUIET_ENV.items():
@@ -101,6 +102,7 @@ def quiet_workers() -> None:
         from transformers.utils import logging as transformers_logging
 
         disable_progress_bars()
+        quiet_worker_deaths()  # aisrl says each lost worker or rank in a line of its own
         transformers_logging.disable_progress_bar()
         transformers_logging.set_verbosity_error()  # imported before TRANSFORMERS_VERBOSITY was set here
     if not (sys.stdout.isatty() and sys.stderr.isatty()):

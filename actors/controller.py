@@ -293,8 +293,12 @@ class RolloutLoop:
                 raise RuntimeError(
                     f"{self._start_failures} rollout workers in a row failed to start (rollout.max_start_failures="
                     f"{limit}); the last, {slot.worker_id}: {type(exc).__name__}: {cause}")
-        log.warning("rollout worker %s lost (%s); re-issuing its %d prompts and replacing it",
-                    slot.worker_id, type(exc).__name__, len(slot.inflight_prompts()))
+        if self.stop.is_set():  # the run ends (or failed: a probe saw "replacing it" after its failure line)
+            log.info("rollout worker %s lost (%s) while the run stops; its %d prompts are re-issued to the ledger",
+                     slot.worker_id, type(exc).__name__, len(slot.inflight_prompts()))
+        else:
+            log.warning("rollout worker %s lost (%s); re-issuing its %d prompts and replacing it",
+                        slot.worker_id, type(exc).__name__, len(slot.inflight_prompts()))
         with self.state.cond:
             self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts()])
         self.pool.failures += 1

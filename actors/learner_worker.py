@@ -21,7 +21,7 @@ import torch
 from actors.cluster import actor_env
 from actors.export_handoff import ExportHandoff
 from actors.placement import RoleOptions
-from actors.remote_errors import remote_error
+from actors.remote_errors import process_death, remote_error
 from system.config import RunConfig
 from system.learner.core import LearnerCore
 from system.learner.distributed import reserve_rendezvous
@@ -161,7 +161,7 @@ def _part_lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException
 
 
 def _lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> LearnerLostError:
-    cause = remote_error(exc) or type(exc).__name__
+    cause = process_death(str(exc)) or remote_error(exc) or type(exc).__name__
     return LearnerLostError(f"learner rank {refs.index(ref)} of {len(refs)} was lost ({type(exc).__name__}: {cause}); "
                             "the sharded learner cannot continue without it, so the run stops")
 

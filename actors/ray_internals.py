@@ -11,9 +11,15 @@
   Jobs SDK calls ``requests``) to give every request a timeout: the SDK sends none and takes none, so a
   dashboard port that accepts and never answers (a stuck head, a half-dead port-forward) hung
   ``aisrl job`` and ``aisrl submit`` for ever.
+- :func:`quiet_worker_deaths` wraps ``ray._private.worker.print_to_stdstream``: the driver's error
+  listener thread prints through it, for every actor process that dies, a ~900-character
+  ``(raylet) A worker died or was killed ...`` paragraph whatever ``log_to_driver`` says (a probe:
+  it sat between aisrl's own one-line reports of each lost worker or rank). The thread looks the
+  function up at every message, so the wrapper applies from then on.
 """
 
 from ray._private import ray_constants
+from ray._private import worker as ray_worker
 from ray._raylet import Config
 from ray.job_submission import JobSubmissionClient
 
@@ -29,6 +35,27 @@ def set_local_only(local_only: bool) -> None:
 def reload_config() -> None:
     """Re-read Ray's system config from the environment."""
     Config.initialize("")
+
+
+WORKER_DIED = "A worker died or was killed while executing a task"
+"""How Ray's raylet message on a dead actor process begins (ray 2.55-2.60)."""
+
+
+def quiet_worker_deaths() -> None:
+    """From now on this driver prints none of the raylet's worker-death paragraphs (aisrl says each
+    loss in its own line); every other line Ray prints passes as before. Idempotent."""
+    original = ray_worker.print_to_stdstream
+    if hasattr(original, "aisrl_original"):
+        return
+
+    def print_to_stdstream(data, *args, **kwargs):
+        lines = data.get("lines") or []
+        if data.get("pid") == "raylet" and lines and all(str(x).startswith(WORKER_DIED) for x in lines):
+            return None
+        return original(data, *args, **kwargs)
+
+    print_to_stdstream.aisrl_original = original
+    ray_worker.print_to_stdstream = print_to_stdstream
 
 
 class TimedJobSubmissionClient(JobSubmissionClient):

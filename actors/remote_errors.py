@@ -28,6 +28,26 @@ def last_raised(text: str) -> str:
     return f"{first}: {text[found[-1].start():]}"
 
 
+_EXIT = re.compile(r"Worker exit type: (\w+)(?: Worker exit detail: (.*?\.)(?:\s|$))?")
+_PID = re.compile(r"\bpid: (\d+)")
+_IP = re.compile(r"\bip: (\S+)")
+
+
+def process_death(text: str) -> str | None:
+    """Ray's text on an actor whose process died (``ActorDiedError``: the actor's ids, namespace and
+    a paragraph of possible causes, ~420 characters on the console, a probe) said short: ``its
+    process (pid P on IP) died: EXIT_TYPE, <the exit detail's first sentence> ...``; None for any
+    other text (an actor killed by ``ray.kill``, an error in its constructor)."""
+    found = _EXIT.search(text)
+    if found is None:
+        return None
+    pid, ip = _PID.search(text), _IP.search(text)
+    where = " on ".join(x for x in (pid and f"pid {pid.group(1)}", ip and ip.group(1)) if x)
+    detail = f", {found.group(2).rstrip('.')}" if found.group(2) else ""
+    return (f"its process{f' ({where})' if where else ''} died: {found.group(1)}{detail} "
+            "(killed, out of memory, or a crash)")
+
+
 def remote_error(exc: BaseException, limit: int = 400, with_type: bool = False) -> str:
     """``"<Type>: <message> (in <Actor.method>)"`` of the innermost cause of ``exc`` (``exc`` itself
     when it is not a remote task's error: its message only, unless ``with_type``, for a message that wraps

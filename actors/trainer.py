@@ -217,6 +217,9 @@ class Trainer:
                     due = self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0
                     if due or self._checkpoint_owed:  # skipped for a non-finite step: at the next finite one
                         self._checkpoint_owed = self.save_checkpoint() is None
+            except BaseException:
+                self.rollout.stop.set()  # the run failed: no worker is replaced from now on
+                raise
             finally:
                 if console:
                     console.close()

@@ -83,7 +83,10 @@ class BroadcastSender:
                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
                    "broadcast_shared_memory": shared, "broadcast_generation": self._number}
         if self.encoder is not None:
-            metrics |= {"compression_ratio": payload.num_bytes / max(wire.num_bytes, 1),
+            # the payload's bytes over those one receiver got (the broadcast's layout, alignment
+            # included): payload_bytes * receivers / broadcast_bytes (a probe found the ratio taken
+            # over the encoded arrays alone, 3 % above what the byte counts beside it said)
+            metrics |= {"compression_ratio": payload.num_bytes / max(sent, 1),
                         "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error}
         return metrics
 

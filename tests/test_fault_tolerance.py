@@ -176,6 +176,7 @@ def test_scale_workers_up_and_down_while_training(trainer_factory):
         full = r["weight_sync/payload_bytes"] * r["weight_sync/broadcast_receivers"]
         assert (r["weight_sync/broadcast_bytes"] == full) == bool(r["weight_sync/full_version"])
         assert r["weight_sync/compression_ratio"] > 4 or r["weight_sync/full_version"]
+        assert r["weight_sync/compression_ratio"] == pytest.approx(full / r["weight_sync/broadcast_bytes"], rel=1e-12)
     counts = trainer.sampler.counts()
     assert counts["duplicates"] == 0 and counts["trained"] == trainer.step * 4
     assert counts["issued"] == counts["trained"] + counts["dropped"] + counts["in_flight"] + counts["buffered"]

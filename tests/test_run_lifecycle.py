@@ -275,6 +275,33 @@ def test_an_actor_that_died_in_its_creation_says_the_last_exception_not_the_trac
     assert remote_error(plain) == "weights of version 3 lack lm_head.weight"
 
 
+# ray 2.60's text when an actor's process is SIGKILLed during a task (``str(ActorDiedError)``)
+DIED = ("The actor died unexpectedly before finishing this task.\n\tclass_name: LearnerRank\n\tactor_id: "
+        "39bfbb0ffa2076f8b09d805101000000\n\tpid: 21316\n\tnamespace: 0f0001a1-c867-4ee6-b7b8-9e9528fa39c0\n\t"
+        "ip: 127.0.0.1\nThe actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+        "Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file. Some common "
+        "causes include: (1) the process was killed by the OOM killer due to high memory usage, (2) ray stop "
+        "--force was called, or (3) the worker crashed unexpectedly due to SIGSEGV or another unexpected error.")
+
+
+def test_a_lost_ranks_process_is_said_in_a_short_line():
+    """A probe: a learner rank killed by a signal failed the run with ~420 characters of Ray's text (the
+    actor's ids, namespace, a paragraph of possible causes); the exit type and detail are what it says."""
+    from actors.learner_worker import _lost
+    from actors.remote_errors import process_death
+
+    assert process_death(DIED) == ("its process (pid 21316 on 127.0.0.1) died: SYSTEM_ERROR, Worker unexpectedly "
+                                   "exits with a connection error code 2 (killed, out of memory, or a crash)")
+    assert process_death("The actor died because it was killed by `ray.kill`.") is None  # not a process death
+    refs = ["rank0-ref", "rank1-ref"]
+    lost = _lost(refs, "rank0-ref", ray.exceptions.ActorDiedError())
+    assert str(lost).startswith("learner rank 0 of 2 was lost (ActorDiedError: ")
+    said = str(_lost(refs, "rank1-ref", RuntimeError(DIED)))
+    assert said == ("learner rank 1 of 2 was lost (RuntimeError: its process (pid 21316 on 127.0.0.1) died: "
+                    "SYSTEM_ERROR, Worker unexpectedly exits with a connection error code 2 (killed, out of "
+                    "memory, or a crash)); the sharded learner cannot continue without it, so the run stops")
+
+
 def test_a_broken_rollout_loop_is_said_with_its_cause_and_actor_method(loopback_ray):
     """Found by a probe: a learner rank's OSError that ended the rollout loop reached the console as
     "the rollout loop failed: RayTaskError(OSError)()": no message, no actor method."""
