@@ -57,8 +57,9 @@ class LearnerRank:
         private single-machine cluster Ray's node address is 127.0.0.1, so the rendezvous stays on
         loopback there."""
         host = ray.util.get_node_ip_address()
-        if self._listen_fd is not None:
-            os.close(self._listen_fd)
+        earlier, self._listen_fd = self._listen_fd, None  # a second call: the first socket is closed
+        if earlier is not None:
+            os.close(earlier)
         self._listen_fd, port = reserve_rendezvous(host, self.world_size)
         return host, port
 

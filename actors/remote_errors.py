@@ -31,21 +31,24 @@ def last_raised(text: str) -> str:
 _EXIT = re.compile(r"Worker exit type: (\w+)(?: Worker exit detail: (.*?\.)(?:\s|$))?")
 _PID = re.compile(r"\bpid: (\d+)")
 _IP = re.compile(r"\bip: (\S+)")
+_UNEXPECTED = {"SYSTEM_ERROR", "NODE_OUT_OF_MEMORY", "UNEXPECTED_SYSTEM_EXIT"}
+"""Exit types Ray gives a process that did not end on its own or by an error of its code."""
 
 
 def process_death(text: str) -> str | None:
     """Ray's text on an actor whose process died (``ActorDiedError``: the actor's ids, namespace and
     a paragraph of possible causes, ~420 characters on the console, a probe) said short: ``its
-    process (pid P on IP) died: EXIT_TYPE, <the exit detail's first sentence> ...``; None for any
-    other text (an actor killed by ``ray.kill``, an error in its constructor)."""
+    process (pid P on IP) died: EXIT_TYPE, <the exit detail's first sentence>``, with the likely
+    causes for an unexpected exit; None for any other text (an actor killed by ``ray.kill``, an
+    error in its constructor)."""
     found = _EXIT.search(text)
     if found is None:
         return None
     pid, ip = _PID.search(text), _IP.search(text)
     where = " on ".join(x for x in (pid and f"pid {pid.group(1)}", ip and ip.group(1)) if x)
     detail = f", {found.group(2).rstrip('.')}" if found.group(2) else ""
-    return (f"its process{f' ({where})' if where else ''} died: {found.group(1)}{detail} "
-            "(killed, out of memory, or a crash)")
+    unexpected = " (killed, out of memory, or a crash)" if found.group(1) in _UNEXPECTED else ""
+    return f"its process{f' ({where})' if where else ''} died: {found.group(1)}{detail}{unexpected}"
 
 
 def remote_error(exc: BaseException, limit: int = 400, with_type: bool = False) -> str:

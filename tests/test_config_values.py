@@ -80,11 +80,15 @@ def test_no_boolean_field_takes_a_number_or_a_word(key, setup, loc, kind):
         with pytest.raises(ConfigError) as err:
             resolve_config([], [*setup, f"{key}={value}"])
         assert f"{loc}: expected true or false, got {shown}" in str(err.value), (value, str(err.value))
-    for value in ("false", "no", "off", "true", "yes"):  # taken (a union member may want other fields)
-        try:
-            resolve_config([], [*setup, f"{key}={value}"])
+    for value, parsed in (("false", False), ("no", False), ("off", False), ("true", True), ("yes", True)):
+        try:  # taken, as YAML reads it (a union member may want other fields: then no error at this key)
+            node = resolve_config([], [*setup, f"{key}={value}"])
         except ConfigError as err:
             assert f"{loc}: " not in str(err), (value, str(err))
+            continue
+        for part in key.split("."):
+            node = getattr(node, "async_" if part == "async" else part)
+        assert node is parsed, (key, value)
 
 
 def test_the_issue_examples_are_refused():

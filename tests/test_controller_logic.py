@@ -128,6 +128,27 @@ def test_a_lost_worker_is_replaced_and_its_prompts_served_again():
     assert cls.handles["rollout-0"].killed  # an unreachable actor may live on, holding its resources
 
 
+def test_a_worker_lost_while_the_run_stops_is_not_said_to_be_replaced(caplog):
+    """A probe: after a learner rank's loss had failed the run, the console still said a rollout
+    worker was lost and "replacing it". Once the loop is stopping (a failure, a stop, the drain) the
+    loss is an info line; its prompts go back to the ledger as ever and nothing is launched."""
+    import logging
+
+    cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)
+    state.publish(3, 3)
+    cls.handles["rollout-0"].dead = True
+    loop._push_weights()
+    loop._dispatch()  # two calls on rollout-0, failing when collected
+    loop.stop.set()  # what the trainer does when its step loop raises
+    with caplog.at_level(logging.INFO, logger="actors.controller"):
+        loop._collect(timeout=0)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "actors.controller"]
+    assert [level for level, _ in said] == [logging.INFO], said
+    assert "while the run stops" in said[0][1] and "replacing" not in said[0][1]
+    assert pool.failures == 1 and "rollout-0" not in pool.slots and len(sampler.requeued) == 4
+    assert list(pool.slots) == []  # no replacement launched
+
+
 def test_scaling_follows_desired_workers():
     """1 -> 3 launches two workers; 3 -> 1 retires two (idle ones first) and kills them."""
     cfg, cls, pool, sampler, buffer, state, loop = build(max_lag=1)

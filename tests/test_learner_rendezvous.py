@@ -7,7 +7,6 @@ the socket listening (``reserve_rendezvous``) and the store takes it over (``lis
 """
 
 import errno
-import os
 import socket
 
 import psutil
@@ -43,10 +42,8 @@ def test_a_refused_call_closes_the_reserved_socket():
     fd, port = distributed.reserve_rendezvous("127.0.0.1", world_size=2)
     with pytest.raises(ValueError, match="only rank 0 hosts the rendezvous"):
         distributed.init_process_group(1, 2, port, "127.0.0.1", listen_fd=fd)
-    with pytest.raises(OSError):
-        os.fstat(fd)  # closed: no socket left listening for a group that will not form
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        probe.bind(("127.0.0.1", port))  # the port is free again
+        probe.bind(("127.0.0.1", port))  # the port is free again: the socket was closed
     finally:
         probe.close()

@@ -293,6 +293,9 @@ def test_a_lost_ranks_process_is_said_in_a_short_line():
     assert process_death(DIED) == ("its process (pid 21316 on 127.0.0.1) died: SYSTEM_ERROR, Worker unexpectedly "
                                    "exits with a connection error code 2 (killed, out of memory, or a crash)")
     assert process_death("The actor died because it was killed by `ray.kill`.") is None  # not a process death
+    user = DIED.replace("SYSTEM_ERROR", "INTENDED_USER_EXIT").replace("unexpectedly exits with a connection error "
+                                                                       "code 2", "exits")
+    assert process_death(user) == "its process (pid 21316 on 127.0.0.1) died: INTENDED_USER_EXIT, Worker exits"
     refs = ["rank0-ref", "rank1-ref"]
     lost = _lost(refs, "rank0-ref", ray.exceptions.ActorDiedError())
     assert str(lost).startswith("learner rank 0 of 2 was lost (ActorDiedError: ")

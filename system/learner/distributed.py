@@ -57,8 +57,9 @@ def init_process_group(
     """Join the learner's process group; returns this rank's device. Collective over all ranks.
 
     ``listen_fd``: rank 0's rendezvous socket, already listening on ``master_addr:master_port``
-    (:func:`reserve_rendezvous`), taken over by the store (closed here on an error). Without it
-    rank 0 binds the port now, which another process may have taken since it was chosen."""
+    (:func:`reserve_rendezvous`); the store listens on a duplicate of it, and it is closed here
+    whatever happens. Without it rank 0 binds the port now, which another process may have taken
+    since it was chosen."""
     try:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -70,18 +71,18 @@ def init_process_group(
             raise ValueError(f"only rank 0 hosts the rendezvous (listen_fd given to rank {rank})")
         if dist.is_initialized():
             raise ValueError("a default process group already exists in this process; destroy it first")
-    except ValueError:
-        if listen_fd is not None:
+        device = device if device is not None else learner_device(rank)
+        backend = backend_for_device(device)
+        if backend == "gloo" and _is_loopback(master_addr):
+            _pin_gloo_to_loopback()
+        timeout = timedelta(seconds=timeout_s)
+        store = _rendezvous_store(rank, world_size, master_addr, master_port, timeout, listen_fd)
+    finally:
+        if listen_fd is not None:  # the store holds a duplicate of it (or was not made)
             os.close(listen_fd)
-        raise
-    device = device if device is not None else learner_device(rank)
-    backend = backend_for_device(device)
-    if backend == "gloo" and _is_loopback(master_addr):
-        _pin_gloo_to_loopback()
-    timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend=backend,
-        store=_rendezvous_store(rank, world_size, master_addr, master_port, timeout, listen_fd),
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=timeout,
@@ -108,12 +109,11 @@ def _rendezvous_store(rank: int, world_size: int, addr: str, port: int, timeout:
     """
     if rank != 0:
         return dist.TCPStore(addr, port, world_size, False, timeout)
-    fd, port = (listen_fd, port) if listen_fd is not None else listening_fd(addr, port, backlog=max(64, world_size))
-    try:
-        return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
-    except BaseException:
-        os.close(fd)
-        raise
+    # a duplicate of the caller's socket (the caller closes its own): the store owns what it is given
+    fd, port = (os.dup(listen_fd), port) if listen_fd is not None else listening_fd(addr, port, backlog=max(64, world_size))
+    # not closed here if the store fails: it may have closed the socket already (a review: libuv closes
+    # a handle it fails to wrap), and closing its number again could close another thread's file
+    return dist.TCPStore(addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
 
 
 def listening_fd(addr: str, port: int, backlog: int = 64) -> tuple[int, int]:
