@@ -67,8 +67,12 @@ class LearnerRank:
         """Join the process group hosted by rank 0 at ``master_addr:master_port`` and build the model
         (collective: every rank calls it together)."""
         cfg = self.cfg
-        fd, self._listen_fd = self._listen_fd, None  # the store owns it from here (or closes it)
-        self.core = LearnerCore(cfg, self.model_dir, self.rank, self.world_size, master_port, master_addr, fd)
+        fd, self._listen_fd = self._listen_fd, None
+        try:
+            self.core = LearnerCore(cfg, self.model_dir, self.rank, self.world_size, master_port, master_addr, fd)
+        finally:
+            if fd is not None:  # the store listens on a duplicate of it
+                os.close(fd)
         sync = cfg.weight_sync
         encoder = DeltaEncoder(sync.rank, sync.full_every, cfg.seed) if sync.type == "delta" else None
         self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, encoder, sync.shared_memory)

@@ -199,10 +199,8 @@ def test_a_ready_batch_is_queued_behind_the_running_step(loopback_ray, tmp_path)
 
     Step 3 is not checked: its batch is the first generated with published weights (version 1,
     published when step 1 ends), and the one-time costs of that first publish and load twice made
-    it miss the window on a loaded machine (full suites in parallel). Steps 4, 6, 7 and 8 are the
-    same case in the steady state (each needs the version published when step k-2 ended): step k's
-    batch must be generated, gathered and submitted within step k-1's L, a chain of several Ray round
-    trips; L = 1.5 s (was 0.6 s) leaves it over a second on a machine the suite's other process loads."""
+    it miss the window under load. Steps 4, 6, 7 and 8 are the steady state: step k's batch must be
+    generated (with step k-2's weights), gathered and submitted within step k-1's L = 1.5 s."""
     run_dir = tmp_path / "run"
     cfg = sim_config(run_dir, "max_steps=8", "async.max_lag=1", "async.queue_ahead=true", "checkpoint_every=4")
     records = run_to_end(Trainer(

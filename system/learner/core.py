@@ -26,7 +26,6 @@ mini-batch over all ranks (the global ones with one mini-batch); the policy vers
 once per batch.
 """
 
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -69,8 +68,6 @@ class LearnerCore:
         listen_fd: int | None = None,
     ) -> None:
         if world_size != run_cfg.learner.num_ranks:
-            if listen_fd is not None:  # init_process_group would have taken it over
-                os.close(listen_fd)
             raise ValueError(
                 f"world_size {world_size} differs from learner.num_ranks {run_cfg.learner.num_ranks}"
             )

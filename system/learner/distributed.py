@@ -57,32 +57,27 @@ def init_process_group(
     """Join the learner's process group; returns this rank's device. Collective over all ranks.
 
     ``listen_fd``: rank 0's rendezvous socket, already listening on ``master_addr:master_port``
-    (:func:`reserve_rendezvous`); the store listens on a duplicate of it, and it is closed here
-    whatever happens. Without it rank 0 binds the port now, which another process may have taken
-    since it was chosen."""
-    try:
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        if not 0 < master_port < 65536:
-            raise ValueError(f"master_port must be a TCP port in (0, 65536), got {master_port}")
-        if listen_fd is not None and rank != 0:
-            raise ValueError(f"only rank 0 hosts the rendezvous (listen_fd given to rank {rank})")
-        if dist.is_initialized():
-            raise ValueError("a default process group already exists in this process; destroy it first")
-        device = device if device is not None else learner_device(rank)
-        backend = backend_for_device(device)
-        if backend == "gloo" and _is_loopback(master_addr):
-            _pin_gloo_to_loopback()
-        timeout = timedelta(seconds=timeout_s)
-        store = _rendezvous_store(rank, world_size, master_addr, master_port, timeout, listen_fd)
-    finally:
-        if listen_fd is not None:  # the store holds a duplicate of it (or was not made)
-            os.close(listen_fd)
+    (:func:`reserve_rendezvous`); the store listens on a duplicate of it, and the caller closes its
+    own. Without it rank 0 binds the port now, which another process may have taken since it was
+    chosen."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if not 0 < master_port < 65536:
+        raise ValueError(f"master_port must be a TCP port in (0, 65536), got {master_port}")
+    if listen_fd is not None and rank != 0:
+        raise ValueError(f"only rank 0 hosts the rendezvous (listen_fd given to rank {rank})")
+    if dist.is_initialized():
+        raise ValueError("a default process group already exists in this process; destroy it first")
+    device = device if device is not None else learner_device(rank)
+    backend = backend_for_device(device)
+    if backend == "gloo" and _is_loopback(master_addr):
+        _pin_gloo_to_loopback()
+    timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend=backend,
-        store=store,
+        store=_rendezvous_store(rank, world_size, master_addr, master_port, timeout, listen_fd),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
