@@ -15,6 +15,7 @@ from actors.remote_errors import remote_error
 from system.config import ConfigError, RunConfig, check_output_dir, resolve_config
 from system.config.advice import config_warnings
 from system.config.environment import apply_environment
+from system.config.loading import type_switch_notes
 from system.config.paths import check_input_paths, with_absolute_paths
 from system.config.resume import resume_config
 from system.config.rollout import MAX_ROLLOUT_WORKERS
@@ -55,10 +56,14 @@ def _out_path(value: str) -> Path:
     return Path(value).expanduser()
 
 
-def load_run_config(presets: list[str], overrides: list[str], resume: Path | None) -> RunConfig:
+def load_run_config(presets: list[str], overrides: list[str], resume: Path | None) -> tuple[RunConfig, list[str]]:
+    """The run's config and the console notes on fields a ``type`` switch reset (``type_switch_notes``)."""
     if resume is not None:
-        return resume_config(resume, presets, overrides)
-    return resolve_config(presets, overrides)
+        cfg = resume_config(resume, presets, overrides)
+        presets = [str(resume / "config.json"), *presets]
+    else:
+        cfg = resolve_config(presets, overrides)
+    return cfg, type_switch_notes(presets, overrides, cfg)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -75,8 +80,10 @@ def train(
             raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
         presets, overrides = split_args(args or [])
         # absolute: the actors' working directory is not this one (on a joined cluster, the raylet's)
-        cfg = with_absolute_paths(load_run_config(presets, overrides, resume))
+        cfg, switch_notes = load_run_config(presets, overrides, resume)
+        cfg = with_absolute_paths(cfg)
         cfg, env_notes = apply_environment(cfg, os.environ, overrides)
+        env_notes = [*switch_notes, *env_notes]
         check_output_dir(cfg.output_dir, "output_dir")
         check_input_paths(cfg)
         from actors.cluster import check_local_dirs

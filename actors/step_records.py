@@ -1,8 +1,10 @@
 """What the driver holds of a step: the step in flight (``SubmittedStep``), and the step records sent
 to the correction service (``RecordsInFlight``; not awaited: its sinks write while the next step
 runs), checked as the run goes: a record the service could not write fails the run, naming the cause,
-instead of every later record being lost while checkpoints are still published."""
+instead of every later record being lost while checkpoints are still published; and the rollout
+side's figures of a record, since the previous step (``RolloutSince``)."""
 
+import time
 from dataclasses import dataclass
 
 import ray
@@ -55,3 +57,27 @@ class RecordsInFlight:
                     raise RecordsLostError(f"the record of step {step} could not be written ({remote_error(exc)}); "
                                            "the run stops") from None
         self._sent = [(step, ref) for step, ref in self._sent if ref not in finished]
+
+
+class RolloutSince:
+    """The rollout side's figures of a step record, each since the previous call (the first: since this
+    object was made). ``state``: the controller's ``SharedState``."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self._idle_mark = 0.0
+        self._rate_mark = (time.perf_counter(), state.generated_tokens)
+
+    def idle_s(self, ready_workers: int) -> float:
+        """Seconds a ready rollout worker sat idle (mean over the ``ready_workers``): the rollout side's
+        pause, waiting for newer weights under the staleness bound."""
+        with self.state.cond:
+            total = self.state.rollout_idle_s
+        idle, self._idle_mark = total - self._idle_mark, total
+        return idle / max(ready_workers, 1)
+
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second."""
+        now, tokens = time.perf_counter(), self.state.generated_tokens
+        (t_prev, n_prev), self._rate_mark = self._rate_mark, (now, tokens)
+        return (tokens - n_prev) / max(now - t_prev, 1e-9)

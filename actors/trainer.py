@@ -10,7 +10,6 @@ When the next batch is ready before the running step ends, the next step is subm
 waits in the learners' queue (``SubmittedStep.queued_ahead``).
 """
 
-import json
 import logging
 import os
 import threading
@@ -31,7 +30,7 @@ from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
 from actors.run_temp import make_run_temp, remove_run_temp
-from actors.step_records import RecordsInFlight, SubmittedStep
+from actors.step_records import RecordsInFlight, RolloutSince, SubmittedStep
 from actors.stop_signals import as_terminated, defer_signals, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
 from system import controller_state, metrics_file, run_state
@@ -95,7 +94,6 @@ class Trainer:
         lock, self._lock = getattr(self, "_lock", None), None
         if lock is not None:
             run_state.release_run_dir(lock, self.run_dir, remove_dir)
-
 
     def _start(self, resume: bool, overwrite: bool) -> None:
         cfg, saved = self.cfg, {}
@@ -202,8 +200,7 @@ class Trainer:
         record: dict = {}
         try:
             self.rollout.thread.start()
-            self._rate_mark = (time.perf_counter(), self.state.generated_tokens)
-            self._idle_mark = 0.0
+            self._rollout_since = RolloutSince(self.state)
             self._completed_at = time.perf_counter()
             try:
                 while self._queued is not None or (self.step < self.cfg.max_steps
@@ -219,6 +216,7 @@ class Trainer:
                         self._checkpoint_owed = self.save_checkpoint() is None
             except BaseException:
                 self.rollout.stop.set()  # the run failed: no worker is replaced from now on
+                self._write_ledger(failed=True)
                 raise
             finally:
                 if console:
@@ -282,13 +280,13 @@ class Trainer:
         seconds = {"wait_rollout": sub.waited, "proximal": outcome.seconds["proximal"],
                    "correction": outcome.seconds["correction"], "update": outcome.seconds["update"],
                    "sync": outcome.seconds["export"], "step": now - self._completed_at,
-                   "rollout_idle": self._rollout_idle()}
+                   "rollout_idle": self._rollout_since.idle_s(len(self.pool.ready()))}
         self._completed_at = now
         record = StepRecord(
             step=self.step, policy_version=self.step, reward_mean=float(batch.rewards_B.mean()),
             reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
             tokens_trained=int(batch.response_len_B.sum()), learner=outcome.learner, correction=outcome.correction,
-            ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_rate(),
+            ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_since.tokens_per_s(),
             weight_sync=outcome.weight_sync,
             # every lag up to max_lag, zeros too: a W&B summary would keep a lag's last non-zero count
             lag_counts=dict(enumerate(np.bincount(lags, minlength=self.cfg.async_.max_lag + 1).tolist())),
@@ -302,20 +300,6 @@ class Trainer:
         self.divergence.observe(self.step, outcome.learner)
         self.nothing_kept.observe(self.step, outcome.correction)
         return record.metrics()
-
-    def _rollout_idle(self) -> float:
-        """Seconds a ready rollout worker sat idle since the previous step (mean over ready workers):
-        the rollout side's pause, waiting for newer weights under the staleness bound."""
-        with self.state.cond:
-            total = self.state.rollout_idle_s
-        idle, self._idle_mark = total - self._idle_mark, total
-        return idle / max(len(self.pool.ready()), 1)
-
-    def _rollout_rate(self) -> float:
-        """Generated tokens per second since the previous step."""
-        now, tokens = time.perf_counter(), self.state.generated_tokens
-        (t_prev, n_prev), self._rate_mark = self._rate_mark, (now, tokens)
-        return (tokens - n_prev) / max(now - t_prev, 1e-9)
 
     def save_checkpoint(self) -> Path | None:
         """Checkpoint both halves; a step that was non-finite is not checkpointed (None). The checkpoint
@@ -352,11 +336,15 @@ class Trainer:
                 self.sampler.mark_dropped(g.prompt.prompt_id, "unused_at_end")
             self.buffer.restore([])
             self.sampler.drop_in_flight("in_flight_at_end")  # lost or still running at the drain's end
-        # the ledger first: closing the service finishes W&B, which may wait for uploads
-        (self.run_dir / "ledger.json").write_text(json.dumps({**self.sampler.counts(), **self._skipped_prompts}, indent=1))
+        self._write_ledger()  # first: closing the service finishes W&B, which may wait for uploads
         self.records.check(wait=True)  # the last records too (no checkpoint may have waited for them)
         self.report_path = ray.get(self.service.write_report.remote(self.step))
         self._close_service()
+
+    def _write_ledger(self, failed: bool = False) -> None:
+        with self.state.cond:
+            counts = {**self.sampler.counts(), **self._skipped_prompts}
+        run_state.write_ledger(self.run_dir, counts, failed)
 
     def _close_service(self, timeout_s: float | None = None) -> None:
         """Close the service's sinks once (after every record it was sent: one caller's calls run in

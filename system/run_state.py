@@ -346,6 +346,18 @@ def write_rollout_workers(run_dir: str | Path, record: dict) -> None:
     write_text_whole(Path(run_dir) / ROLLOUT_WORKERS_FILE, json.dumps(record, indent=1))
 
 
+def write_ledger(run_dir: Path, counts: dict[str, int], failed: bool = False) -> None:
+    """``ledger.json``: the prompts' counts. A failed run's are written as they stand (``in_flight`` and
+    ``buffered`` may be non-zero; issued = in flight + buffered + trained + dropped); a failure to write
+    them is a warning there, so it does not hide the run's own error."""
+    try:
+        write_text_whole(Path(run_dir) / "ledger.json", json.dumps(counts, indent=1))
+    except OSError as exc:
+        if not failed:
+            raise
+        log.warning("could not write ledger.json of the failed run (%s)", exc)
+
+
 def write_text_whole(path: Path, text: str) -> None:
     """``path`` holds ``text`` or its old contents, never a part: written beside it, then renamed."""
     tmp = path.with_name(path.name + ".tmp")

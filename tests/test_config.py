@@ -14,7 +14,7 @@ from system.config import (
     resolve_config,
 )
 from system.config.correction import IcePop, SeqMIS, TokenTIS
-from system.config.loading import read_preset
+from system.config.loading import read_preset, type_switch_notes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(CONFIGS.rglob("*.yaml"))
@@ -71,6 +71,32 @@ def test_switching_union_type_drops_the_old_variant_fields(tmp_path):
     assert cfg.correction.method == TokenTIS(c=5.0)
     cfg = resolve_config([p], ["correction.method.type=icepop"])
     assert cfg.correction.method == IcePop()
+
+
+def test_a_type_switch_names_the_earlier_layers_fields_it_reset(tmp_path):
+    """A switch replaces the mapping whole: the preset's shared_memory false and chunk_mb 16 become the
+    collective's defaults (true, 64); rank is delta's own (not listed), chunk_mb set beside the switch
+    is the user's (not listed); a switch away from the schema's defaults reports nothing."""
+    p = tmp_path / "p.yaml"
+    p.write_text("weight_sync: {type: delta, shared_memory: false, chunk_mb: 16, rank: 8}\n")
+    (note,) = type_switch_notes([p], ["weight_sync.type=collective"])
+    assert "weight_sync.type delta -> collective (the overrides)" in note
+    assert "weight_sync.shared_memory (false -> true), weight_sync.chunk_mb (16 -> 64)" in note
+    assert "rank" not in note
+    (note,) = type_switch_notes([p], ["weight_sync.type=collective", "weight_sync.chunk_mb=32"])
+    assert "weight_sync.shared_memory (false -> true) took" in note and "chunk_mb" not in note
+    assert type_switch_notes([p], ["weight_sync.type=collective", "weight_sync.chunk_mb=16",
+                                   "weight_sync.shared_memory=false"]) == []
+    assert type_switch_notes([p], ["weight_sync.type=object_store"]) == []  # it has none of those fields
+    assert type_switch_notes([p], ["weight_sync.chunk_mb=8"]) == []  # no switch
+    assert type_switch_notes([], ["correction.method.type=icepop"]) == []  # from the schema's defaults
+    # between two presets: the second preset is named
+    q = tmp_path / "q.yaml"
+    q.write_text("correction: {method: {type: seq-mis, hi: 2.0}}\n")
+    r = tmp_path / "r.yaml"
+    r.write_text("correction: {method: {type: icepop}}\n")
+    (note,) = type_switch_notes([q, r])
+    assert f"preset {str(r)!r}" in note and "correction.method.hi (2.0 -> 5.0)" in note
 
 
 @pytest.mark.parametrize(

@@ -162,3 +162,18 @@ def test_a_resume_may_fix_a_saved_value_that_a_newer_check_refuses(tmp_path):
     same = CliRunner().invoke(app, ["train", "--dry-run", "--resume", str(run), "max_steps=9",
                                     "rollout.max_new_tokens=6", f"output_dir='{run}'"])
     assert same.exit_code == 0, same.output
+
+
+def test_a_resume_that_switches_a_type_says_which_saved_fields_it_reset(tmp_path):
+    """The probe's case: --resume of a delta run with shared_memory false, switched to collective,
+    ran with shared_memory true without a word. Now the console says so (the switch itself is allowed)."""
+    run, _ = _run_dir(tmp_path, "delta", max_steps=3,
+                      weight_sync={"type": "delta", "shared_memory": False, "chunk_mb": 16})
+    rc, out = _train("--dry-run", "--resume", str(run), "max_steps=5", "weight_sync.type=collective")
+    assert rc == 0, out
+    assert "note: weight_sync.type delta -> collective (the overrides) replaces weight_sync whole, so " in out
+    assert "weight_sync.shared_memory (false -> true)" in out and "weight_sync.chunk_mb (16 -> 64)" in out, out
+    assert "timeout_s" not in out.partition("note:")[2].partition("{")[0]  # the saved 60.0 is the default too
+    rc, out = _train("--dry-run", "--resume", str(run), "max_steps=5", "weight_sync.type=collective",
+                     "weight_sync.shared_memory=false", "weight_sync.chunk_mb=16")
+    assert rc == 0 and "replaces weight_sync whole" not in out, out

@@ -365,3 +365,34 @@ def test_a_run_stopped_before_its_first_step_leaves_a_checkpoint_to_resume(loopb
     assert controller_state.read_controller_state(ckpt)["step"] == 0  # a real resume of it is run by hand)
     assert sorted(p.name for p in Path(run_state.learner_dir(ckpt)).iterdir()) == ["simulated_rank0.json",
                                                                                   "simulated_rank1.json"]
+
+
+def test_a_failed_run_writes_its_ledger_as_it_stands(loopback_ray, tmp_path):
+    """Found by a probe: a failed run wrote no ledger.json (its counts only in metrics.jsonl's ledger/*).
+    Step 2 reports a skipped (non-finite) update and learner.max_nonfinite_steps=0 stops the run there;
+    the ledger then counts step 1's and step 2's 4 prompts as trained (the failing step's update ran)
+    and balances: issued = in flight + buffered + trained + dropped."""
+    import json
+
+    from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+
+    from actors.trainer import Trainer
+    from system.learner.divergence import TrainingDivergedError
+
+    cfg = resolve_config([], [f"output_dir={tmp_path / 'run'}", "max_steps=6", "checkpoint_every=0",
+                              "prompts_per_step=4", "rollout.group_size=2", "model.warm_start_steps=0",
+                              "learner.max_nonfinite_steps=0", "report.wandb.mode=disabled",
+                              "report.console=false", "report.dump_every=0"])
+    trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05),
+                      learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.01, payload_params=1000,
+                                                                   nonfinite_versions=(2,)))
+    try:
+        with pytest.raises(TrainingDivergedError, match="1 consecutive steps"):
+            trainer.run()
+    finally:
+        trainer.shutdown()
+        ray.kill(trainer.service, no_restart=True)
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert ledger["trained"] == 2 * 4 and ledger["duplicates"] == 0
+    assert ledger["issued"] == ledger["in_flight"] + ledger["buffered"] + ledger["trained"] + ledger["dropped"]
+    assert ledger["issued"] > ledger["trained"]  # the next batches were being generated when it failed

@@ -26,7 +26,10 @@ class ConfigError(ValueError):
     """A user error in a preset or an override; the message names the file or dotted key."""
 
 
-def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], layer: dict[str, Any], switched: list | None = None,
+           at: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``layer`` deep-merged into ``base``; ``switched`` collects ``(path, old mapping, new mapping)`` for
+    every mapping a ``type`` change replaced whole."""
     out = dict(base)
     for key, value in layer.items():
         old = out.get(key)
@@ -35,8 +38,10 @@ def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
             and "type" in value and value.get("type") != old.get("type")
         )
         if isinstance(old, dict) and isinstance(value, dict) and not switches_type:
-            out[key] = _merge(old, value)
+            out[key] = _merge(old, value, switched, (*at, key))
         else:
+            if switches_type and switched is not None:
+                switched.append(((*at, key), old, value))
             out[key] = value
     return out
 
@@ -252,6 +257,41 @@ def resolve_config(presets: list[str | Path] = (), overrides: list[str] = (),
         return RunConfig.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, merged, layers)) from None
+
+
+def type_switch_notes(presets: list[str | Path] = (), overrides: list[str] = (),
+                      resolved: RunConfig | None = None) -> list[str]:
+    """What a ``type`` switch between the layers put back to defaults, one line each, for the console.
+
+    A mapping whose ``type`` a later layer changes is replaced whole (the module doc), so the fields an
+    earlier layer set (a preset, or a resumed run's ``config.json``) and the later layer did not repeat
+    take the new type's defaults: ``--resume DIR weight_sync.type=collective`` on a ``delta`` run with
+    ``shared_memory=false`` runs with ``true``. Listed: such fields the new type also has whose value
+    changed. The schema's own defaults are not a layer: ``correction.method.type=icepop`` alone
+    reports nothing."""
+    layers = [(f"preset {str(path)!r}", read_preset(path)) for path in presets]
+    layers.append(("the overrides", combine_overrides(list(overrides))))
+    if resolved is None:
+        resolved = resolve_config(presets, overrides)
+    now: Any = resolved.model_dump(mode="json", by_alias=True)
+    notes, merged = [], {}
+    for source, layer in layers:
+        switched: list = []
+        merged = _merge(merged, layer, switched)
+        for path, old, new in switched:
+            node = now
+            for part in path:
+                node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict):
+                continue
+            reset = [f"{'.'.join(path)}.{k} ({json.dumps(old[k])} -> {json.dumps(node[k])})"
+                     for k in old if k != "type" and k not in new and k in node and node[k] != old[k]]
+            if reset:
+                dotted = ".".join(path)
+                notes.append(f"{dotted}.type {old.get('type')} -> {new['type']} ({source}) replaces {dotted} whole, "
+                             f"so {', '.join(reset)} took {new['type']}'s default; set {'it' if len(reset) == 1 else 'them'}"
+                             " again beside the switch to keep the earlier value")
+    return notes
 
 
 def dump_config(config: RunConfig) -> str:
