@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ray
 
-from actors.ray_internals import quiet_worker_deaths, set_local_only
+from actors.ray_internals import LOOPBACK_NODE, quiet_worker_deaths, set_local_only
 from actors.stop_signals import defer_signals
 from system.config import RunConfig, check_output_dir
 from system.config.cluster import RayConfig
@@ -45,7 +45,7 @@ def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> N
         object_store_memory=int(cfg.object_store_gib * 2**30),
         include_dashboard=cfg.include_dashboard,
         dashboard_host="127.0.0.1",
-        _node_ip_address="127.0.0.1",
+        **LOOPBACK_NODE,
         runtime_env=runtime_env,
         log_to_driver=True,
         logging_level=logging.INFO if verbose() else logging.ERROR,

@@ -282,10 +282,6 @@ class LearnerGroup:
         outcomes = [r.step.remote([batch_ref], step, service) for r in self.ranks]
         return PendingStep(outcomes, self.ranks[0].weights.remote(step))
 
-    def step(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> StepOutcome:
-        """The whole step on every rank, waited for (see ``PendingStep.result``)."""
-        return self.submit(batch_ref, step, service).result()
-
     def export_weights(self) -> ray.ObjectRef:
         """A reference to the full weights (rank 0's payload); the driver never copies them."""
         refs = [r.export_weights.remote() for r in self.ranks]

@@ -16,12 +16,17 @@
   ``(raylet) A worker died or was killed ...`` paragraph whatever ``log_to_driver`` says (a probe:
   it sat between aisrl's own one-line reports of each lost worker or rank). The thread looks the
   function up at every message, so the wrapper applies from then on.
+- :data:`LOOPBACK_NODE`: ``ray.init``'s underscore keyword ``_node_ip_address``, the only way to make the
+  node a process starts advertise 127.0.0.1 (with :func:`set_local_only`, its servers bind there too).
 """
 
 from ray._private import ray_constants
 from ray._private import worker as ray_worker
 from ray._raylet import Config
 from ray.job_submission import JobSubmissionClient
+
+LOOPBACK_NODE = {"_node_ip_address": "127.0.0.1"}
+"""Keywords of a ``ray.init(address="local", ...)`` that starts a private loopback-only cluster."""
 
 JOBS_API_TIMEOUT_S = (10.0, 60.0)
 """(connect, read) seconds of each Jobs API request: read is the longest silence between bytes."""

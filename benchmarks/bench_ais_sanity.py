@@ -46,8 +46,8 @@ def rows_of(path: Path) -> dict:
     dump = load_dump(path)
     if dump.advantage is None:
         raise SystemExit(f"{path}: no 'advantage' key (dumps written before AIS v2); re-run to get one")
-    ratios = compute_log_ratios(torch.tensor(dump.behaviour_NT), torch.tensor(dump.proximal_NT),
-                                torch.tensor(dump.mask_NT))
+    ratios = compute_log_ratios(torch.tensor(dump.behaviour_BT), torch.tensor(dump.proximal_BT),
+                                torch.tensor(dump.mask_BT))
     w_BT, keep_BT = compute_weights_and_keep(ratios, SeqMIS(hi=3.0))
     adv = torch.tensor(dump.advantage, dtype=torch.float64)
     lag = torch.tensor(dump.lag)

@@ -42,32 +42,32 @@ every ratio divides by zero) and between multiples the rows hold fewer tokens th
 def make_batch(num_tokens: int, device: str, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     b = num_tokens // SEQ_LEN
-    mu = -torch.empty(b, SEQ_LEN).exponential_(1.0, generator=g)
-    old = mu + 0.05 * torch.randn(b, SEQ_LEN, generator=g)
+    behaviour = -torch.empty(b, SEQ_LEN).exponential_(1.0, generator=g)
+    proximal = behaviour + 0.05 * torch.randn(b, SEQ_LEN, generator=g)
     lengths = torch.randint(SEQ_LEN // 2, SEQ_LEN + 1, (b,), generator=g)
     mask = torch.arange(SEQ_LEN)[None, :] < lengths[:, None]
-    return mu.to(device), old.to(device), mask.to(device)
+    return behaviour.to(device), proximal.to(device), mask.to(device)
 
 
-def ours(mu, old, mask):
-    ratios = compute_log_ratios(mu, old, mask)
+def ours(behaviour, proximal, mask):
+    ratios = compute_log_ratios(behaviour, proximal, mask)
     diag = compute_diagnostics(ratios)
     w = compute_weights(ratios, SeqMIS())
     return diag, method_statistics(ratios, w)
 
 
-def ours_fused(mu, old, mask):
+def ours_fused(behaviour, proximal, mask):
     """The same outputs from the fused pass (``system.correction.fused``; CPU only)."""
-    return fused.full_path(mu, old, mask, SeqMIS())
+    return fused.full_path(behaviour, proximal, mask, SeqMIS())
 
 
-def floor(mu, old, mask):
-    return mu.sum(), old.sum(), mask.sum()
+def floor(behaviour, proximal, mask):
+    return behaviour.sum(), proximal.sum(), mask.sum()
 
 
-def read_floor(mu, old, mask):
+def read_floor(behaviour, proximal, mask):
     """The floor without ``mask.sum()``'s int64 temporary (page faults past glibc's mmap threshold)."""
-    return mu.sum(), old.sum(), torch.count_nonzero(mask)
+    return behaviour.sum(), proximal.sum(), torch.count_nonzero(mask)
 
 
 def time_floors_and_ours(batch, repeats: int, sync) -> dict:

@@ -47,13 +47,13 @@ def import_verl() -> None:
     verl_helper = rollout_corr_helper
 
 
-def verl_metrics(mu, old, mask):
-    return verl_helper.compute_offpolicy_metrics(old_log_prob=old, rollout_log_prob=mu, response_mask=mask)
+def verl_metrics(behaviour, proximal, mask):
+    return verl_helper.compute_offpolicy_metrics(old_log_prob=proximal, rollout_log_prob=behaviour, response_mask=mask)
 
 
-def verl_full(mu, old, mask):
+def verl_full(behaviour, proximal, mask):
     return verl_helper.compute_rollout_correction_and_rejection_mask(
-        old_log_prob=old, rollout_log_prob=mu, response_mask=mask, rollout_is="sequence", rollout_is_threshold=3.0,
+        old_log_prob=proximal, rollout_log_prob=behaviour, response_mask=mask, rollout_is="sequence", rollout_is_threshold=3.0,
         rollout_rs="seq_sum_k1", rollout_rs_threshold=f"{1 / 3}_1e30")
 
 
@@ -61,10 +61,10 @@ def as_float(value) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
-def shared_figures(mu, old, mask) -> dict:
+def shared_figures(behaviour, proximal, mask) -> dict:
     """Our value, verl's, and the relative difference for each figure both compute."""
-    ref = compute_diagnostics(compute_log_ratios(mu, old, mask))
-    theirs = verl_metrics(mu, old, mask)
+    ref = compute_diagnostics(compute_log_ratios(behaviour, proximal, mask))
+    theirs = verl_metrics(behaviour, proximal, mask)
     pairs = {"kl_k1": "kl", "kl_k3": "k3_kl", "chi2_token": "chi2_token", "chi2_seq": "chi2_seq"}
     out = {}
     for ours_key, verl_key in pairs.items():

@@ -45,6 +45,7 @@ from harness import RESULTS, emit, environment  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
 from actors.cluster import use_loopback_only  # noqa: E402
+from actors.ray_internals import LOOPBACK_NODE  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
 
@@ -68,7 +69,7 @@ COMPARED = ("learner/loss", "learner/entropy", "learner/weight_mean", "learner/l
 def local_ray() -> None:
     use_loopback_only()
     ray.init(address="local", num_cpus=12, include_dashboard=False, object_store_memory=256 * 2**20,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
+             **LOOPBACK_NODE, log_to_driver=False)
 
 
 def in_thread(trainer: Trainer) -> tuple[threading.Thread, dict]:

@@ -103,10 +103,10 @@ def run(size: str, num_prompts: int, group_size: int, prompt_len: int, response_
     for i in range(warmup + steps):
         sync()
         t0 = time.perf_counter()
-        old_BT = core.compute_proximal_logprobs(batch)
+        proximal_BT = core.compute_proximal_logprobs(batch)
         sync()
         t1 = time.perf_counter()
-        norms = loss_normalisers(mask_BT, arrays.behaviour_BT, old_BT)
+        norms = loss_normalisers(mask_BT, arrays.behaviour_BT, proximal_BT)
         metrics = core.train_step(batch, weights_BT, norms)
         sync()
         t2 = time.perf_counter()

@@ -39,20 +39,20 @@ _VOCAB = np.array(list("0123456789+=") + ["<eos>"])
 
 def make_dump(path: Path, n: int, t: int = LENGTH, sigma: float = 0.1, seed: int = 0) -> None:
     """A section 6 dump of ``n x t`` valid tokens with every optional key."""
-    from system.report.dump import save_dump
+    from system.report.dump import BEHAVIOUR_KEY, MASK_KEY, PROXIMAL_KEY, save_dump
 
     rng = np.random.default_rng(seed)
     lag = rng.integers(0, 3, size=n).astype(np.int32)
-    mu = -rng.exponential(1.0, size=(n, t)).astype(np.float32)
+    behaviour = -rng.exponential(1.0, size=(n, t)).astype(np.float32)
     noise = rng.standard_normal((n, t), dtype=np.float32) * np.float32(sigma) * (1 + lag[:, None]).astype(np.float32)
     outliers = rng.random((n, t), dtype=np.float32) < 0.01
     noise += outliers * rng.normal(0.0, 2.0, size=(n, t)).astype(np.float32)
-    old = np.minimum(mu + noise, 0.0).astype(np.float32)
+    proximal = np.minimum(behaviour + noise, 0.0).astype(np.float32)
     del noise, outliers
     ids = rng.integers(0, len(_VOCAB), size=(n, t)).astype(np.int32)
     save_dump(
         path,
-        rollout_logp=mu, train_logp=old, response_mask=np.ones((n, t), bool), response_ids=ids,
+        **{BEHAVIOUR_KEY: behaviour, PROXIMAL_KEY: proximal, MASK_KEY: np.ones((n, t), bool)}, response_ids=ids,
         token_text=_VOCAB[ids], lag=lag, reward=rng.random(n).astype(np.float32),
         uid=np.array([f"p{i // 8}#{i % 8}" for i in range(n)]),
         prompt_text=np.array([f"{10 + i // 8}+{20 + i // 8}=" for i in range(n)]),

@@ -7,6 +7,7 @@ import pytest
 import ray
 
 from actors.cluster import use_loopback_only
+from actors.ray_internals import LOOPBACK_NODE
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +18,7 @@ def loopback_ray(tmp_path_factory):
         mp.setenv("AISRL_CACHE_DIR", str(tmp_path_factory.mktemp("model-cache")))
         use_loopback_only()
         ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 * 2**20,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
+                 **LOOPBACK_NODE, log_to_driver=False)
         try:
             yield
         finally:

@@ -95,13 +95,13 @@ def test_mini_batch_normalisers_by_hand():
     tokens in 4 sequences. They add up to the whole batch's 18 tokens in 7 sequences.
     """
     batch = _hand_batch()
-    old_NT = np.full((batch.num_sequences, batch.num_response_tokens), -0.4, np.float32)
-    old_NT[5, 0] = np.nan
+    proximal_BT = np.full((batch.num_sequences, batch.num_response_tokens), -0.4, np.float32)
+    proximal_BT[5, 0] = np.nan
     per_rank = []
     for rank in range(2):
         shard = shard_tensors(shard_batch(batch, rank, 2), torch.device("cpu"))
         slices = mini_batch_slices(shard.num_sequences, 2)
-        per_rank.append(mini_batch_normalisers(shard, torch.from_numpy(old_NT[4 * rank: 4 * rank + 4]), slices))
+        per_rank.append(mini_batch_normalisers(shard, torch.from_numpy(proximal_BT[4 * rank: 4 * rank + 4]), slices))
     # what the all-reduce over the ranks adds up (no process group here: each rank's own counts)
     summed = [LossNormalisers(a.num_valid_tokens + b.num_valid_tokens, a.num_sequences + b.num_sequences)
               for a, b in zip(*per_rank, strict=True)]
@@ -109,7 +109,7 @@ def test_mini_batch_normalisers_by_hand():
     assert per_rank[1] == [LossNormalisers(5, 2), LossNormalisers(5, 2)]
     assert summed == [LossNormalisers(8, 3), LossNormalisers(10, 4)]
     arrays = batch.response_arrays()
-    assert loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, old_NT) == LossNormalisers(18, 7)
+    assert loss_normalisers(arrays.mask_BT, arrays.behaviour_BT, proximal_BT) == LossNormalisers(18, 7)
 
 
 def test_mini_batches_match_the_naive_reference(tmp_path):

@@ -193,7 +193,7 @@ def test_a_resume_sets_aside_what_the_abandoned_attempt_wrote_past_its_checkpoin
     resumed run, republishing step 4's learner half beside the abandoned attempt's controller.pkl
     and then killed, left a 'complete' step 4 pairing new weights with the old ledger and buffer.
     Now the later checkpoints are moved aside (kept, never resumed from) and the later dumps go."""
-    from system.report.dump import save_dump
+    from system.report.dump import BEHAVIOUR_KEY, MASK_KEY, PROXIMAL_KEY, save_dump
 
     make_checkpoint(tmp_path, 2)
     c4 = make_checkpoint(tmp_path, 4)
@@ -201,8 +201,8 @@ def test_a_resume_sets_aside_what_the_abandoned_attempt_wrote_past_its_checkpoin
     ckpt, state, _ = run_state.usable_run_checkpoint(tmp_path)
     assert state["step"] == 2
     for step in (2, 3, 4):
-        save_dump(tmp_path / "dumps" / f"step_{step:06d}.npz", rollout_logp=np.zeros((1, 1), np.float32),
-                  train_logp=np.zeros((1, 1), np.float32), response_mask=np.ones((1, 1), bool))
+        save_dump(tmp_path / "dumps" / f"step_{step:06d}.npz", **{BEHAVIOUR_KEY: np.zeros((1, 1), np.float32),
+                  PROXIMAL_KEY: np.zeros((1, 1), np.float32), MASK_KEY: np.ones((1, 1), bool)})
     moved, dumps = run_state.set_aside_after(tmp_path, 2, now=1234)
     assert moved == ["step_00000004"] and dumps == 2
     assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["step_000002.npz"]

@@ -21,7 +21,7 @@ own arrays, so they agree without a further collective. ``correct`` is the only 
 rest of the system (the Ray actor passes a call to the correction service), which keeps this
 module Ray-free and testable in one process.
 
-Shape suffixes: ``B`` sequences, ``T`` response positions (``system`` legend).
+Shape suffixes: ``B`` sequences, ``T`` response positions (the legend is in the README's "Layout" part).
 """
 
 import time

@@ -1,7 +1,7 @@
 """A synthetic batch dump with a controlled mismatch, for demos, tests and benchmarks.
 
-Not a model's output: ``mu`` is drawn as ``-Exp(1)`` per token and the trainer's log-prob is
-``old = mu + sigma * (1 + lag) * N(0, 1)`` with rare heavy outliers, so the mismatch grows
+Not a model's output: the behaviour log-prob ``log mu`` is drawn as ``-Exp(1)`` per token and the
+proximal (trainer's) one is ``log mu + sigma * (1 + lag) * N(0, 1)`` with rare heavy outliers, so the mismatch grows
 with the policy lag the way staleness does.
 """
 
@@ -32,19 +32,19 @@ def make_demo_dump(
     lengths = rng.integers(max(1, t // 4), t + 1, size=n)
     mask = np.arange(t)[None, :] < lengths[:, None]
     lag = rng.integers(0, max_lag + 1, size=n).astype(np.int32)
-    mu = -rng.exponential(1.0, size=(n, t)).astype(np.float32)
+    behaviour = -rng.exponential(1.0, size=(n, t)).astype(np.float32)
     noise = rng.standard_normal((n, t)) * sigma * (1 + lag[:, None])
     outliers = rng.random((n, t)) < outlier_frac
     noise = noise + outliers * rng.normal(0.0, 2.0, size=(n, t))
-    old = np.minimum(mu + noise, 0.0).astype(np.float32)
-    mu, old = np.where(mask, mu, 0.0), np.where(mask, old, 0.0)
+    proximal = np.minimum(behaviour + noise, 0.0).astype(np.float32)
+    behaviour, proximal = np.where(mask, behaviour, 0.0), np.where(mask, proximal, 0.0)
     ids = rng.integers(0, len(_VOCAB), size=(n, t)).astype(np.int32)
     token_text = np.array(_VOCAB, dtype=str)[ids]
     token_text = np.where(mask, token_text, "")
     groups = np.arange(n) // 8
     reward = rng.random(n).astype(np.float32)
     batch = CorrectionInput(
-        behaviour_BT=mu.astype(np.float32), proximal_BT=old.astype(np.float32), mask_BT=mask, lag_B=lag,
+        behaviour_BT=behaviour.astype(np.float32), proximal_BT=proximal.astype(np.float32), mask_BT=mask, lag_B=lag,
         advantage_B=group_advantages(reward, groups, scale_by_std=True).numpy(), reward_B=reward,
         response_ids_BT=np.where(mask, ids, 0).astype(np.int32),
         uids=tuple(f"p{g}#{i % 8}" for i, g in enumerate(groups)),

@@ -25,29 +25,30 @@ class DumpError(ValueError):
 
 @dataclass(frozen=True)
 class BatchDump:
-    """The arrays of one dump; ``N`` responses padded to ``T`` tokens (its keys: ``REQUIRED``, ``OPTIONAL_*``)."""
+    """The arrays of one dump: ``B`` responses padded to ``T`` tokens (the spec's ``[N, T]`` on disk; its keys:
+    ``REQUIRED``, ``OPTIONAL_*``)."""
 
-    behaviour_NT: np.ndarray  # float32, key rollout_logp
-    proximal_NT: np.ndarray  # float32, key train_logp
-    mask_NT: np.ndarray  # bool, key response_mask
-    lag: np.ndarray  # int32 [N] (all 0 when absent)
-    reward: np.ndarray | None = None  # float32 [N]
-    advantage: np.ndarray | None = None  # float32 [N] (what each response carried into the loss)
-    uid: np.ndarray | None = None  # str [N]
+    behaviour_BT: np.ndarray  # float32, key rollout_logp
+    proximal_BT: np.ndarray  # float32, key train_logp
+    mask_BT: np.ndarray  # bool, key response_mask
+    lag: np.ndarray  # int32 [B] (all 0 when absent)
+    reward: np.ndarray | None = None  # float32 [B]
+    advantage: np.ndarray | None = None  # float32 [B] (what each response carried into the loss)
+    uid: np.ndarray | None = None  # str [B]
     prompt_text: np.ndarray | None = None
     response_text: np.ndarray | None = None
-    response_ids: np.ndarray | None = None  # int32 [N, T]
-    token_text: np.ndarray | None = None  # str [N, T]
+    response_ids: np.ndarray | None = None  # int32 [B, T]
+    token_text: np.ndarray | None = None  # str [B, T]
     ignored_keys: tuple[str, ...] = ()
     """Keys of the archive that are not dump keys (a misspelt optional key: said, not read)."""
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.behaviour_NT.shape
+        return self.behaviour_BT.shape
 
     def logps(self) -> dict[str, np.ndarray]:
         """The two log-prob arrays under their dump keys (for output that names them as the file does)."""
-        return {BEHAVIOUR_KEY: self.behaviour_NT, PROXIMAL_KEY: self.proximal_NT}
+        return {BEHAVIOUR_KEY: self.behaviour_BT, PROXIMAL_KEY: self.proximal_BT}
 
 
 def _check_shape(name: str, arr: np.ndarray, want: tuple[int, ...], path: str) -> None:
@@ -206,12 +207,12 @@ def load_dump(path: str | Path) -> BatchDump:
     for key in REQUIRED:
         if key not in arrays:
             raise DumpError(f"{p}: missing required key {key!r} (have {sorted(arrays)})")
-    mu = arrays[BEHAVIOUR_KEY]
-    if mu.ndim != 2:
-        raise DumpError(f"{p}: key {BEHAVIOUR_KEY!r} must be 2-D [N, T], got shape {mu.shape}")
-    n, t = mu.shape
+    behaviour = arrays[BEHAVIOUR_KEY]
+    if behaviour.ndim != 2:
+        raise DumpError(f"{p}: key {BEHAVIOUR_KEY!r} must be 2-D [N, T], got shape {behaviour.shape}")
+    n, t = behaviour.shape
     if n == 0 or t == 0:
-        raise DumpError(f"{p}: empty batch: key {BEHAVIOUR_KEY!r} has shape {mu.shape}")
+        raise DumpError(f"{p}: empty batch: key {BEHAVIOUR_KEY!r} has shape {behaviour.shape}")
     for key in (PROXIMAL_KEY, MASK_KEY) + tuple(k for k in OPTIONAL_GRID if k in arrays):
         _check_shape(key, arrays[key], (n, t), p)
     for key in (k for k in OPTIONAL_ROW if k in arrays):
@@ -235,13 +236,14 @@ def load_dump(path: str | Path) -> BatchDump:
     # float64 values beyond float32's range become +-inf: non-finite, excluded and counted like any
     # other (spec section 0), without numpy's overflow warning on the console
     with np.errstate(over="ignore"):
-        mu32, old32 = mu.astype(np.float32, copy=False), arrays[PROXIMAL_KEY].astype(np.float32, copy=False)
+        behaviour32 = behaviour.astype(np.float32, copy=False)
+        proximal32 = arrays[PROXIMAL_KEY].astype(np.float32, copy=False)
         reward = arrays["reward"].astype(np.float32) if "reward" in arrays else None
         advantage = arrays["advantage"].astype(np.float32) if "advantage" in arrays else None
     return BatchDump(
-        behaviour_NT=mu32,
-        proximal_NT=old32,
-        mask_NT=mask.astype(bool, copy=False),
+        behaviour_BT=behaviour32,
+        proximal_BT=proximal32,
+        mask_BT=mask.astype(bool, copy=False),
         lag=(lag if lag is not None else np.zeros(n)).astype(np.int32),
         reward=reward,
         advantage=advantage,

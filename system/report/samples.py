@@ -93,9 +93,9 @@ def _columns_json(columns: dict[str, np.ndarray]) -> dict[str, list]:
 
 def token_table(dump: BatchDump, ratios: LogRatios, row: int) -> dict[str, list]:
     """Column-oriented per-token table of one response over its masked-in positions."""
-    cols = np.flatnonzero(dump.mask_NT[row])
-    behaviour = dump.behaviour_NT[row, cols].astype(np.float64)
-    proximal = dump.proximal_NT[row, cols].astype(np.float64)
+    cols = np.flatnonzero(dump.mask_BT[row])
+    behaviour = dump.behaviour_BT[row, cols].astype(np.float64)
+    proximal = dump.proximal_BT[row, cols].astype(np.float64)
     valid = ratios.valid_BT[row].numpy()[cols]
     rho = ratios.rho_BT[row].numpy()[cols]
     with np.errstate(invalid="ignore", over="ignore"):

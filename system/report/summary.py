@@ -20,9 +20,9 @@ from system.report.dump import BatchDump, count_positive_logp
 def dump_ratios(dump: BatchDump) -> LogRatios:
     """The per-token log-ratios of a dump (computed once, shared by summary and samples)."""
     return compute_log_ratios(
-        torch.from_numpy(dump.behaviour_NT),
-        torch.from_numpy(dump.proximal_NT),
-        torch.from_numpy(dump.mask_NT),
+        torch.from_numpy(dump.behaviour_BT),
+        torch.from_numpy(dump.proximal_BT),
+        torch.from_numpy(dump.mask_BT),
     )
 
 
@@ -55,7 +55,7 @@ def build_summary(dump: BatchDump, ratios: LogRatios | None = None) -> dict:
     if dump.advantage is not None:
         summary["advantage_nonfinite"] = int((~np.isfinite(dump.advantage)).sum())
     # log-probs above 0 stay valid tokens (spec section 0: validity is finiteness), counted and said
-    summary["logp_above_zero"] = {key: count_positive_logp(values, dump.mask_NT)
+    summary["logp_above_zero"] = {key: count_positive_logp(values, dump.mask_BT)
                                   for key, values in dump.logps().items()}
     summary["n_rows"] = int(dump.shape[0])  # every response of the dump (n_sequences: those with a valid token)
     if dump.ignored_keys:
