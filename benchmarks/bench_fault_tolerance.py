@@ -26,64 +26,28 @@ scenario records the commit it was measured on).
 
 import argparse
 import json
-import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import ray
 from ray.cluster_utils import Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated actors
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fault_scenarios import COMPARED, RESUME, SIM, in_thread, local_ray, soak  # noqa: E402
 from harness import RESULTS, emit, environment  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
 from actors.cluster import use_loopback_only  # noqa: E402
-from actors.ray_internals import LOOPBACK_NODE  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
 
 SMALL = ["prompts_per_step=4", "rollout.group_size=4", "rollout.prompts_per_call=2", "model.warm_start_steps=20",
          "report.dump_every=0", "checkpoint_every=0", "report.console=false", "report.wandb.mode=disabled"]
-SIM = ["prompts_per_step=8", "rollout.group_size=4", "model.warm_start_steps=0", "report.wandb.mode=disabled",
-       "report.console=false", "report.dump_every=0", "checkpoint_every=0"]
-RESUME = ["seed=3", "async.max_lag=0", "rollout.num_workers=1", "prompts_per_step=8", "rollout.group_size=4",
-          "rollout.prompts_per_call=4", "model.warm_start_steps=20", "learner.warmup_steps=8", "learner.lr=3e-3",
-          "correction.method.type=token-tis", "correction.ais.enabled=true",
-          "report.wandb.mode=disabled", "report.console=false", "report.dump_every=0", "checkpoint_every=2",
-          # one FP8 kernel for every run compared: two separate runs each probe this CPU, and a probe near the
-          # kernel threshold may choose differently (a resume keeps its own run's choice, not another run's)
-          "rollout.fp8_kernel=upcast"]
-COMPARED = ("learner/loss", "learner/entropy", "learner/weight_mean", "learner/lr", "learner/grad_norm",
-            "reward/mean", "reward/std", "mismatch/kl_k1", "mismatch/ess_seq", "correction/keep_token_frac",
-            "ais/alpha", "ais/alpha_raw", "ais/bias", "ais/severity", "tokens/trained")
-"""What a resumed run must reproduce (``tests/test_resume_exact.py`` uses the same settings and metrics)."""
-
-
-def local_ray() -> None:
-    use_loopback_only()
-    ray.init(address="local", num_cpus=12, include_dashboard=False, object_store_memory=256 * 2**20,
-             **LOOPBACK_NODE, log_to_driver=False)
-
-
-def in_thread(trainer: Trainer) -> tuple[threading.Thread, dict]:
-    outcome: dict = {}
-
-    def run():
-        try:
-            trainer.run()
-        except BaseException as exc:  # noqa: BLE001 - the outcome is what is measured
-            outcome["error"], outcome["t"] = exc, time.monotonic()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
 
 
 def wait_for(predicate, timeout_s: float) -> None:
@@ -150,54 +114,6 @@ def all_rollout_nodes_lost(tmp: Path) -> dict:
         cluster.shutdown()
     return {"worker_timeout_s": cfg.rollout.worker_timeout_s, "time_to_error_s": outcome["t"] - lost_at,
             "error": str(outcome["error"]).splitlines()[0][:300]}
-
-
-def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
-    local_ray()
-    cfg = resolve_config(overrides=[f"output_dir={tmp / 'run'}", "max_steps=100000", "rollout.prompts_per_call=2",
-                                    "rollout.num_workers=4", *SIM])
-    trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.2),
-                      learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
-    kills, waited = 0, 0.0
-    try:
-        thread, _ = in_thread(trainer)
-        rng, start = random.Random(0), time.monotonic()
-        marks = [(start, trainer.step)]  # (time, steps done) at each interval's end
-        for _ in range(round(seconds / every)):  # one kill per interval: a wait below lengthens the soak
-            time.sleep(every)
-            live, wait_from = [], time.monotonic()
-            while not (live := [s for s in list(trainer.pool.slots.values()) if s.starting is None]) \
-                    and time.monotonic() < wait_from + 60.0:
-                time.sleep(0.05)
-            waited += time.monotonic() - wait_from
-            if live:
-                ray.kill(rng.choice(live).handle, no_restart=True)
-                kills += 1
-            marks.append((time.monotonic(), trainer.step))
-        trainer.stop_requested.set()
-        thread.join(timeout=120)
-        c = trainer.sampler.counts()
-    finally:
-        trainer.shutdown()
-        ray.shutdown()
-    return {"seconds": round(marks[-1][0] - start, 1), "kill_every_s": every, "waited_s": round(waited, 1),
-            "kills": kills, "losses_handled": trainer.pool.failures,
-            "steps": trainer.step, "trained": c["trained"], "prompts_per_step": cfg.prompts_per_step, "prompts_lost": c["issued"] - c["trained"] - c["dropped"] - c["in_flight"] - c["buffered"],
-            "trained_twice": c["duplicates"], "min_steps_per_10s": min(steps_per_10s(marks)),
-            "replacement_s_median": float(np.median(trainer.pool.replacement_seconds)),
-            "replacement_s_max": float(np.max(trainer.pool.replacement_seconds))}
-
-
-def steps_per_10s(marks: list[tuple[float, int]]) -> list[int]:
-    """Steps done in each run of consecutive intervals lasting at least 10 s of wall time (back to back,
-    from the first mark; an interval a kill waited in is longer than the kill period). ``marks``: (time,
-    steps done so far), in order."""
-    out, i = [], 0
-    for j in range(1, len(marks)):
-        if marks[j][0] - marks[i][0] >= 10.0:
-            out.append(marks[j][1] - marks[i][1])
-            i = j
-    return out
 
 
 def resume_equality(tmp: Path) -> dict:

@@ -18,21 +18,21 @@ process that draws them.
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fault_scenarios import (  # benchmarks/bench_fault_tolerance.py measures the same
+    COMPARED,
+    RESUME,
+)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_fault_tolerance import COMPARED, RESUME  # noqa: E402  (the benchmark measures the same)
-
-from actors.trainer import Trainer  # noqa: E402
-from system import controller_state, run_state  # noqa: E402
-from system.config.loading import resolve_config  # noqa: E402
-from system.learner.checkpoint import file_crc32  # noqa: E402
-from system.types import Prompt, RolloutGroup  # noqa: E402
+from actors.trainer import Trainer
+from system import controller_state, run_state
+from system.config.loading import resolve_config
+from system.learner.checkpoint import file_crc32
+from system.types import Prompt, RolloutGroup
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 

@@ -9,13 +9,9 @@ a minute or longer; the test is shortened to keep the suite inside its time budg
 Checked: 0 prompts lost (the ledger balances), 0 trained twice, steps keep completing.
 """
 
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_fault_tolerance import soak, steps_per_10s  # noqa: E402
+from fault_scenarios import soak, steps_per_10s
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
