@@ -105,7 +105,10 @@ def train(
         try:  # what the run would refuse (only checks: nothing is moved or deleted)
             if resume is not None:
                 check_no_replaced_run(cfg.output_dir)
-                checkpoint_to_resume(cfg.output_dir, cfg.max_steps)
+                ckpt, _, skipped = checkpoint_to_resume(cfg.output_dir, cfg.max_steps)
+                for reason in skipped:  # on stderr, as the run says it (a probe: the dry run did not)
+                    say(f"checkpoint {reason}; falling back to an older one", "warning:", "yellow")
+                say(f"the run would resume from {ckpt}", "note:", "yellow")
             elif overwrite:
                 check_no_replaced_run(cfg.output_dir)
                 check_not_nested(cfg.output_dir)

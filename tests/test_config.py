@@ -313,6 +313,12 @@ def test_a_home_directory_in_paths_is_expanded(monkeypatch, tmp_path):
     cfg = resolve_config([], ["output_dir=~/runs/a", "data.task.type=gsm8k", "data.task.path=~/d/x.jsonl",
                               "data.reward.type=math-answer"])
     assert cfg.output_dir == f"{tmp_path}/runs/a" and cfg.data.task.path == f"{tmp_path}/d/x.jsonl"
+    # a user that does not exist: refused (it read as the relative directory ./~aisrl-no-such-user/run)
+    with pytest.raises(ConfigError, match=r"output_dir: .*'~aisrl-no-such-user': no such user's home directory"):
+        resolve_config([], ["output_dir=~aisrl-no-such-user/run"])
+    with pytest.raises(ConfigError, match=r"data.task.path: .*'~aisrl-no-such-user': no such user"):
+        resolve_config([], ["data.task.type=gsm8k", "data.task.path=~aisrl-no-such-user/x.jsonl",
+                            "data.reward.type=math-answer"])
 
 
 def test_the_tiny_model_cannot_use_a_chat_template():

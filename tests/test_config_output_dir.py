@@ -109,6 +109,9 @@ def test_output_dir_the_permission_bits_allow_but_no_file_system_takes_is_refuse
     result = runner.invoke(app, ["train", *dry, "output_dir=/proc/aisrl-probe/run"])
     assert _refused(result, "error: output_dir '/proc/aisrl-probe/run' cannot be created"), result.output
     assert not os.path.exists("/proc/aisrl-probe")
+    # an existing directory that holds no file (a later probe: /proc and /sys/kernel passed --dry-run)
+    result = runner.invoke(app, ["train", *dry, "output_dir=/proc"])
+    assert _refused(result, "error: output_dir '/proc' cannot hold files"), result.output
 
 
 def test_report_out_that_is_a_file_is_refused(tmp_path):
@@ -123,6 +126,7 @@ def test_report_out_that_is_a_file_is_refused(tmp_path):
 
 def test_check_output_dir_accepts_new_and_existing_directories(tmp_path):
     check_output_dir(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # the write check's file is gone
     check_output_dir(tmp_path / "a" / "b" / "c")
     assert not (tmp_path / "a").exists()
     check_output_dir(tmp_path / "runs" / ".." / "y" / "z")  # the check creates and removes: nothing stays

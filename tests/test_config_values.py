@@ -214,3 +214,19 @@ def test_a_w_and_b_project_name_w_and_b_refuses_is_refused_up_front(project, fou
         resolve_config([], [f"report.wandb.project='{project}'"])
     assert found in str(info.value)
     assert resolve_config([], ["report.wandb.project=my-project_2"]).report.wandb.project == "my-project_2"
+
+
+def test_sizes_no_run_could_hold_are_refused_before_anything_starts():
+    """A probe's dry runs accepted these; each run would have failed late or exhausted memory:
+    async.max_lag=10**18 (every step record counts each lag up to it), a batch of 8 * 10**15
+    sequences, a tiny model of 6.1e13 parameters (64 x 64 x ... per layer, 10**9 layers)."""
+    with pytest.raises(ConfigError, match=r"async\.max_lag: Input should be less than or equal to 64"):
+        resolve_config([], ["async.max_lag=1000000000000000000"])
+    assert resolve_config([], ["async.max_lag=64"]).async_.max_lag == 64
+    with pytest.raises(ConfigError, match=r"8,000,000,000,000,000 sequences a step, above 1,000,000"):
+        resolve_config([], ["prompts_per_step=1000000000000000"])
+    assert resolve_config([], ["prompts_per_step=125000"]).sequences_per_step == 10**6  # the bound itself
+    # per layer 2 h^2 + 2 h kv + 3 h i = 2*64^2 + 2*64*32 + 3*64*256 = 61,440; times 10**9 layers
+    with pytest.raises(ConfigError, match=r"about 6.1e\+13 parameters, above the 2e\+09"):
+        resolve_config([], ["model.num_layers=1000000000"])
+    assert resolve_config([], []).model.approx_params() == 2 * 61_440  # the default's two layers

@@ -3,6 +3,7 @@ strings decoded, a directory named, report files written all or none, and which 
 fallback report takes. (The report's values are in ``test_report.py``.)"""
 
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -34,6 +35,9 @@ from system.report.dump import DumpError, load_dump, save_dump
         # token ids beyond int32 wrapped silently (2**40 showed as token 0); negative ones are not ids
         (lambda a: a.__setitem__("response_ids", a["response_ids"].astype(np.int64) + 2**40), "response_ids"),
         (lambda a: a["response_ids"].__setitem__((0, 0), -3), "response_ids"),
+        # a mask of durations was read as one (a probe: "30 tokens"); one of records raised a TypeError
+        (lambda a: a.__setitem__("response_mask", a["response_mask"].astype("timedelta64[s]")), "response_mask"),
+        (lambda a: a.__setitem__("response_mask", np.zeros(a["response_mask"].shape, [("a", "i4")])), "response_mask"),
     ],
 )
 def test_bad_dumps_fail_naming_the_key_without_traceback(tmp_path, mutate, needle):
@@ -106,6 +110,10 @@ def test_not_a_dump(tmp_path):
         assert "not an .npz archive" in said(result) and "pickled" not in said(result)
     result = runner.invoke(app, ["report", str(tmp_path / "missing.npz"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no such file" in said(result)
+    fifo = tmp_path / "fifo.npz"
+    os.mkfifo(fifo)
+    result = runner.invoke(app, ["report", str(fifo), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "fifo.npz: not a regular file" in said(result)
     # An .npz whose uid is an object (pickled) array: refused naming the key, never unpickled.
     arrays = make_demo_dump(4, 3, seed=0)
     arrays["uid"] = np.array([_Trap(marker)] * 4, dtype=object)
@@ -371,3 +379,35 @@ def test_an_archive_larger_uncompressed_than_the_memory_available_is_refused(tmp
     assert load_dump(path).shape == (1000, 1000)
     monkeypatch.undo()
     assert dump.available_memory_bytes() > 2**20  # this machine's reading is a number of bytes
+
+
+def test_an_archive_zipfile_cannot_open_is_refused_naming_the_file(tmp_path):
+    """A probe: an encrypted member (RuntimeError) and a compression method zipfile lacks
+    (NotImplementedError) ended in tracebacks. Both are built from a real dump's bytes."""
+    import zipfile
+
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, **make_demo_dump(6, 5, seed=0))
+    raw = bytearray(plain.read_bytes())
+    with zipfile.ZipFile(plain) as zf:
+        infos = zf.infolist()
+    unknown = bytearray(raw)
+    for info in infos:  # method 99 in every local header (offset + 8) and central header
+        unknown[info.header_offset + 8: info.header_offset + 10] = (99).to_bytes(2, "little")
+    central = raw.index(b"PK\x01\x02")
+    while central >= 0:
+        unknown[central + 10: central + 12] = (99).to_bytes(2, "little")
+        central = raw.find(b"PK\x01\x02", central + 4)
+    encrypted = bytearray(raw)
+    for info in infos:  # the "encrypted" flag (bit 0 of the general-purpose flags)
+        encrypted[info.header_offset + 6] |= 1
+    central = raw.index(b"PK\x01\x02")
+    while central >= 0:
+        encrypted[central + 8] |= 1
+        central = raw.find(b"PK\x01\x02", central + 4)
+    for name, data, cause in (("unknown.npz", unknown, "NotImplementedError"), ("encrypted.npz", encrypted, "RuntimeError")):
+        path = tmp_path / name
+        path.write_bytes(bytes(data))
+        result = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "o")])
+        assert result.exit_code == 2, (name, result.output)
+        assert f"{name}: not a readable .npz batch dump ({cause}" in said(result), said(result)

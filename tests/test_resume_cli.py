@@ -91,6 +91,9 @@ def test_a_saved_config_read_as_the_preset_names_the_file(tmp_path):
         resolve_config([bad])
     with pytest.raises(ConfigError, match="missing.json'?: no such file"):
         resolve_config([tmp_path / "missing.json"])
+    (tmp_path / "adir.yaml").mkdir()  # a probe: said "no such file"
+    with pytest.raises(ConfigError, match="adir.yaml'?: a directory"):
+        resolve_config([tmp_path / "adir.yaml"])
     bad.write_text("{")
     with pytest.raises(ConfigError, match="bad.json'?: invalid YAML"):
         resolve_config([bad])
@@ -177,3 +180,28 @@ def test_a_resume_that_switches_a_type_says_which_saved_fields_it_reset(tmp_path
     rc, out = _train("--dry-run", "--resume", str(run), "max_steps=5", "weight_sync.type=collective",
                      "weight_sync.shared_memory=false", "weight_sync.chunk_mb=16")
     assert rc == 0 and "replaces weight_sync whole" not in out, out
+
+
+def test_a_resume_of_an_empty_config_json_is_refused(tmp_path):
+    """A probe: a truncated (empty) config.json resumed as every default (max_steps 150, seed 0)."""
+    run, _ = _run_dir(tmp_path, "emptied", max_steps=3)
+    (run / "config.json").write_text("")
+    rc, out = _train("--dry-run", "--resume", str(run), "max_steps=5")
+    assert rc == 2 and f"{run / 'config.json'} is empty (a damaged run directory?)" in out, out
+    before = (run / "config.json").read_bytes()
+    rc, out = _train("--resume", str(run), "max_steps=5")
+    assert rc == 2 and "is empty" in out and (run / "config.json").read_bytes() == before, out
+
+
+def test_a_dry_run_resume_says_which_checkpoint_it_would_take_and_what_it_skips(tmp_path):
+    """A probe: with steps 4 and 6 damaged, `--dry-run --resume` exited 0 without a word of the fall-back
+    to step 2 that the run itself says."""
+    run, _ = _run_dir(tmp_path, "damaged", max_steps=9)  # a checkpoint at step 2
+    c4, c6 = make_checkpoint(run, 4), make_checkpoint(run, 6)
+    (c6 / "controller.pkl").write_bytes(b"\x80\x04\x95")  # truncated
+    shard = c4 / "learner" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:40])
+    rc, out = _train("--dry-run", "--resume", str(run))
+    assert rc == 0, out
+    assert "warning: checkpoint step_00000006: " in out and "warning: checkpoint step_00000004: learner half" in out
+    assert f"note: the run would resume from {run / 'checkpoints' / 'step_00000002'}" in out, out

@@ -8,6 +8,7 @@ field takes only a boolean (YAML's ``true``/``false``, ``yes``/``no``, ``on``/``
 would otherwise read ``1``, ``0.0`` or the string ``n`` as one (found by a probe).
 """
 
+import os
 import types
 import typing
 from typing import Any
@@ -84,3 +85,13 @@ class StrictModel(BaseModel):
         if type(value) is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
             raise PydanticCustomError("int64_range", "integer out of the signed 64-bit range")
         return value
+
+
+def expand_home(value: str) -> str:
+    """``~`` or ``~user`` at the start of a path expanded (``~/runs/x`` in a preset: the home directory,
+    not ``./~``); a ``~user`` with no such user is refused (a probe: ``~nosuchuser/run`` became
+    ``./~nosuchuser/run`` without a word)."""
+    expanded = os.path.expanduser(value)
+    if value.startswith("~") and expanded == value:
+        raise ValueError(f"{value.split(os.sep)[0]!r}: no such user's home directory")
+    return expanded

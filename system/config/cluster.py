@@ -4,9 +4,14 @@ from pydantic import Field, field_validator
 
 from system.config.base import StrictModel
 
+MAX_LAG = 64
+"""The largest staleness bound: every step record counts the samples at each lag from 0 to ``max_lag``
+(``staleness/lag_count/*``), so a probe's ``max_lag=10**18`` passed ``--dry-run`` and would have failed
+the first step allocating those counts; AReaL-style off-policy runs use single digits."""
+
 
 class AsyncConfig(StrictModel):
-    max_lag: int = Field(default=1, ge=0)
+    max_lag: int = Field(default=1, ge=0, le=MAX_LAG)
     """A sample may be generated with weights at most this many policy versions behind the learner; 0 = synchronous on-policy."""
     queue_ahead: bool = False
     """With ``max_lag >= 1``: submit the next step as soon as its batch is complete, while the running step

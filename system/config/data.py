@@ -1,12 +1,11 @@
 """Config of the prompt source (a union on ``type``) and its verifiable reward (a union on ``type``)."""
 
-import os
 import string
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from system.config.base import StrictModel
+from system.config.base import StrictModel, expand_home
 
 
 class ArithmeticTaskConfig(StrictModel):
@@ -57,7 +56,7 @@ class JsonlTaskConfig(StrictModel):
     @field_validator("path")
     @classmethod
     def _home(cls, value: str) -> str:
-        return os.path.expanduser(value)  # "~/data/x.jsonl": the home directory, not "./~"
+        return expand_home(value)  # "~/data/x.jsonl": the home directory, not "./~"
 
     @model_validator(mode="after")
     def _suffix(self) -> "JsonlTaskConfig":

@@ -104,7 +104,8 @@ def read_preset(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
         if not p.is_file():
-            raise ConfigError(f"preset {str(p)!r}: no such file")
+            what = "a directory" if p.is_dir() else "not a regular file" if p.exists() else "no such file"
+            raise ConfigError(f"preset {str(p)!r}: {what}")
         text = p.read_text()
     except (OSError, ValueError) as exc:  # unreadable, a name too long, not UTF-8
         if isinstance(exc, ConfigError):

@@ -8,6 +8,9 @@ from system.config.base import StrictModel
 
 VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM 0.32's CPU attention backend supports (GPU backends accept these too)."""
+MAX_TINY_PARAMS = 2 * 10**9
+"""The largest tiny model (``TinyModelConfig.approx_params``): a probe's ``num_layers=1e9`` passed
+``--dry-run``, and the run would have run out of memory building it. A model that size is a real one."""
 
 
 class TinyModelConfig(StrictModel):
@@ -43,7 +46,19 @@ class TinyModelConfig(StrictModel):
                 f"head size hidden_size / num_heads = {self.hidden_size // self.num_heads} is not one "
                 f"vLLM's CPU attention supports {VLLM_HEAD_SIZES}"
             )
+        if (params := self.approx_params()) > MAX_TINY_PARAMS:
+            raise ValueError(
+                f"hidden_size {self.hidden_size}, num_layers {self.num_layers} and intermediate_size "
+                f"{self.intermediate_size} make a tiny model of about {params:.2g} parameters, above the "
+                f"{MAX_TINY_PARAMS:.0e} a tiny model built from scratch may have (about {16 * params / 2**30:,.0f} GiB "
+                "for the learner's weights and optimiser); train a real model with model.type=pretrained")
         return self
+
+    def approx_params(self) -> int:
+        """Parameters of the decoder layers (the character vocabulary's embeddings are a few thousand more):
+        per layer ``q, o: h^2``, ``k, v: h * kv`` (``kv = h * num_kv_heads / num_heads``), MLP ``3 h i``."""
+        h, kv = self.hidden_size, self.hidden_size * self.num_kv_heads // self.num_heads
+        return self.num_layers * (2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size)
 
 
 class PretrainedModelConfig(StrictModel):

@@ -2,6 +2,7 @@
 the run's local paths made absolute, and its input files checked."""
 
 import os
+import tempfile
 from pathlib import Path
 
 from system.config.loading import ConfigError
@@ -67,6 +68,7 @@ def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
                 raise ConfigError(f"{what} {str(p)!r} exists and is not a directory")
             if not os.access(p, os.W_OK | os.X_OK):
                 raise ConfigError(f"{what} {str(p)!r} is not writable")
+            _try_write(p, what)
             return
         parent = p.absolute().parent
         while not os.path.lexists(parent):  # ends at the root, which exists
@@ -80,6 +82,18 @@ def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"{what} {str(p)!r} is not a usable directory: {exc}") from None
+
+
+def _try_write(p: Path, what: str) -> None:
+    """Create a file in the existing directory ``p`` and remove it again: the permission bits do not say
+    everything (a probe: root's dry runs accepted ``output_dir=/proc`` and ``/sys/kernel``, where no file
+    can be made)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".aisrl-write-check-", dir=p)
+    except OSError as exc:
+        raise ConfigError(f"{what} {str(p)!r} cannot hold files: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def _try_create(p: Path, what: str) -> None:

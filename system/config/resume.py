@@ -18,6 +18,7 @@ def resume_config(run_dir: Path, presets: list[str] = (), overrides: list[str] =
     saved = run_dir / "config.json"
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there")
+    check_saved_config(saved, f"--resume {run_dir}")
     given = combine_overrides(list(overrides)).get("output_dir")
     if given is not None and Path(str(given)).expanduser().resolve() != run_dir.expanduser().resolve():
         raise ConfigError(f"--resume {run_dir} continues the run in that directory; output_dir={given} "
@@ -25,6 +26,14 @@ def resume_config(run_dir: Path, presets: list[str] = (), overrides: list[str] =
     cfg = resolve_config([str(saved), *presets], overrides, fixed=("--resume", {"output_dir": str(run_dir)}))
     check_unchanged_on_resume(run_dir, cfg)
     return cfg
+
+
+def check_saved_config(saved: Path, what: str) -> None:
+    """ConfigError unless the run's ``config.json`` holds a mapping with keys: an empty one (a probe: a
+    truncated file) read as no layer at all, so the run resumed with every default (150 steps, seed 0)."""
+    if not read_preset(saved):
+        raise ConfigError(f"{what}: {saved} is empty (a damaged run directory?): the run's config cannot be read "
+                          "back; restore it, or start a new run")
 
 
 def check_unchanged_on_resume(run_dir: Path, cfg: RunConfig) -> None:

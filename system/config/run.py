@@ -1,10 +1,9 @@
 """The whole run's config: one section per component plus the run-level keys."""
 
-import os
 
 from pydantic import Field, field_validator, model_validator
 
-from system.config.base import StrictModel
+from system.config.base import StrictModel, expand_home
 from system.config.cluster import AsyncConfig, RayConfig
 from system.config.correction import CorrectionConfig
 from system.config.data import DataConfig
@@ -13,6 +12,9 @@ from system.config.model import ModelConfig, TinyModelConfig
 from system.config.report import ReportConfig
 from system.config.rollout import RolloutConfig
 from system.config.weight_sync import ObjectStoreSyncConfig, WeightSyncConfig
+
+MAX_SEQUENCES_PER_STEP = 10**6
+"""The largest batch (``prompts_per_step x rollout.group_size``); the largest public recipes use ~10**4."""
 
 
 class RunConfig(StrictModel):
@@ -48,7 +50,7 @@ class RunConfig(StrictModel):
     @field_validator("output_dir")
     @classmethod
     def _home(cls, value: str) -> str:
-        return os.path.expanduser(value)  # "~/runs/x" in a preset: the home directory, not "./~"
+        return expand_home(value)
 
     @property
     def sequences_per_step(self) -> int:
@@ -57,6 +59,10 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _batch_divides(self) -> "RunConfig":
         n, r = self.sequences_per_step, self.learner.num_ranks
+        if n > MAX_SEQUENCES_PER_STEP:
+            raise ValueError(
+                f"prompts_per_step x rollout.group_size = {n:,} sequences a step, above {MAX_SEQUENCES_PER_STEP:,}: "
+                "every step's batch is collated in the driver's memory (a probe's 10**15 passed --dry-run)")
         if n % r:
             raise ValueError(
                 f"learner.num_ranks ({r}) must divide the batch of prompts_per_step x "

@@ -29,6 +29,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from system.config import resolve_config
+from system.config.resume import check_saved_config
 from system.learner.checkpoint import checkpoint_problems
 from system.learner.model import load_causal_lm, param_dtype_of
 from system.models.model_dir import resolve_model_dir
@@ -106,6 +107,7 @@ def export_policy(run_dir: str | Path, out: str | Path, step: int | None = None,
         raise ExportError(f"{run_dir}: no config.json there (not a run directory)")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not an empty directory: pass --overwrite to replace it")
+    check_saved_config(run_dir / "config.json", f"export {run_dir}")
     cfg = resolve_config([str(run_dir / "config.json")], [f"output_dir={run_dir}"])
     ckpt, step = choose_checkpoint(run_dir, step)
     learner = learner_dir(ckpt)

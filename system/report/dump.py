@@ -136,7 +136,8 @@ def _read_npz(p: str) -> dict[str, np.ndarray]:
                                     ) from None
     except DumpError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError,
+            RuntimeError, NotImplementedError) as exc:  # an encrypted member; a compression zipfile lacks
         raise DumpError(f"{p}: not a readable .npz batch dump ({type(exc).__name__}: {exc})") from None
     return arrays
 
@@ -153,8 +154,9 @@ def count_positive_logp(values: np.ndarray, mask: np.ndarray) -> int:
         return int(((values > LOGP_TOLERANCE) & valid_tokens(mask, values)).sum())
 
 
-_NUMBER_KINDS = {"reward": "biuf", "advantage": "biuf", "response_ids": "iu"}
-"""numpy dtype kinds each optional numeric key may hold (b bool, i/u integers, f floats)."""
+_NUMBER_KINDS = {"reward": "biuf", "advantage": "biuf", "response_ids": "iu", MASK_KEY: "biuf"}
+"""numpy dtype kinds each numeric key may hold (b bool, i/u integers, f floats): a mask of durations
+(``timedelta64``) or of records was read as a mask before (a probe)."""
 _TEXT_KEYS = ("uid", "prompt_text", "response_text", "token_text")
 
 
@@ -162,7 +164,7 @@ def _check_kinds(arrays: dict[str, np.ndarray], path: str) -> None:
     """Refuse optional keys of the wrong kind; decode byte strings (UTF-8, invalid bytes replaced) in place."""
     for key, kinds in _NUMBER_KINDS.items():
         if key in arrays and arrays[key].dtype.kind not in kinds:
-            want = "integers" if kinds == "iu" else "real numbers"
+            want = "integers" if kinds == "iu" else "booleans or 0/1 numbers" if key == MASK_KEY else "real numbers"
             raise DumpError(f"{path}: key {key!r} must hold {want}, got dtype {arrays[key].dtype}")
     for key in (k for k in _TEXT_KEYS if k in arrays):
         kind = arrays[key].dtype.kind
@@ -202,7 +204,7 @@ def load_dump(path: str | Path) -> BatchDump:
     if Path(p).is_dir():
         raise DumpError(f"{p}: a directory, not a dump file; {_dumps_hint(Path(p))}")
     if not Path(p).is_file():
-        raise DumpError(f"{p}: no such file")
+        raise DumpError(f"{p}: {'not a regular file' if Path(p).exists() else 'no such file'}")  # a FIFO, a device
     arrays = _read_npz(p)
     for key in REQUIRED:
         if key not in arrays:
@@ -220,11 +222,11 @@ def load_dump(path: str | Path) -> BatchDump:
     for key in (BEHAVIOUR_KEY, PROXIMAL_KEY):
         if not np.issubdtype(arrays[key].dtype, np.floating):
             raise DumpError(f"{p}: key {key!r} must be floating point, got {arrays[key].dtype}")
+    _check_kinds(arrays, p)
     mask = arrays[MASK_KEY]
     if mask.dtype != np.bool_ and not np.isin(mask, (0, 1)).all():
         raise DumpError(f"{p}: key {MASK_KEY!r} must hold only 0/1")
     # A mask that selects no token is a legal batch: the report says so, with null statistics.
-    _check_kinds(arrays, p)
     ids = arrays.get("response_ids")
     ids = ids[mask != 0] if ids is not None else None  # padding may hold anything (e.g. -100): never read
     if ids is not None and ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
