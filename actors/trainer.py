@@ -221,7 +221,11 @@ class Trainer:
             finally:
                 if console:
                     console.close()
-            self.finish()
+            try:
+                self.finish()
+            except BaseException:  # the drain or the final checkpoint: the counts as they stand
+                self._write_ledger(failed=True)
+                raise
         finally:
             restore_signals()
         return record

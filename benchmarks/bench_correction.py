@@ -1,7 +1,7 @@
 """Correction core throughput: all section 1 diagnostics + the default method (seq-mis) per batch.
 
 Side by side in one run, per batch size (64k to 4M tokens): the memory floor (reading the
-three input arrays once: ``mu.sum(), old.sum(), mask.sum()``, the issue's definition; and
+three input arrays once: ``behaviour.sum(), proximal.sum(), mask.sum()``, the issue's definition; and
 the "read floor", the same with ``count_nonzero(mask)``, which allocates nothing), aisrl's
 core, and a straightforward per-metric implementation (``naive_diagnostics``), each timed as
 the median of ``--repeats`` calls after 2 warm-up calls (``harness.time_median``), on

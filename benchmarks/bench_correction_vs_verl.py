@@ -3,7 +3,7 @@
 verl 0.9.1's real ``verl.trainer.ppo.rollout_corr_helper`` (installed by ``make bench`` into
 ``.venv/verl-bench`` with ``pip --target --no-deps``; it is never a dependency of aisrl):
 
-* verl metrics: ``compute_offpolicy_metrics(old, rollout, mask)`` (KL k1/k3, perplexities, chi2);
+* verl metrics: ``compute_offpolicy_metrics(proximal, behaviour, mask)`` (KL k1/k3, perplexities, chi2);
 * verl full: ``compute_rollout_correction_and_rejection_mask`` configured as Seq-MIS with hi = 3:
   sequence-level IS weights truncated at 3 (``rollout_is="sequence"``) and rejection of sequences
   whose ratio exp(L) exceeds 3 (``rollout_rs="seq_sum_k1"``, bounds on exp(-L): [1/3, 1e30]), which
@@ -11,7 +11,7 @@ verl 0.9.1's real ``verl.trainer.ppo.rollout_corr_helper`` (installed by ``make 
 
 against aisrl's full path (every spec section 1 diagnostic + Seq-MIS weights + their statistics)
 on the torch path and on the fused pass (``system.correction.fused``), and the read floor
-(``mu.sum(), old.sum(), count_nonzero(mask)``), at ``--threads`` 1 and 2 (``torch.set_num_threads``;
+(``behaviour.sum(), proximal.sum(), count_nonzero(mask)``), at ``--threads`` 1 and 2 (``torch.set_num_threads``;
 the fused pass runs on the same number of OpenMP threads). Batches: ``bench_correction.make_batch`` (1024-token rows,
 lengths uniform in [512, 1024], d ~ N(0, 0.05)). The shared figures (KL k1 and k3, chi2 token and
 sequence) are compared value by value. Median of ``--repeats`` calls after 2 warm-up calls.

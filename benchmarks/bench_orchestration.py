@@ -125,7 +125,8 @@ def run_trainer(overrides: list[str], rollout: dict, learner: dict, steps: int, 
 
 def bench_async_vs_sync(ratios: list[float], train_s: float, max_steps: int, measure_s: float, warmup: int,
                         payload_params: int) -> dict:
-    """Steps per run: enough for ``measure_s`` seconds of ideal time after the warm-up, 5 to ``max_steps``.
+    """Steps per run: enough for ``measure_s`` seconds of ideal time after the warm-up, 5 to ``max_steps``
+    (plus ``max_lag``: the measured steps at the cap are the same as with the 2-step warm-up).
 
     The warm-up excludes ``warmup + max_lag`` steps: the workers start while the learner ranks load,
     so up to ``max_lag`` batches can be generated ahead before step 1; with R > L the steps that

@@ -1,7 +1,7 @@
 """Mismatch report scaling: wall time and peak memory of ``aisrl report`` at 64k, 1M and 10M tokens.
 
 For each size, a synthetic dump (``N`` responses x ``T = 1024`` tokens, every token valid:
-the worst case for the report; ``mu = -Exp(1)``, ``old = min(mu + sigma (1 + lag) N(0, 1),
+the worst case for the report; ``behaviour = -Exp(1)``, ``proximal = min(behaviour + sigma (1 + lag) N(0, 1),
 0)`` with 1 % heavy outliers, ``token_text``, ``uid``, ``reward``, ``lag`` 0..2 and texts
 filled) is written once, then the real command runs once in a fresh interpreter
 (``python bench_report.py --child DUMP OUT`` calls the typer app as ``aisrl report`` does).

@@ -4,10 +4,11 @@ from pydantic import Field, field_validator
 
 from system.config.base import StrictModel
 
-MAX_LAG = 64
+MAX_LAG = 1024
 """The largest staleness bound: every step record counts the samples at each lag from 0 to ``max_lag``
 (``staleness/lag_count/*``), so a probe's ``max_lag=10**18`` passed ``--dry-run`` and would have failed
-the first step allocating those counts; AReaL-style off-policy runs use single digits."""
+the first step allocating those counts. AReaL-style off-policy runs use single digits; a large value
+meaning "unbounded" still fits."""
 
 
 class AsyncConfig(StrictModel):

@@ -260,38 +260,71 @@ def resolve_config(presets: list[str | Path] = (), overrides: list[str] = (),
         raise ConfigError(_describe(exc, merged, layers)) from None
 
 
+def _at(data: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _type_defaults(path: tuple[str, ...], type_name: Any) -> dict[str, Any]:
+    """The fields of the union member ``type_name`` at ``path`` with their defaults ({} if that alone does
+    not validate)."""
+    data = _merge(RunConfig().model_dump(mode="json", by_alias=True), _nested(path, {"type": type_name}))
+    try:
+        return _at(RunConfig.model_validate(data).model_dump(mode="json", by_alias=True), path) or {}
+    except ValidationError:
+        return {}
+
+
+def _nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    for part in reversed(path):
+        value = {part: value}
+    return value
+
+
 def type_switch_notes(presets: list[str | Path] = (), overrides: list[str] = (),
                       resolved: RunConfig | None = None) -> list[str]:
     """What a ``type`` switch between the layers put back to defaults, one line each, for the console.
 
     A mapping whose ``type`` a later layer changes is replaced whole (the module doc), so the fields an
-    earlier layer set (a preset, or a resumed run's ``config.json``) and the later layer did not repeat
-    take the new type's defaults: ``--resume DIR weight_sync.type=collective`` on a ``delta`` run with
-    ``shared_memory=false`` runs with ``true``. Listed: such fields the new type also has whose value
-    changed. The schema's own defaults are not a layer: ``correction.method.type=icepop`` alone
-    reports nothing."""
+    earlier layer set (a preset, or a resumed run's ``config.json``) and no later layer repeats take the
+    new type's defaults: ``--resume DIR weight_sync.type=collective`` on a ``delta`` run with
+    ``shared_memory=false`` runs with ``true``. Listed, per mapping, after its last switch: such fields
+    the final type also has whose value changed, leaving out values that were the old type's own
+    defaults (a resumed run's ``config.json`` holds every field). The schema's defaults are not a
+    layer: ``correction.method.type=icepop`` alone reports nothing."""
     layers = [(f"preset {str(path)!r}", read_preset(path)) for path in presets]
     layers.append(("the overrides", combine_overrides(list(overrides))))
     if resolved is None:
         resolved = resolve_config(presets, overrides)
     now: Any = resolved.model_dump(mode="json", by_alias=True)
-    notes, merged = [], {}
-    for source, layer in layers:
+    merged: dict[str, Any] = RunConfig().model_dump(mode="json", by_alias=True)  # as resolve_config merges
+    last: dict[tuple[str, ...], tuple[int, Any]] = {}  # per mapping: the layer of its last switch, the type before
+    for index, (_, layer) in enumerate(layers):
         switched: list = []
         merged = _merge(merged, layer, switched)
-        for path, old, new in switched:
-            node = now
-            for part in path:
-                node = node.get(part) if isinstance(node, dict) else None
-            if not isinstance(node, dict):
-                continue
-            reset = [f"{'.'.join(path)}.{k} ({json.dumps(old[k])} -> {json.dumps(node[k])})"
-                     for k in old if k != "type" and k not in new and k in node and node[k] != old[k]]
-            if reset:
-                dotted = ".".join(path)
-                notes.append(f"{dotted}.type {old.get('type')} -> {new['type']} ({source}) replaces {dotted} whole, "
-                             f"so {', '.join(reset)} took {new['type']}'s default; set {'it' if len(reset) == 1 else 'them'}"
-                             " again beside the switch to keep the earlier value")
+        for path, old, _ in switched:
+            last[path] = (index, old.get("type"))
+    notes = []
+    for path, (index, before) in last.items():
+        node = _at(now, path)
+        if not isinstance(node, dict):
+            continue
+        earlier: dict[str, Any] = {}  # what the layers before the last switch set here, the last value
+        for _, layer in layers[:index]:
+            if isinstance(sub := _at(layer, path), dict):
+                earlier.update(sub)
+        repeated = {k for _, layer in layers[index:] if isinstance(sub := _at(layer, path), dict) for k in sub}
+        own = _type_defaults(path, before)
+        reset = [f"{'.'.join(path)}.{k} ({json.dumps(v, default=str)} -> {json.dumps(node[k], default=str)})"
+                 for k, v in earlier.items()
+                 if k != "type" and k not in repeated and k in node and node[k] != v
+                 and not (k in own and own[k] == v)]  # the old type's own default: nothing was set
+        if reset:
+            dotted, final = ".".join(path), node.get("type")
+            notes.append(f"{dotted}.type {before} -> {final} ({layers[index][0]}) replaces {dotted} whole, "
+                         f"so {', '.join(reset)} took {final}'s default; set {'it' if len(reset) == 1 else 'them'}"
+                         " again beside the switch to keep the earlier value")
     return notes
 
 

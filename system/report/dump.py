@@ -161,7 +161,8 @@ _TEXT_KEYS = ("uid", "prompt_text", "response_text", "token_text")
 
 
 def _check_kinds(arrays: dict[str, np.ndarray], path: str) -> None:
-    """Refuse optional keys of the wrong kind; decode byte strings (UTF-8, invalid bytes replaced) in place."""
+    """Refuse the mask and optional keys of the wrong kind; decode byte strings (UTF-8, invalid bytes replaced)
+    in place."""
     for key, kinds in _NUMBER_KINDS.items():
         if key in arrays and arrays[key].dtype.kind not in kinds:
             want = "integers" if kinds == "iu" else "booleans or 0/1 numbers" if key == MASK_KEY else "real numbers"

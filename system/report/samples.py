@@ -13,7 +13,7 @@ Layout (``"layout": "aisrl.samples/2"``)::
 
 ``sequences`` is columnar (one list per field, ``pandas.DataFrame(samples["sequences"])``
 loads it). ``length`` is ``T_i`` (valid tokens); ``seq_logratio`` is ``L_i``;
-``mean_abs_diff`` is the mean of ``|old - mu|`` over the valid tokens; ``kept_seq_mis`` says
+``mean_abs_diff`` is the mean of ``|proximal - behaviour|`` over the valid tokens; ``kept_seq_mis`` says
 whether the default method (seq-mis, hi = 3) keeps the response. All three are ``null`` for a
 row with no valid token, and so is a non-finite reward.
 
