@@ -53,12 +53,18 @@ def in_thread(trainer: Trainer) -> tuple[threading.Thread, dict]:
 
 
 def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
+    """Kill a random ready rollout worker every ``every`` seconds, ``seconds / every`` times, never the
+    last one serving: when fewer than two are ready (the others replacements still starting) the kill
+    waits for a second one (up to 60 s; the wait lengthens the soak, ``waited_s``). Killing the only one
+    made a stall certain wherever a start takes longer than the kills leave (a 2-core VM whose
+    replacements took 9.6 s: no step in some 10 s windows), so "training never stalls" said more about
+    the machine than about the trainer."""
     local_ray()
     cfg = resolve_config(overrides=[f"output_dir={tmp / 'run'}", "max_steps=100000", "rollout.prompts_per_call=2",
                                     "rollout.num_workers=4", *SIM])
     trainer = Trainer(cfg, rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.2),
                       learner_cls=SimulatedLearnerRank.actor_class(train_seconds=0.05, payload_params=10_000))
-    kills, waited = 0, 0.0
+    kills, waited, killed = 0, 0.0, set()
     try:
         thread, _ = in_thread(trainer)
         rng, start = random.Random(0), time.monotonic()
@@ -66,12 +72,15 @@ def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
         for _ in range(round(seconds / every)):  # one kill per interval: a wait below lengthens the soak
             time.sleep(every)
             live, wait_from = [], time.monotonic()
-            while not (live := [s for s in list(trainer.pool.slots.values()) if s.starting is None]) \
+            while len(live := [s for s in list(trainer.pool.slots.values())
+                               if s.starting is None and s.worker_id not in killed]) < 2 \
                     and time.monotonic() < wait_from + 60.0:
                 time.sleep(0.05)
             waited += time.monotonic() - wait_from
-            if live:
-                ray.kill(rng.choice(live).handle, no_restart=True)
+            if len(live) >= 2:
+                victim = rng.choice(live)
+                killed.add(victim.worker_id)
+                ray.kill(victim.handle, no_restart=True)
                 kills += 1
             marks.append((time.monotonic(), trainer.step))
         trainer.stop_requested.set()
