@@ -125,13 +125,9 @@ def run_trainer(overrides: list[str], rollout: dict, learner: dict, steps: int, 
 
 def bench_async_vs_sync(ratios: list[float], train_s: float, max_steps: int, measure_s: float, warmup: int,
                         payload_params: int) -> dict:
-    """Steps per run: enough for ``measure_s`` seconds of ideal time after the warm-up, 5 to ``max_steps``
-    (plus ``max_lag``: the measured steps at the cap are the same as with the 2-step warm-up).
-
-    The warm-up excludes ``warmup + max_lag`` steps: the workers start while the learner ranks load,
-    so up to ``max_lag`` batches can be generated ahead before step 1; with R > L the steps that
-    consume that lead run faster than R, and counting them gave efficiencies above 1 (R/L = 2:
-    1.012, a step of 0.856 s at R = 1 s right after a 2-step warm-up)."""
+    """Measured: enough steps for ``measure_s`` s of ideal time, 5 to ``max_steps``, after ``warmup + max_lag``
+    steps: up to ``max_lag`` batches are generated while the ranks load, and with R > L the steps using that
+    lead ran faster than R (R/L = 2 read efficiency 1.012 after a 2-step warm-up)."""
     rows = []
     for ratio in ratios:
         rollout_s = ratio * train_s

@@ -137,7 +137,7 @@ def _read_npz(p: str) -> dict[str, np.ndarray]:
     except DumpError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError,
-            RuntimeError, NotImplementedError) as exc:  # an encrypted member; a compression zipfile lacks
+            RuntimeError, NotImplementedError) as exc:  # zipfile: an encrypted member; an unknown compression
         raise DumpError(f"{p}: not a readable .npz batch dump ({type(exc).__name__}: {exc})") from None
     return arrays
 
