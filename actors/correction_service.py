@@ -11,18 +11,13 @@ import ray
 
 from actors.cluster import verbose
 from system.config import RunConfig, dump_config
+from system.models.hf_files import token_names
 from system.correction.service import CorrectionCore
 from system.report.dump import newest_dump, token_text_grid
 from system.report.mismatch_report import write_report
 from system.report.run_logger import RunLogger
 from system.report.wandb_sink import remove_process_temp_dirs
 from system.types import CorrectionInput, StepRecord
-
-
-def _load_tokenizer(model_dir: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 @ray.remote
@@ -34,10 +29,11 @@ class CorrectionService:
         self.core = CorrectionCore(cfg.correction)
         self.logger = RunLogger(run_dir, cfg.report, json.loads(dump_config(cfg)), wandb_run_id,
                                 live_sent_through=wandb_sent_through)
-        # the tokenizer only decodes dumped tokens: loaded beside the first steps (transformers' import is
-        # ~2-3 s of a 2-core machine), so the service is ready for the first batch without it
+        # the tokenizer only names dumped tokens: loaded beside the first steps, so the service is ready for
+        # the first batch without it (from tokenizer.json alone where there is one: transformers' import took
+        # 10 s of a slow 2-core VM's CPU, and held the GIL against the first steps' corrections)
         loader = ThreadPoolExecutor(1, thread_name_prefix="aisrl-tokenizer")
-        self._tokenizer = loader.submit(_load_tokenizer, model_dir)
+        self._token_names = loader.submit(token_names, model_dir)
         loader.shutdown(wait=False)
         self.run_dir = Path(run_dir)
         self._undumped: tuple[int, CorrectionInput, np.ndarray] | None = None  # the last batch, until dumped
@@ -65,7 +61,7 @@ class CorrectionService:
 
     def _dump_undumped(self) -> None:
         step, batch, token_ratios = self._undumped
-        token_text = token_text_grid(self._tokenizer.result().convert_ids_to_tokens, batch.response_ids_BT,
+        token_text = token_text_grid(self._token_names.result(), batch.response_ids_BT,
                                      batch.mask_BT)
         self.logger.dump(step, batch, token_ratios, token_text)
         self._undumped = None

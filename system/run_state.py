@@ -32,10 +32,10 @@ import re
 import shutil
 from pathlib import Path
 
+from system.config.rollout import KERNELS
 from system.controller_state import CONTROLLER_FILE, CheckpointError, load_controller_state
-from system.learner.checkpoint import checkpoint_problems, is_complete
+from system.learner.checkpoint_files import checkpoint_problems, is_complete
 from system.report.dump import numbered_dumps
-from system.rollout.fp8_kernels import KERNELS
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step_(\d+)$")

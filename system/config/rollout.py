@@ -1,6 +1,6 @@
 """Config of the rollout workers and their inference engine (a union on ``type``)."""
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -23,6 +23,12 @@ class VLLMEngineConfig(StrictModel):
 EngineConfig = Annotated[VLLMEngineConfig, Field(discriminator="type")]
 
 
+Fp8KernelChoice = Literal["auto", "vllm", "rowwise", "upcast"]
+"""``rollout.fp8_kernel``: a CPU FP8 kernel, or ``auto`` (``system.rollout.fp8_kernels`` chooses)."""
+Fp8Kernel = Literal["vllm", "rowwise", "upcast"]
+KERNELS: tuple[str, ...] = get_args(Fp8Kernel)
+"""The kernels a run may pin (``rollout_workers.json``): torch-free, read by ``system.run_state``."""
+
 MAX_ROLLOUT_WORKERS = 4096
 """The most rollout workers a run takes (``num_workers``, ``max_workers``, ``aisrl scale``): a typo's
 10**20 would have the controller launch actors until the driver's memory ran out."""
@@ -39,7 +45,7 @@ class RolloutConfig(StrictModel):
     """Upper bound on rollout workers when ``follow_cluster`` is on, and on ``aisrl scale`` (unset: 4096)."""
     quantization: Literal["fp8", "bf16"] = "fp8"
     """Rollout weights: ``fp8`` (``fp8_per_channel`` on CPU, ``fp8`` on GPU) or unquantized ``bf16``."""
-    fp8_kernel: Literal["auto", "vllm", "rowwise", "upcast"] = "auto"
+    fp8_kernel: Fp8KernelChoice = "auto"
     """FP8 linear kernel on CPU: ``auto`` times this CPU's FP8 and BF16 matmuls at engine start and
     replaces vLLM's channel-wise kernel by the faster of aisrl's row-wise one (scales fused into
     ``torch._scaled_mm``) and upcast one (the FP8 product on the BF16 matmul units) where that is

@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import types
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,13 +36,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from system.learner import distributed
-
-_TRAINER_FILE = "trainer.json"
-
-
-def is_complete(path: str) -> bool:
-    """A published checkpoint: DCP metadata and trainer state both present."""
-    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, _TRAINER_FILE))
+from system.learner.checkpoint_files import TRAINER_FILE as _TRAINER_FILE
+from system.learner.checkpoint_files import checkpoint_problems, file_crc32, is_complete  # noqa: F401 (re-exported)
 
 
 def save_checkpoint(
@@ -216,46 +210,6 @@ def _first_non_finite(state: dict, prefix: str = "") -> str | None:
             if local.numel() and not bool(torch.isfinite(local).all()):
                 return name
     return None
-
-
-def file_crc32(path: str, chunk: int = 8 << 20) -> int:
-    """CRC-32 of a file's bytes (zlib's, read in 8 MiB chunks)."""
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            crc = zlib.crc32(block, crc)
-    return crc
-
-
-def checkpoint_problems(path: str) -> list[str]:
-    """What makes the checkpoint at ``path`` unusable: missing parts, an unreadable ``trainer.json``,
-    shard files missing, of another size or (where the checkpoint recorded it) another CRC-32 than
-    written (empty list = usable as far as files tell)."""
-    if not is_complete(path):
-        return [f"{path}: missing .metadata or {_TRAINER_FILE}"]
-    try:
-        with open(os.path.join(path, _TRAINER_FILE)) as f:
-            trainer = json.load(f)
-    except (OSError, ValueError) as exc:
-        return [f"{os.path.join(path, _TRAINER_FILE)} is unreadable ({type(exc).__name__}: {exc})"]
-    if not isinstance(trainer, dict) or not {"counters", "scheduler"} <= trainer.keys():
-        return [f"{os.path.join(path, _TRAINER_FILE)} lacks counters or scheduler"]
-    files = trainer.get("files", {})  # absent in checkpoints written before the list existed
-    crc32 = trainer.get("crc32", {})  # absent in checkpoints written before the CRCs
-    if not (isinstance(files, dict) and all(isinstance(v, int) for v in files.values())
-            and isinstance(crc32, dict) and all(isinstance(v, int) for v in crc32.values())):
-        return [f"{os.path.join(path, _TRAINER_FILE)}: its files or crc32 list is not a table of numbers (damaged)"]
-    problems = []
-    for name, size in files.items():
-        file = os.path.join(path, name)
-        if not os.path.isfile(file):
-            problems.append(f"{file} is missing")
-        elif os.path.getsize(file) != size:
-            problems.append(f"{file} has {os.path.getsize(file)} bytes, {size} were written (truncated or replaced)")
-        elif name in crc32 and (got := file_crc32(file)) != crc32[name]:
-            problems.append(f"{file}: its bytes differ from those written (CRC-32 {got:08x}, "
-                            f"{crc32[name]:08x} was written: damaged or replaced)")
-    return problems
 
 
 def _publish(partial: str, path: str) -> None:

@@ -42,14 +42,11 @@ into vLLM live in ``system.rollout.vllm_engine``, the one module that imports vL
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Literal, get_args
 
 import torch
 
+from system.config.rollout import KERNELS, Fp8Kernel, Fp8KernelChoice  # noqa: F401 (KERNELS re-exported)
 from system.cpu_info import cpuinfo_fields
-
-Fp8KernelChoice = Literal["auto", "vllm", "rowwise", "upcast"]
-Fp8Kernel = Literal["vllm", "rowwise", "upcast"]
 
 MIN_GAIN = 1.5
 """``auto`` replaces vLLM's kernel only when another is at least this much faster, a threshold away from
@@ -222,9 +219,6 @@ class Fp8KernelDecision:
         out = asdict(self)
         out["probe"] = None if self.probe is None else asdict(self.probe)
         return out
-
-
-KERNELS: tuple[Fp8Kernel, ...] = get_args(Fp8Kernel)
 
 
 def choose_fp8_kernel(requested: Fp8KernelChoice, probe: MatmulProbe | None,
