@@ -45,7 +45,7 @@ from actors.export_handoff import ExportHandoff
 from actors.runtime import weights_exist
 from system.config import RunConfig
 from system.learner.batch import LearnerBatch
-from system.learner.group_step import StepOutcome
+from system.learner.step_outcome import StepOutcome
 from system.rewards.registry import build_reward
 from system.rollout.weight_mailbox import WeightMailbox, with_weights_wait
 from system.types import Completion, Prompt, RolloutGroup

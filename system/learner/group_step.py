@@ -26,7 +26,6 @@ Shape suffixes: ``B`` sequences, ``T`` response positions (the legend is in the 
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,30 +33,11 @@ from system.correction.ratios import valid_tokens
 from system.learner import distributed
 from system.learner.batch import LearnerBatch, rows_in_rank_order, shard_batch, shard_rows
 from system.learner.step import LossNormalisers, loss_normalisers
-from system.weight_payload import WeightPayload
+from system.learner.step_outcome import StepOutcome
 
 Correct = Callable[[np.ndarray], Callable[[], tuple[np.ndarray, dict]]]
 """``proximal_BT -> wait``: starts the correction of the global batch (rank 0 only) and returns the
 call in flight, ``wait() -> (weights_BT, correction metrics)``, called when the update needs them."""
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What rank 0 returns for a step: every metric, the timings and the new weights."""
-
-    learner: dict[str, float]
-    correction: dict[str, float | int | None]
-    seconds: dict[str, float]
-    """``proximal``, ``correction`` (gather + starting the service call + the wait for it after the
-    update's first forward + broadcast), ``update`` (without that wait), ``export``."""
-    payload: WeightPayload | None
-    """The new policy version's full weights (rank 0); None on the other ranks."""
-    weight_sync: dict = field(default_factory=dict)
-    """``weight_sync/...`` metrics of the step (the Ray shell's: payload size, broadcast bytes and seconds)."""
-    weights: object = None
-    """Where the rollout workers load ``payload`` from, once the caller has published it (the Ray
-    shell returns the payload from rank 0's separate ``weights`` call and the driver sets this to
-    its reference, ``payload`` None)."""
 
 
 def nonfinite_proximal_tokens(mask_BT: np.ndarray, behaviour_BT: np.ndarray, proximal_BT: np.ndarray,
