@@ -11,8 +11,8 @@ import ray
 
 from actors.cluster import verbose
 from system.config import RunConfig, dump_config
-from system.models.hf_files import token_names
 from system.correction.service import CorrectionCore
+from system.models.hf_files import token_names
 from system.report.dump import newest_dump, token_text_grid
 from system.report.mismatch_report import write_report
 from system.report.run_logger import RunLogger

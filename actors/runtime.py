@@ -1,7 +1,8 @@
-"""The Ray calls of the rollout loop and its pool, in one object.
+"""The Ray calls of the rollout loop, its pool and the step records, in one object.
 
-``RolloutLoop`` and ``RolloutPool`` reach Ray only through a runtime: ``RAY`` in a job, an
-in-process stand-in in ``tests/test_controller_logic.py``, which runs the controller's logic
+``RolloutLoop``, ``RolloutPool`` and ``RecordsInFlight`` reach Ray only through a runtime: ``RAY`` in
+a job, an in-process stand-in in ``tests/test_controller_logic.py`` and ``tests/test_step_records.py``,
+which runs the controller's logic
 (admission, weight pushes, dispatch, collection, worker loss and replacement, scaling) with no
 Ray cluster. Calls on actor handles (``handle.generate.remote(...)``) are made directly: the
 stand-in's handles have the same shape.
@@ -13,11 +14,18 @@ import ray
 class RayRuntime:
     actor_died: type[BaseException] = ray.exceptions.RayActorError
     """What a call on a dead worker raises when its result is read."""
+    task_failed: type[BaseException] = ray.exceptions.RayTaskError
+    """What reading the result of a call that raised raises (the call's error as its cause)."""
 
     @staticmethod
     def wait(refs: list, timeout: float) -> tuple[list, list]:
         """(the first ready reference, or none within ``timeout`` seconds; the rest)."""
         return ray.wait(refs, num_returns=1, timeout=timeout)
+
+    @staticmethod
+    def finished(refs: list, wait: bool) -> list:
+        """The references of ``refs`` whose calls have ended (``wait``: all of them, waiting as long as it takes)."""
+        return ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)[0] if refs else []
 
     @staticmethod
     def poll(ref) -> bool:

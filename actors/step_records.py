@@ -7,10 +7,9 @@ side's figures of a record, since the previous step (``RolloutSince``)."""
 import time
 from dataclasses import dataclass
 
-import ray
-
 from actors.learner_worker import PendingStep
 from actors.remote_errors import remote_error
+from actors.runtime import RAY
 from system.learner.batch import LearnerBatch
 from system.types import RolloutGroup
 
@@ -35,25 +34,31 @@ class RecordsLostError(RuntimeError):
 
 
 class RecordsInFlight:
-    def __init__(self) -> None:
-        self._sent: list[tuple[int, ray.ObjectRef]] = []
+    """The ``finish_step`` calls sent and not yet seen to end, checked through ``runtime``
+    (``actors.runtime``: Ray's, or an in-process stand-in in the tests)."""
 
-    def sent(self, step: int, ref: ray.ObjectRef) -> None:
+    def __init__(self, runtime=RAY) -> None:
+        self.runtime = runtime
+        self._sent: list[tuple[int, object]] = []
+
+    def sent(self, step: int, ref) -> None:
         self._sent.append((step, ref))
+
+    def steps_in_flight(self) -> list[int]:
+        """The steps whose records were sent and not yet seen written."""
+        return [step for step, _ in self._sent]
 
     def check(self, wait: bool = False) -> None:
         """Raise :class:`RecordsLostError` for the first record the service failed to write; the records
         still being written are left (``wait``: waited for, as before a checkpoint is published)."""
         if not self._sent:
             return
-        refs = [ref for _, ref in self._sent]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
-        finished = set(done)
+        finished = set(self.runtime.finished([ref for _, ref in self._sent], wait))
         for step, ref in self._sent:
             if ref in finished:
                 try:
-                    ray.get(ref, timeout=0)  # finished: reads its outcome, never waits
-                except ray.exceptions.RayTaskError as exc:
+                    self.runtime.get(ref)  # finished: reads its outcome, never waits
+                except self.runtime.task_failed as exc:
                     raise RecordsLostError(f"the record of step {step} could not be written ({remote_error(exc)}); "
                                            "the run stops") from None
         self._sent = [(step, ref) for step, ref in self._sent if ref not in finished]

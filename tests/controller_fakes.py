@@ -13,6 +13,10 @@ class WorkerDied(RuntimeError):
     pass
 
 
+class CallFailed(RuntimeError):
+    """A call that raised (Ray's ``RayTaskError`` in a job)."""
+
+
 class Ref:
     """A call that already ran: its value, or the error reading it raises; or, made by a worker told to
     ``hold`` its calls, one that runs only when released (``ready`` False until then)."""
@@ -22,7 +26,11 @@ class Ref:
         self.ready = run is None
 
     def release(self) -> None:
-        self.value, self.ready = self.run(), True
+        try:
+            self.value = self.run()
+        except (WorkerDied, CallFailed) as exc:  # a held call that raises ends as a failed call
+            self.error = exc
+        self.ready = True
 
     def result(self):
         if self.error is not None:
@@ -102,6 +110,14 @@ class InProcessRuntime:
     """``actors.runtime.RayRuntime``'s interface over completed references."""
 
     actor_died = WorkerDied
+    task_failed = CallFailed
+
+    def finished(self, refs, wait: bool) -> list:
+        if wait:  # waiting as long as it takes: held calls run now, in order
+            for r in refs:
+                if not r.ready:
+                    r.release()
+        return [r for r in refs if r.ready]
 
     def wait(self, refs, timeout):
         ready = [r for r in refs if r.ready][:1]
