@@ -44,10 +44,6 @@ class RecordsInFlight:
     def sent(self, step: int, ref) -> None:
         self._sent.append((step, ref))
 
-    def steps_in_flight(self) -> list[int]:
-        """The steps whose records were sent and not yet seen written."""
-        return [step for step, _ in self._sent]
-
     def check(self, wait: bool = False) -> None:
         """Raise :class:`RecordsLostError` for the first record the service failed to write; the records
         still being written are left (``wait``: waited for, as before a checkpoint is published)."""

@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import emit, result_tag  # noqa: E402
 
+from system.config.rollout import KERNELS  # noqa: E402
 from system.models.warm_start import single_thread  # noqa: E402
-from system.rollout.fp8_kernels import KERNELS, choose_fp8_kernel, cpu_identity, probe_fp8_matmul  # noqa: E402
+from system.rollout.fp8_kernels import choose_fp8_kernel, cpu_identity, probe_fp8_matmul  # noqa: E402
 
 MODELS = {"tiny default": (64, 256), "Qwen2.5-0.5B": (896, 4864), "Qwen2.5-1.5B": (1536, 8960)}
 

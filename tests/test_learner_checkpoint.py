@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from system.learner.checkpoint import is_complete, load_checkpoint
+from system.learner.checkpoint import load_checkpoint
+from system.learner.checkpoint_files import is_complete
 
 
 def _fake_checkpoint(path, metadata=True, trainer=True):

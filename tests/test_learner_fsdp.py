@@ -32,7 +32,7 @@ from test_learner_step import (
 )
 from transformers import Qwen2ForCausalLM
 
-from system.learner.checkpoint import is_complete
+from system.learner.checkpoint_files import is_complete
 from system.weight_payload import decode_weights
 
 
@@ -269,7 +269,7 @@ def test_damaged_checkpoint_bytes_are_found_by_crc_and_non_finite_values_refused
     NaN / inf parameters or moments, on every rank at once (none is left waiting in a collective)."""
     import shutil
 
-    from system.learner.checkpoint import checkpoint_problems
+    from system.learner.checkpoint_files import checkpoint_problems
 
     src = os.path.join(runs(2, "float32")[3], "ckpt", "step_00000001")
     ckpt = str(tmp_path / "step_00000001")

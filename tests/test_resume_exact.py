@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_s
 from actors.trainer import Trainer
 from system import controller_state, run_state
 from system.config.loading import resolve_config
-from system.learner.checkpoint import file_crc32
+from system.learner.checkpoint_files import file_crc32
 from system.types import Prompt, RolloutGroup
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -214,7 +214,7 @@ def test_a_learner_half_the_ranks_refuse_falls_back_and_the_resume_is_still_exac
     run did (the path through ``Trainer._start`` with the fallen-back controller state)."""
     import pickle
 
-    from system.learner.checkpoint import checkpoint_problems
+    from system.learner.checkpoint_files import checkpoint_problems
 
     source, full = uninterrupted
     run = tmp_path / "run"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from system import controller_state, run_state
-from system.learner.checkpoint import checkpoint_problems
+from system.learner.checkpoint_files import checkpoint_problems
 
 
 def valid_controller_state(step: int) -> dict:

@@ -11,7 +11,7 @@ file system is atomic, so a process killed at any moment leaves either no ``<pat
 complete one; ``system.run_state`` ignores ``*.partial`` directories and any directory
 without both ``.metadata`` and ``trainer.json``. ``trainer.json`` also lists every shard file
 with its size and CRC-32, so a file truncated, lost or damaged after publication (a full disk, a
-bad copy, flipped or zeroed bytes) is found by :func:`checkpoint_problems` before DCP tries to read
+bad copy, flipped or zeroed bytes) is found by :func:`system.learner.checkpoint_files.checkpoint_problems` before DCP tries to read
 it. The CRCs cost one read of each rank's own files at save (the ranks in parallel) and one read of
 the whole checkpoint by the driver at resume (zlib's CRC-32 runs at ~6.7 GB/s from the page cache on
 the AMD EPYC here; the storage's read speed bounds it on a cluster). A load refuses content that
@@ -36,8 +36,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from system.learner import distributed
-from system.learner.checkpoint_files import TRAINER_FILE as _TRAINER_FILE
-from system.learner.checkpoint_files import checkpoint_problems, file_crc32, is_complete  # noqa: F401 (re-exported)
+from system.learner.checkpoint_files import TRAINER_FILE, file_crc32, is_complete
 
 
 def save_checkpoint(
@@ -70,7 +69,7 @@ def save_checkpoint(
         files = {name: os.path.getsize(os.path.join(partial, name)) for name in names}
         crc32 = {name: crc for part in every for name, crc in part.items()}
         trainer = {"counters": dict(counters), "scheduler": scheduler.state_dict(), "files": files, "crc32": crc32}
-        with open(os.path.join(partial, _TRAINER_FILE), "w") as f:
+        with open(os.path.join(partial, TRAINER_FILE), "w") as f:
             json.dump(trainer, f)
         _publish(partial, path)
     dist.barrier()
@@ -129,7 +128,7 @@ def load_checkpoint(
     optimiser and scheduler were built with, i.e. the resumed run's config
     (:func:`keep_hyperparameters`): ``aisrl train --resume DIR learner.lr=...`` takes effect."""
     if not is_complete(path):
-        raise ValueError(f"{path} is not a complete checkpoint (missing .metadata or {_TRAINER_FILE})")
+        raise ValueError(f"{path} is not a complete checkpoint (missing .metadata or {TRAINER_FILE})")
     with keep_hyperparameters(optimizer, scheduler):
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
@@ -149,7 +148,7 @@ def load_checkpoint(
             raise CheckpointContentError(f"{path}: non-finite values in "
                              f"{bad if bad is not None else 'the shards of another rank'} (a damaged checkpoint)")
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        with open(os.path.join(path, _TRAINER_FILE)) as f:
+        with open(os.path.join(path, TRAINER_FILE)) as f:
             trainer = json.load(f)
         scheduler.load_state_dict(trainer["scheduler"])
         if trainer["counters"].get("optimizer_step") == 0:

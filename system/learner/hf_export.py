@@ -30,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 
 from system.config import resolve_config
 from system.config.resume import check_saved_config
-from system.learner.checkpoint import checkpoint_problems
+from system.learner.checkpoint_files import checkpoint_problems
 from system.learner.model import load_causal_lm, param_dtype_of
 from system.models.model_dir import resolve_model_dir
 from system.run_state import (

@@ -52,5 +52,4 @@ def token_names(path: str, trust_remote_code: bool = False):
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(file).id_to_token
-    tokenizer = load_tokenizer(path, trust_remote_code)
-    return lambda token_id: tokenizer.convert_ids_to_tokens(token_id)
+    return load_tokenizer(path, trust_remote_code).convert_ids_to_tokens

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from system.config.rollout import KERNELS, Fp8Kernel, Fp8KernelChoice  # noqa: F401 (KERNELS re-exported)
+from system.config.rollout import KERNELS, Fp8Kernel, Fp8KernelChoice
 from system.cpu_info import cpuinfo_fields
 
 MIN_GAIN = 1.5
