@@ -20,7 +20,7 @@ second beyond the simulated compute is orchestration overhead.
    ``accept``, ``taken``, ``submitted``). Reported: the median latency of each hop of the two links
    of the critical cycle, step end -> the next generate call samples with its weights, and a
    generate call's end -> the step that trains its groups starts.
-3. Weight sync. The object-store path of ``ObjectStoreTransport`` with a simulated rank 0
+3. Weight sync (``orchestration_weights.py``). The object-store path of ``ObjectStoreTransport`` with a simulated rank 0
    exporting a bf16 payload of P parameters and a simulated worker copying every array into
    its own buffers (as an engine's load does), against ``np.copyto`` of the same bytes.
 
@@ -32,13 +32,11 @@ a summary line comes last. ``--quick`` runs a reduced grid (results named ``*_qu
 """
 
 import argparse
-import gc
 import json
 import logging
 import math
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -52,15 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated actors
 from harness import choice_list, emit, positive_float, result_tag  # noqa: E402
 from orchestration_timeline import stamp_driver, timeline_links  # noqa: E402
+from orchestration_weights import bench_weight_sync  # noqa: E402
 from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
 
 import actors.trainer as trainer_module  # noqa: E402
 from actors.cluster import use_loopback_only  # noqa: E402
-from actors.learner_worker import LearnerGroup  # noqa: E402
-from actors.placement import RoleOptions  # noqa: E402
 from actors.ray_internals import LOOPBACK_NODE  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
-from actors.weight_sync import ObjectStoreTransport  # noqa: E402
 from system.config.loading import resolve_config  # noqa: E402
 from system.models.model_dir import resolve_model_dir  # noqa: E402
 
@@ -230,87 +226,6 @@ def bench_scaling(workers: list[int], rollout_s: float, train_s: float, prompts_
             "goal": ">= 0.90 of linear at 8 workers", "rows": rows, "skipped": skipped}
 
 
-def memcpy_seconds(nbytes: int, repeats: int) -> tuple[float, float]:
-    """(np.copyto into a pre-faulted buffer, arr.copy() into a fresh one): median seconds."""
-    src = np.full(nbytes // 2, 7, dtype=np.int16)
-    dst = np.zeros_like(src)
-    copyto, fresh = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        copyto.append(time.perf_counter() - t0)
-    del dst
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        c = src.copy()
-        fresh.append(time.perf_counter() - t0)
-        del c
-    del src
-    gc.collect()
-    return statistics.median(copyto), statistics.median(fresh)
-
-
-def bench_weight_sync(params: list[float], repeats: int, warmup: int, object_store_bytes: int) -> dict:
-    cfg = resolve_config(overrides=[*BASE, "learner.num_ranks=1"])
-    model_dir = str(resolve_model_dir(cfg))
-    transport = ObjectStoreTransport()
-    rows, skipped = [], []
-    for p in params:
-        nbytes = int(p) * 2
-        avail = psutil.virtual_memory().available
-        # Learner arrays + up to two versions in the object store + the worker's buffers
-        # (the in-process baseline, 2x, runs alone before them).
-        need = 4 * nbytes + 1.5 * 2**30
-        if avail < need or object_store_bytes < 2.1 * nbytes:
-            skipped.append({"params": p, "bytes": nbytes, "reason": f"needs {need / GB:.1f} GB RAM and "
-                            f"{2.1 * nbytes / GB:.1f} GB object store (two versions live); {avail / GB:.1f} GB available, "
-                            f"store {object_store_bytes / GB:.1f} GB"})
-            log(f"weight sync: skip {p / 1e9:g}B ({skipped[-1]['reason']})")
-            continue
-        copyto_s, fresh_s = memcpy_seconds(nbytes, repeats)
-        learners = LearnerGroup(cfg, model_dir, RoleOptions("learner_rank", 1, 1.0, 0.0, {}),
-                                SimulatedLearnerRank.actor_class(payload_params=int(p)))
-        worker = SimulatedRolloutWorker.actor_class(weight_load="copy").options(num_cpus=1).remote(
-            cfg, model_dir, "rollout-weight-sync")
-        ray.get(worker.ready.remote())
-        export, load, total = [], [], []
-        try:
-            # The first rounds fault in fresh object-store pages and the worker's buffers (cold);
-            # a training run re-exports every step, so the warm rounds are the steady state.
-            for i in range(warmup + repeats):
-                t0 = time.perf_counter()
-                ref = transport.publish(learners, i)
-                t1 = time.perf_counter()
-                ray.get(transport.push(worker, ref, i + 1))  # an idle worker loads an offer at once
-                t2 = time.perf_counter()
-                del ref
-                export.append(t1 - t0), load.append(t2 - t1), total.append(t2 - t0)
-            stats = ray.get(worker.stats.remote())
-        finally:
-            learners.shutdown()
-            ray.kill(worker, no_restart=True)
-        exact = stats["weight_bytes"]
-        t_export, t_load, t_total = (statistics.median(x[warmup:]) for x in (export, load, total))
-        best = min(total[warmup:])
-        rows.append({
-            "params": p, "bytes": exact, "export_to_store_s": t_export, "worker_load_s": t_load,
-            "total_s": t_total, "total_GB_per_s": exact / t_total / GB, "best_total_s": best,
-            "best_total_over_copyto": best / copyto_s,
-            "memcpy_copyto_s": copyto_s, "memcpy_copyto_GB_per_s": exact / copyto_s / GB,
-            "memcpy_fresh_copy_s": fresh_s, "total_over_copyto": t_total / copyto_s,
-            "export_over_copyto": t_export / copyto_s, "load_over_copyto": t_load / copyto_s,
-            "total_over_fresh_copy": t_total / fresh_s, "repeats": repeats, "warmup_rounds": warmup,
-            "cold_first_round_s": {"export": export[0], "load": load[0], "total": total[0]},
-            "all_rounds_total_s": [round(t, 4) for t in total],
-        })
-        log(f"weight sync {p / 1e9:g}B ({exact / GB:.2f} GB): export {t_export:.3f}s + load {t_load:.3f}s = "
-            f"{t_total:.3f}s ({exact / t_total / GB:.2f} GB/s); np.copyto {copyto_s:.3f}s "
-            f"({exact / copyto_s / GB:.2f} GB/s) -> {t_total / copyto_s:.2f}x; cold round {total[0]:.3f}s")
-        gc.collect()
-    return {"transport": transport.name, "worker_load": "copy into worker-owned buffers",
-            "rows": rows, "skipped": skipped}
-
-
 def fmt(split: dict) -> str:
     return " ".join(f"{k}={v * 1000:.0f}ms" for k, v in split.items())
 
@@ -368,7 +283,7 @@ def main() -> None:
             results["scaling"] = res
         if "weights" in parts:
             params = [0.1e9, 0.5e9] if args.quick else [0.1e9, 0.5e9, 1.5e9]
-            res = bench_weight_sync(params, repeats=7, warmup=3, object_store_bytes=store)
+            res = bench_weight_sync(params, repeats=7, warmup=3, object_store_bytes=store, base=BASE, log=log)
             res["object_store_bytes"], res["dev_shm_free_bytes"] = store, shm_free
             emit(f"orchestration_weight_sync_cpu{suffix}", res, save=not args.no_save)
             results["weights"] = res
