@@ -33,8 +33,9 @@ class RayRuntime:
         return bool(ray.wait([ref], timeout=0)[0])
 
     @staticmethod
-    def get(ref_or_refs):
-        return ray.get(ref_or_refs)
+    def get(ref_or_refs, timeout: float | None = None):
+        """The results (``timeout`` 0: of calls known to have ended, never waiting)."""
+        return ray.get(ref_or_refs, timeout=timeout)
 
     @staticmethod
     def cluster_resources() -> dict:

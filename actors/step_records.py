@@ -53,7 +53,7 @@ class RecordsInFlight:
         for step, ref in self._sent:
             if ref in finished:
                 try:
-                    self.runtime.get(ref)  # finished: reads its outcome, never waits
+                    self.runtime.get(ref, timeout=0)  # finished: reads its outcome, never waits
                 except self.runtime.task_failed as exc:
                     raise RecordsLostError(f"the record of step {step} could not be written ({remote_error(exc)}); "
                                            "the run stops") from None

@@ -126,7 +126,7 @@ class InProcessRuntime:
     def poll(self, ref) -> bool:
         return ref.ready
 
-    def get(self, ref_or_refs):
+    def get(self, ref_or_refs, timeout=None):
         if isinstance(ref_or_refs, list):
             return [r.result() for r in ref_or_refs]
         return ref_or_refs.result()
