@@ -41,7 +41,7 @@ from system.data.buffer import TrajectoryBuffer
 from system.data.context_fit import fit_dataset_prompts
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
-from system.learner.batch import collate_groups
+from system.learner.collate import collate_groups
 from system.learner.divergence import DivergenceGuard
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir

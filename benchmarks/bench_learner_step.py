@@ -34,7 +34,7 @@ from harness import emit, int_range, nonnegative_int, positive_float, positive_i
 from system.config.learner import LearnerConfig  # noqa: E402
 from system.config.rollout import RolloutConfig  # noqa: E402
 from system.config.run import RunConfig  # noqa: E402
-from system.learner.batch import collate_groups  # noqa: E402
+from system.learner.collate import collate_groups  # noqa: E402
 from system.learner.distributed import find_free_port  # noqa: E402
 from system.learner.flops import matmul_parameters, peak_tflops, step_flops  # noqa: E402
 from system.learner.step import loss_normalisers  # noqa: E402

@@ -334,7 +334,7 @@ class SimulatedLearnerRank:
         tw = time.perf_counter()
         weights, correction = ray.get(call) if call is not None else (np.ones_like(proximal), {})
         wait = time.perf_counter() - tw
-        learner = self._train_metrics(batch, weights)
+        learner = self._train_metrics(batch, mask, weights)
         _deadline_sleep(t2, self.settings.train_seconds + wait)
         t3 = time.perf_counter()
         payload = self.export_weights()
@@ -355,9 +355,9 @@ class SimulatedLearnerRank:
         micro = -(-rows // lc.micro_batch_size)
         return 1.0 / (3.0 * lc.updates_per_batch * lc.mini_batches * micro)
 
-    def _train_metrics(self, batch: LearnerBatch, weights_BT: np.ndarray) -> dict:
-        """Global metrics with the real keys; the policy version advances by one."""
-        mask = batch.response_arrays().mask_BT
+    def _train_metrics(self, batch: LearnerBatch, mask: np.ndarray, weights_BT: np.ndarray) -> dict:
+        """Global metrics with the real keys (``mask``: the batch's response mask); the policy version
+        advances by one."""
         weights = np.asarray(weights_BT, dtype=np.float32)
         if weights.shape != mask.shape:
             raise ValueError(f"weights {weights.shape} do not match the batch's response view {mask.shape}")

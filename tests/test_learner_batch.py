@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from system.learner.batch import (
-    collate_groups,
     micro_batch_slices,
+    response_view,
     rows_in_rank_order,
     shard_batch,
     shard_rows,
 )
+from system.learner.collate import collate_groups
 from system.learner.step import loss_normalisers
 from system.types import Completion, Prompt, RolloutGroup
 
@@ -96,6 +97,30 @@ def test_response_arrays_are_the_response_only_view():
         [8, 9, 0], [10, 0, 0], [13, 14, 15], [0, 0, 0]])
     # Dr.GRPO: mean-centred only.
     np.testing.assert_allclose(batch.advantages_B, [0.5, -0.5, 0.0, 0.0])
+
+
+def test_response_view_matches_a_loop_and_the_torch_twin_on_random_ragged_rows():
+    """The numpy view (driver, service, simulated ranks) and ``forward.gather_response`` (the learner's
+    torch view) against a plain loop: ``x_BT[b, t] = x_BS[b, start_b + t]`` for t < len_b, else 0."""
+    import torch
+
+    from system.learner.forward import gather_response
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.int64, np.bool_):
+        B, S, T = 7, 12, 6
+        start_B = rng.integers(1, 7, B)
+        len_B = np.minimum(rng.integers(0, T + 1, B), S - start_B)
+        x_BS = rng.normal(size=(B, S)).astype(dtype) if dtype != np.bool_ else rng.random((B, S)) < 0.5
+        want = np.zeros((B, T), dtype=x_BS.dtype)
+        for b in range(B):
+            for t in range(len_B[b]):
+                want[b, t] = x_BS[b, start_B[b] + t]
+        got = response_view(x_BS, start_B, len_B, T)
+        assert got.dtype == x_BS.dtype
+        np.testing.assert_array_equal(got, want)
+        twin = gather_response(torch.from_numpy(x_BS), torch.from_numpy(start_B), torch.from_numpy(len_B), T)
+        np.testing.assert_array_equal(twin.numpy(), want)
 
 
 def test_shard_keeps_global_advantages_and_widths():

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from system.learner.batch import collate_groups
+from system.learner.collate import collate_groups
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.logprobs import token_logprobs, token_logprobs_and_entropy
 from system.types import Completion, Prompt, RolloutGroup

@@ -30,7 +30,8 @@ from test_learner_step import (
 from transformers import Qwen2ForCausalLM
 
 from system.config.learner import CTPOLossConfig, LearnerConfig, PPOLossConfig
-from system.learner.batch import collate_groups, mini_batch_slices, shard_batch, update_micro_slices
+from system.learner.batch import mini_batch_slices, shard_batch, update_micro_slices
+from system.learner.collate import collate_groups
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import build_optimizer, build_scheduler
 from system.learner.step import (

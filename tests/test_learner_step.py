@@ -11,7 +11,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from system.config.learner import CTPOLossConfig, LearnerConfig, PPOLossConfig
-from system.learner.batch import collate_groups
+from system.learner.collate import collate_groups
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import LinearWarmup, build_optimizer, build_scheduler
 from system.learner.step import Trainee, loss_normalisers, train_step

@@ -11,7 +11,7 @@ import pytest
 
 from system.config import RunConfig
 from system.data.arithmetic import ArithmeticPrompts
-from system.learner.batch import collate_groups
+from system.learner.collate import collate_groups
 from system.learner.core import LearnerCore
 from system.learner.distributed import find_free_port
 from system.learner.step import loss_normalisers

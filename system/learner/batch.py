@@ -1,4 +1,5 @@
-"""Collate rollout groups into the learner's padded batch, shard it over ranks and slice it.
+"""The learner's padded batch: its response views, its shards over ranks and its slices (numpy only;
+``system.learner.collate`` builds it from rollout groups).
 
 Legend: ``B`` sequences, ``S`` positions of prompt + response (right-padded), ``T`` positions
 of the response-only view (the global batch's longest response).
@@ -10,18 +11,15 @@ per-position array is indexed by the token it scores: ``behaviour_logp_BS[b, s]`
 ``logp_BS[b, s]`` (``system.learner.logprobs``). The response view is
 ``x_BT[b, t] = x_BS[b, P_b + t]`` for ``t < T_b`` and 0 beyond.
 
-Advantages are computed by ``collate_groups`` over whole groups, before any sharding, so
+Advantages are computed by ``collate.collate_groups`` over whole groups, before any sharding, so
 ``shard_batch`` may cut anywhere without changing them (``shard_rows``: which rows each rank holds).
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
-import torch
 
-from system.losses.advantages import group_advantages
-from system.types import CorrectionInput, RolloutGroup
+from system.types import CorrectionInput
 
 
 @dataclass(frozen=True)
@@ -62,11 +60,8 @@ class LearnerBatch:
         return replace(self, **values)
 
     def response_view(self, x_BS: np.ndarray) -> np.ndarray:
-        """``x_BT[b, t] = x_BS[b, P_b + t]`` for ``t < T_b``, 0 elsewhere."""
-        # torch.tensor copies: arrays that came through Ray's object store are read-only.
-        start_B, len_B = torch.tensor(self.response_start_B), torch.tensor(self.response_len_B)
-        x_BS = torch.tensor(x_BS)
-        return gather_response(x_BS, start_B, len_B, self.num_response_tokens).numpy()
+        """``x_BT[b, t] = x_BS[b, P_b + t]`` for ``t < T_b``, 0 elsewhere (a new array, same dtype)."""
+        return response_view(np.asarray(x_BS), self.response_start_B, self.response_len_B, self.num_response_tokens)
 
     def lag_B(self, learner_policy_version: int) -> np.ndarray:
         """int32 staleness ``lag = learner version - behaviour version`` of each sequence (spec section 0)."""
@@ -91,6 +86,18 @@ class LearnerBatch:
         )
 
 
+def response_view(x_BS: np.ndarray, response_start_B: np.ndarray, response_len_B: np.ndarray,
+                  num_tokens: int) -> np.ndarray:
+    """Response-only view ``x_BT`` of a per-position array: ``x_BT[b, t] = x_BS[b, start_b + t]`` for
+    ``t < len_b``, 0 past each response (numpy; ``system.learner.forward.gather_response`` is the same
+    view of torch tensors, differentiable, on the learner's device)."""
+    t_T = np.arange(num_tokens)
+    inside_BT = t_T[None, :] < np.asarray(response_len_B)[:, None]
+    pos_BT = np.where(inside_BT, np.asarray(response_start_B)[:, None] + t_T[None, :], 0)
+    gathered_BT = np.take_along_axis(x_BS, np.minimum(pos_BT, x_BS.shape[1] - 1), axis=1)
+    return np.where(inside_BT, gathered_BT, np.zeros((), dtype=x_BS.dtype))
+
+
 @dataclass(frozen=True)
 class ResponseArrays:
     """A batch's response positions only, left-aligned and padded to the longest response ``T``."""
@@ -98,75 +105,6 @@ class ResponseArrays:
     behaviour_BT: np.ndarray  # float32 behaviour log-probs (0 at padding)
     mask_BT: np.ndarray  # bool, response tokens
     ids_BT: np.ndarray  # int32 token ids
-
-
-def gather_response(
-    x_BS: torch.Tensor, response_start_B: torch.Tensor, response_len_B: torch.Tensor, num_tokens: int
-) -> torch.Tensor:
-    """Response-only view ``x_BT`` of a per-position tensor (differentiable; 0 past each response)."""
-    t_T = torch.arange(num_tokens, device=x_BS.device)
-    pos_BT = response_start_B.to(x_BS.device)[:, None] + t_T[None, :]
-    inside_BT = t_T[None, :] < response_len_B.to(x_BS.device)[:, None]
-    pos_BT = torch.where(inside_BT, pos_BT, 0).clamp(max=x_BS.shape[1] - 1)
-    gathered_BT = x_BS.gather(1, pos_BT)
-    return torch.where(inside_BT, gathered_BT, torch.zeros((), dtype=x_BS.dtype, device=x_BS.device))
-
-
-def _ragged_positions(start_B: np.ndarray, length_B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row, column) of every position of ``length_B[b]`` consecutive columns from ``start_B[b]`` in each
-    row b, rows in order: the scatter indices of a ragged batch's concatenated values."""
-    total = int(length_B.sum())
-    rows = np.repeat(np.arange(len(length_B)), length_B)
-    first_of_row = np.repeat(np.cumsum(length_B) - length_B, length_B)  # index of the row's first value
-    return rows, np.repeat(start_B, length_B) + (np.arange(total) - first_of_row)
-
-
-def collate_groups(
-    groups: Sequence[RolloutGroup], scale_advantages_by_std: bool, pad_token_id: int = 0
-) -> LearnerBatch:
-    """Pad the completions of ``groups`` (in order) into one batch and compute group advantages."""
-    completions = [(g_idx, c) for g_idx, g in enumerate(groups) for c in g.completions]
-    if not completions:
-        raise ValueError("cannot collate an empty batch: the groups hold no completions")
-    for _, c in completions:
-        if len(c.prompt_token_ids) == 0:
-            raise ValueError(f"completion {c.uid} has an empty prompt; the first token needs a context")
-    prompt_len_B = np.array([len(c.prompt_token_ids) for _, c in completions], dtype=np.int64)
-    response_len_B = np.array([len(c.response_token_ids) for _, c in completions], dtype=np.int64)
-    num_seq, seq_len = len(completions), int((prompt_len_B + response_len_B).max())
-    input_ids_BS = np.full((num_seq, seq_len), pad_token_id, dtype=np.int64)
-    behaviour_logp_BS = np.zeros((num_seq, seq_len), dtype=np.float32)
-    response_mask_BS = np.zeros((num_seq, seq_len), dtype=bool)
-    # every completion's tokens in one scatter (a loop of 512 completions took ~2.6 ms, this ~0.4)
-    rows_p, cols_p = _ragged_positions(np.zeros_like(prompt_len_B), prompt_len_B)
-    rows_r, cols_r = _ragged_positions(prompt_len_B, response_len_B)
-    input_ids_BS[rows_p, cols_p] = np.concatenate([c.prompt_token_ids for _, c in completions])
-    if len(rows_r):
-        input_ids_BS[rows_r, cols_r] = np.concatenate([c.response_token_ids for _, c in completions])
-        behaviour_logp_BS[rows_r, cols_r] = np.concatenate([c.behaviour_logprobs for _, c in completions])
-        response_mask_BS[rows_r, cols_r] = True
-    positions_S = np.arange(seq_len)
-    rewards_B = np.array([c.reward for _, c in completions], dtype=np.float32)
-    group_index_B = np.array([g for g, _ in completions], dtype=np.int64)
-    advantages_B = group_advantages(
-        torch.from_numpy(rewards_B), torch.from_numpy(group_index_B), scale_by_std=scale_advantages_by_std
-    )
-    return LearnerBatch(
-        input_ids_BS=input_ids_BS,
-        attention_mask_BS=positions_S[None, :] < (prompt_len_B + response_len_B)[:, None],
-        response_mask_BS=response_mask_BS,
-        behaviour_logp_BS=behaviour_logp_BS,
-        response_start_B=prompt_len_B,
-        response_len_B=response_len_B,
-        rewards_B=rewards_B,
-        advantages_B=np.asarray(advantages_B.detach().cpu(), dtype=np.float32),
-        group_index_B=group_index_B,
-        policy_version_B=np.array([c.policy_version for _, c in completions], dtype=np.int64),
-        uids=tuple(c.uid for _, c in completions),
-        num_response_tokens=max(1, int(response_len_B.max())),
-        prompt_texts=tuple(groups[g].prompt.text for g, _ in completions),
-        response_texts=tuple(c.response_text for _, c in completions),
-    )
 
 
 def shard_rows(num_sequences: int, rank: int, world_size: int, mini_batches: int = 1) -> np.ndarray:

@@ -3,7 +3,7 @@
 Per policy version the controller drives all R ranks in lock-step (every method below except
 ``policy_version`` is collective: call it on every rank, with that rank's shard):
 
-    batch  = collate_groups(groups, scale_advantages_by_std)      (driver, global batch)
+    batch  = collate_groups(groups, scale_advantages_by_std)      (driver, global batch; collate)
     shard  = shard_batch(batch, rank, R, M)                         (batch.shard_rows)
     old_r  = core.compute_proximal_logprobs(shard)                  [B/R, T] per rank
     old    = concat(old_r over ranks);  w, ... = correction service(mu, old, mask, lag)

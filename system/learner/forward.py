@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from system.learner.batch import LearnerBatch, gather_response, update_micro_slices
+from system.learner.batch import LearnerBatch, update_micro_slices
 from system.learner.logprobs import Sampling, token_logprobs, token_logprobs_and_entropy
 
 
@@ -95,3 +95,16 @@ def proximal_logprobs(
         for rows in update_micro_slices(shard.num_sequences, mini_batches, micro_batch_size)
     ]
     return torch.cat(pieces, dim=0)
+
+
+def gather_response(
+    x_BS: torch.Tensor, response_start_B: torch.Tensor, response_len_B: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """Response-only view ``x_BT`` of a per-position tensor (differentiable; 0 past each response): the
+    torch twin of ``system.learner.batch.response_view``."""
+    t_T = torch.arange(num_tokens, device=x_BS.device)
+    pos_BT = response_start_B.to(x_BS.device)[:, None] + t_T[None, :]
+    inside_BT = t_T[None, :] < response_len_B.to(x_BS.device)[:, None]
+    pos_BT = torch.where(inside_BT, pos_BT, 0).clamp(max=x_BS.shape[1] - 1)
+    gathered_BT = x_BS.gather(1, pos_BT)
+    return torch.where(inside_BT, gathered_BT, torch.zeros((), dtype=x_BS.dtype, device=x_BS.device))
