@@ -9,7 +9,8 @@
                                                    ─▶ ONE call to the learner group (every rank):
                                                         proximal log-probs, all-gather; rank 0 ─▶
                                                         correction service (weights, metrics, dumps;
-                                                        it reads the batch from the object store),
+                                                        it reads the batch from the object store; its
+                                                        handle given to rank 0 once, at the start),
                                                         in flight during the update's first forward;
                                                         broadcast weights, update, export (version k+1)
                                                    ◀── rank 0: metrics; beside them its export thread

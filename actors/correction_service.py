@@ -38,6 +38,10 @@ class CorrectionService:
         self.run_dir = Path(run_dir)
         self._undumped: tuple[int, CorrectionInput, np.ndarray] | None = None  # the last batch, until dumped
 
+    def ready(self) -> None:
+        """Answers once the service is built (its imports, sinks and W&B run), so a run's start waits
+        for it beside the workers' and its first step does not."""
+
     def wandb_run_id(self) -> str | None:
         return self.logger.wandb_run_id
 

@@ -50,6 +50,7 @@ class LearnerRank:
         self.sender: BroadcastSender | None = None
         self.exports = ExportHandoff()
         self._listen_fd: int | None = None
+        self.service: ray.actor.ActorHandle | None = None  # rank 0's, from use_service
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Rank 0: ``(this node's address, a port on it)``, listened on from now on (a port only
@@ -81,23 +82,33 @@ class LearnerRank:
     def policy_version(self) -> int:
         return self.core.policy_version
 
-    def step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> StepOutcome | None:
+    def use_service(self, service: ray.actor.ActorHandle) -> None:
+        """Rank 0: the run's correction service, called in every step. Handed over once: a process
+        receiving an actor's handle imports that actor's module (Ray loads its class to build the
+        handle's methods), which a simulated rank without torch paid on its first step (3.5 s on a
+        2-core AMD EPYC VM), and a handle sent with every step is serialized with every step."""
+        self.service = service
+
+    def step(self, holder: list, step: int) -> StepOutcome | None:
         """One policy-version step (``system.learner.group_step.run_step``), called on every rank at once.
 
         ``holder`` is ``[reference to the global LearnerBatch]``: a reference inside a list reaches the
-        rank unresolved, so rank 0 can hand the same reference to the correction service. Returns rank
-        0's outcome without the payload (None on the other ranks); rank 0 hands the payload to its
-        :meth:`weights` call for version ``step``.
+        rank unresolved, so rank 0 can hand the same reference to the correction service
+        (:meth:`use_service`). Returns rank 0's outcome without the payload (None on the other ranks);
+        rank 0 hands the payload to its :meth:`weights` call for version ``step``.
         """
         try:
-            return self._step(holder, step, service)
+            return self._step(holder, step)
         except BaseException as exc:  # its weights call then raises too, instead of waiting for ever
             if self.rank == 0:
                 self.exports.fail(step, f"{type(exc).__name__}: {str(exc)[:300]}")
             raise
 
-    def _step(self, holder: list, step: int, service: ray.actor.ActorHandle) -> StepOutcome | None:
+    def _step(self, holder: list, step: int) -> StepOutcome | None:
+        if self.rank == 0 and self.service is None:
+            raise RuntimeError("learner rank 0 has no correction service: call use_service before the first step")
         batch = ray.get(holder[0])
+        service = self.service
 
         def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
             ref = service.process.remote(step, holder, proximal_BT, self.core.policy_version)
@@ -276,10 +287,15 @@ class LearnerGroup:
         gather([r.connect.remote(master_addr, master_port) for r in self.ranks])
         self.met = True
 
-    def submit(self, batch_ref: ray.ObjectRef, step: int, service: ray.actor.ActorHandle) -> "PendingStep":
+    def use_service(self, service: ray.actor.ActorHandle) -> ray.ObjectRef:
+        """Hand rank 0 the correction service it calls in every step (``LearnerRank.use_service``);
+        the reference answers once it holds it (the trainer waits for it beside the workers' start)."""
+        return self.ranks[0].use_service.remote(service)
+
+    def submit(self, batch_ref: ray.ObjectRef, step: int) -> "PendingStep":
         """Start the whole step on every rank without waiting (Ray runs a caller's calls to an actor
         in order, so a step submitted while the previous one runs starts the moment it ends)."""
-        outcomes = [r.step.remote([batch_ref], step, service) for r in self.ranks]
+        outcomes = [r.step.remote([batch_ref], step) for r in self.ranks]
         return PendingStep(outcomes, self.ranks[0].weights.remote(step))
 
     def export_weights(self) -> ray.ObjectRef:

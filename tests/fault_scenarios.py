@@ -93,6 +93,7 @@ def soak(tmp: Path, seconds: float = 60.0, every: float = 2.0) -> dict:
             "kills": kills, "losses_handled": trainer.pool.failures,
             "steps": trainer.step, "trained": c["trained"], "prompts_per_step": cfg.prompts_per_step, "prompts_lost": c["issued"] - c["trained"] - c["dropped"] - c["in_flight"] - c["buffered"],
             "trained_twice": c["duplicates"], "min_steps_per_10s": min(steps_per_10s(marks)),
+            "steps_per_10s": steps_per_10s(marks),
             "replacement_s_median": float(np.median(trainer.pool.replacement_seconds)),
             "replacement_s_max": float(np.max(trainer.pool.replacement_seconds))}
 

@@ -285,6 +285,7 @@ class SimulatedLearnerRank:
         self._rng = np.random.default_rng([cfg.seed, rank])
         self._arrays: dict[str, np.ndarray] = {}
         self.exports = ExportHandoff()
+        self.service = None  # rank 0's, from use_service
         if rank == 0 and self.settings.payload_params > 0:
             shapes = synthetic_weight_shapes(self.settings.payload_params)
             # Filled (so resident), not random: a 1.5 B payload must build in seconds.
@@ -301,12 +302,16 @@ class SimulatedLearnerRank:
     def policy_version(self) -> int:
         return self._policy_version
 
-    def step(self, holder: list, step: int, service) -> StepOutcome | None:
+    def use_service(self, service) -> None:
+        """As ``LearnerRank.use_service``."""
+        self.service = service
+
+    def step(self, holder: list, step: int) -> StepOutcome | None:
         """``LearnerRank.step`` simulated: the protocol of ``system.learner.group_step`` (rank 0 calls the
         real correction service once and hands the payload to its ``weights`` call) with sleeps for the
         compute and no process group (rank 0 simulates the all-gathered proximal log-probs of the batch)."""
         try:
-            return self._step(holder, step, service)
+            return self._step(holder, step)
         except BaseException as exc:
             if self.rank == 0:
                 self.exports.fail(step, f"{type(exc).__name__}: {exc}")
@@ -317,7 +322,7 @@ class SimulatedLearnerRank:
         """As ``LearnerRank.weights``."""
         return self.exports.take(step)
 
-    def _step(self, holder: list, step: int, service) -> StepOutcome | None:
+    def _step(self, holder: list, step: int) -> StepOutcome | None:
         stamp(self.settings.timeline, "step_call", step=step, rank=self.rank)
         t0 = time.perf_counter()
         batch = ray.get(holder[0])
@@ -328,7 +333,7 @@ class SimulatedLearnerRank:
         _deadline_sleep(t0, self.settings.proximal_seconds)
         t1 = time.perf_counter()
         # as run_step: the call starts, the update's first micro-batch forward runs, then the wait
-        call = service.process.remote(step, holder, proximal, self._policy_version) if self.rank == 0 else None
+        call = self.service.process.remote(step, holder, proximal, self._policy_version) if self.rank == 0 else None
         t2 = time.perf_counter()
         _deadline_sleep(t2, self.settings.train_seconds * self._first_forward_share(batch.num_sequences))
         tw = time.perf_counter()

@@ -67,7 +67,9 @@ def test_a_dead_actor_process_is_not_rays_paragraph_on_the_console(loopback_ray,
     try:
         started = time.monotonic()
         _kill_one()  # as Ray is: the driver prints the paragraph (else this test could not fail)
-        said, seen = _said_within(capfd, 30)
+        # 90 s: in one full suite on a 2-core AMD EPYC VM (real engines starting beside it) the paragraph
+        # had not come within 30 s, though it comes in ~1 s alone
+        said, seen = _said_within(capfd, 90)
         assert said, seen[-2000:]
         latency = time.monotonic() - started
         quiet_worker_deaths()
