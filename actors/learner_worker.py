@@ -25,7 +25,8 @@ from actors.remote_errors import process_death, remote_error
 from system.config import RunConfig
 from system.learner.core import LearnerCore
 from system.learner.distributed import reserve_rendezvous
-from system.learner.group_step import StepOutcome, run_step
+from system.learner.group_step import run_step
+from system.learner.step_outcome import StepOutcome
 from system.weight_broadcast import GroupAddress
 from system.weight_delta import DeltaEncoder
 from system.weight_generations import BroadcastSender
@@ -108,10 +109,9 @@ class LearnerRank:
         if self.rank == 0 and self.service is None:
             raise RuntimeError("learner rank 0 has no correction service: call use_service before the first step")
         batch = ray.get(holder[0])
-        service = self.service
 
         def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
-            ref = service.process.remote(step, holder, proximal_BT, self.core.policy_version)
+            ref = self.service.process.remote(step, holder, proximal_BT, self.core.policy_version)
             return lambda: ray.get(ref)
 
         outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the si
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fault_scenarios import COMPARED, RESUME, SIM, in_thread, local_ray, soak  # noqa: E402
 from harness import RESULTS, emit, environment  # noqa: E402
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
+from sim_actors import SimulatedRolloutWorker  # noqa: E402
+from sim_learner import SimulatedLearnerRank  # noqa: E402
 
 from actors.cluster import use_loopback_only  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402

@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the si
 from harness import choice_list, emit, positive_float, result_tag  # noqa: E402
 from orchestration_timeline import stamp_driver, timeline_links  # noqa: E402
 from orchestration_weights import bench_weight_sync  # noqa: E402
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker  # noqa: E402
+from sim_actors import SimulatedRolloutWorker  # noqa: E402
+from sim_learner import SimulatedLearnerRank  # noqa: E402
 
 import actors.trainer as trainer_module  # noqa: E402
 from actors.cluster import use_loopback_only  # noqa: E402

@@ -14,7 +14,7 @@ For each size (bf16 parameters: 0.1 / 0.5 / 1.5 B by default) and each worker co
 
 Reported per cell: the median seconds of a sync (after one warm-up), bytes moved, and the
 per-worker bandwidth as a fraction of memcpy's. Synthetic payloads shaped like a transformer
-(``tests/sim_actors.synthetic_weight_shapes``). Writes
+(``tests/sim_learner.synthetic_weight_shapes``). Writes
 ``benchmarks/results/weight_transport_cpu.json``.
 
     python benchmarks/bench_weight_transport.py
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from harness import emit, positive_float, positive_int, result_name  # noqa: E402
-from sim_actors import synthetic_weight_shapes  # noqa: E402
+from sim_learner import synthetic_weight_shapes  # noqa: E402
 
 from system.learner.distributed import find_free_port  # noqa: E402
 from system.weight_broadcast import GroupAddress, WeightBroadcast  # noqa: E402

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import psutil
 import ray
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+from sim_actors import SimulatedRolloutWorker
+from sim_learner import SimulatedLearnerRank
 
 from actors.learner_worker import LearnerGroup
 from actors.placement import RoleOptions

@@ -1,9 +1,8 @@
 """The wire format of exported policy weights: numpy arrays (bf16 as an int16 view) plus dtypes.
 
 Numpy arrays travel through Ray's object store without a copy; torch tensors are pickled. Torch is
-imported by the two codecs only, so the processes that only pass payloads on (the driver's weight path,
-the simulated actors of the tests and benchmarks) start without it (3.3 s of CPU each on a 2-core AMD
-EPYC VM).
+imported by the two codecs only, so a process that only passes payloads on (the simulated actors of the
+tests and benchmarks) starts without it (3.3 s of CPU each on a 2-core AMD EPYC VM).
 """
 
 from collections.abc import Iterator, Mapping

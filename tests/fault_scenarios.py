@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import ray
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+from sim_actors import SimulatedRolloutWorker
+from sim_learner import SimulatedLearnerRank
 
 from actors.cluster import use_loopback_only
 from actors.ray_internals import LOOPBACK_NODE

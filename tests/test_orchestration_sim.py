@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
-from sim_actors import SIM_CPU, SimulatedLearnerRank, SimulatedRolloutWorker
+from sim_actors import SIM_CPU, SimulatedRolloutWorker
+from sim_learner import SimulatedLearnerRank
 
 from actors.trainer import Trainer
 from system.config.loading import resolve_config

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+from sim_actors import SimulatedRolloutWorker
+from sim_learner import SimulatedLearnerRank
 
 from actors.cluster import use_loopback_only
 from actors.placement import follow_target, rollout_capacity

@@ -344,7 +344,8 @@ def test_a_run_stopped_before_its_first_step_leaves_a_checkpoint_to_resume(loopb
     """Found by a probe: a SIGTERM before step 1 (a scheduler preempting while the first batch is still
     generated) ended "done: 0 steps" with exit 0 and no checkpoint at the default checkpoint_every 10
     (step 0 is a multiple of it), so `--resume` was refused and a new run into the directory too."""
-    from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+    from sim_actors import SimulatedRolloutWorker
+    from sim_learner import SimulatedLearnerRank
 
     from actors.trainer import Trainer
     from system import controller_state
@@ -374,7 +375,8 @@ def test_a_failed_run_writes_its_ledger_as_it_stands(loopback_ray, tmp_path):
     and balances: issued = in flight + buffered + trained + dropped."""
     import json
 
-    from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+    from sim_actors import SimulatedRolloutWorker
+    from sim_learner import SimulatedLearnerRank
 
     from actors.trainer import Trainer
     from system.learner.divergence import TrainingDivergedError

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
-from sim_actors import SimulatedLearnerRank, SimulatedRolloutWorker
+from sim_actors import SimulatedRolloutWorker
+from sim_learner import SimulatedLearnerRank
 
 from actors.trainer import Trainer
 from system.config.loading import resolve_config
