@@ -14,6 +14,7 @@ import time
 
 import pytest
 import ray
+from sim_actors import SimulatedRolloutWorker
 
 from actors.learner_worker import LearnerLostError
 from actors.trainer import Trainer
@@ -27,14 +28,20 @@ SMALL = ["prompts_per_step=4", "rollout.group_size=4", "rollout.prompts_per_call
          "report.wandb.mode=disabled"]
 
 
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    """One tiny model for the module's runs (each test built its own: a warm start per test)."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture
-def trainer_factory(tmp_path, monkeypatch):
-    monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
+def trainer_factory(tmp_path, monkeypatch, model_cache):
+    monkeypatch.setenv("AISRL_CACHE_DIR", str(model_cache))
     made, handler = [], signal.getsignal(signal.SIGTERM)
 
-    def make(*overrides: str) -> Trainer:
+    def make(*overrides: str, **actor_classes) -> Trainer:
         cfg = resolve_config([], [f"output_dir={tmp_path / 'run'}", *SMALL, *overrides])
-        made.append(Trainer(cfg))
+        made.append(Trainer(cfg, **actor_classes))
         return made[-1]
 
     yield make
@@ -80,7 +87,9 @@ def test_killed_rollout_worker_is_replaced_and_nothing_is_lost(trainer_factory):
 
 
 def test_lost_learner_rank_fails_fast_with_a_clear_message(trainer_factory):
-    trainer = trainer_factory("max_steps=50")
+    # real ranks (rank 0 is left waiting in a collective for the lost one); simulated rollout workers, as
+    # the claim is the learner group's (a vLLM engine start here cost the suite 40-60 s on a 2-core VM)
+    trainer = trainer_factory("max_steps=50", rollout_cls=SimulatedRolloutWorker.actor_class(seconds_per_call=0.05))
     kill_when(trainer, 2, lambda t: t.learners.ranks[1])
     started = time.monotonic()
     with pytest.raises(LearnerLostError, match="learner rank 1 of 2 was lost"):
