@@ -155,16 +155,14 @@ class Trainer:
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], rollout_cls, fp8_kernel_pins=pins,
                                 tmp_dir=self._tmp)
         first_workers = self.pool.launch_first(cfg.rollout.num_workers) if not gpu_shared(roles) else None
+        if self.ckpt is None:  # a new run: the service starts while the ranks load (its imports took 6 s alone)
+            self._start_service(saved)
         self.learners.meet()  # the workers launched above start meanwhile (on a GPU a rank may share: after)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)
         self.transport = build_transport(cfg, self.learners)
         if self.ckpt is not None:  # every check of the checkpoint before the service opens the W&B run
             saved = self._restore(saved)
-        # on the driver's node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): it writes the run dir
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.service = CorrectionService.options(
-            num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._tmp),
-        ).remote(cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"), self._wandb_sent_through)
+            self._start_service(saved)
         service_held = self.learners.use_service(self.service)
         published = (0, None)
         if self.ckpt is not None:
@@ -183,6 +181,14 @@ class Trainer:
         self.control = create_control(self.run_dir, cfg, roles["rollout_worker"])
         self.rollout.control = self.control
         return saved
+
+    def _start_service(self, saved: dict) -> None:
+        """Create the correction service (not awaited: ``ready`` answers once it is built), on the driver's
+        node (which may offer no CPU, e.g. a KubeRay head with num-cpus 0): it writes the run directory."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.service = CorrectionService.options(
+            num_cpus=0, scheduling_strategy=here, runtime_env=cluster.actor_env(TMPDIR=self._tmp),
+        ).remote(self.cfg, str(self.run_dir), self.model_dir, saved.get("wandb_run_id"), self._wandb_sent_through)
 
     def _write_rollout_workers(self) -> None:
         """``rollout_workers.json``: every worker that became ready so far, and the run's FP8 kernel pins."""
