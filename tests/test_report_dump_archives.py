@@ -37,3 +37,28 @@ def test_an_archive_zipfile_cannot_open_is_refused_naming_the_file(tmp_path):
         result = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "o")])
         assert result.exit_code == 2, (name, result.output)
         assert f"{name}: not a readable .npz batch dump ({cause}" in said(result), said(result)
+
+
+def test_an_archive_with_a_member_written_twice_is_refused_naming_it(tmp_path):
+    """A review's finding: a zip holding ``rollout_logp.npy`` (the behaviour log-probs) twice (a good copy listed first, a
+    damaged one last) was checked on one copy and read from the other, and the error blamed another
+    key. zipfile writes such a file (with a warning); numpy.savez never does."""
+    import warnings
+    import zipfile
+
+    good = tmp_path / "good.npz"
+    dump = make_demo_dump(6, 5, seed=0)
+    np.savez(good, **dump)
+    twice = tmp_path / "twice.npz"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(twice, "w") as dst, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile's "Duplicate name" warning
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        dst.writestr("rollout_logp.npy", b"\x93NUMPY not an array")
+    with zipfile.ZipFile(twice) as zf:  # the file really holds the name twice
+        assert zf.namelist().count("rollout_logp.npy") == 2
+    result = runner.invoke(app, ["report", str(twice), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert "twice.npz: member 'rollout_logp.npy' appears 2 times in the archive" in said(result), said(result)
+    ok = runner.invoke(app, ["report", str(good), "--out", str(tmp_path / "o2")])
+    assert ok.exit_code == 0, ok.output  # the same dump written once reports

@@ -110,6 +110,17 @@ def _check_fits_memory(zf: zipfile.ZipFile, p: str) -> None:
                         "report it on a machine with more memory")
 
 
+def _check_unique_members(zf: zipfile.ZipFile, p: str) -> None:
+    """Refuse an archive holding two members of one name (numpy.savez never writes one): which of them a
+    reader returns depends on the reader (zipfile's lookup takes the last, its listing shows both), so a
+    check passed on one copy would vouch for the other."""
+    names = zf.namelist()
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DumpError(f"{p}: member {repeated[0]!r} appears {names.count(repeated[0])} times in the archive "
+                        "(a dump is written once by numpy.savez): a damaged or hand-made file")
+
+
 def _read_npz(p: str) -> dict[str, np.ndarray]:
     """Every array of the archive, never unpickling (``allow_pickle=False``)."""
     if not zipfile.is_zipfile(p):
@@ -118,6 +129,7 @@ def _read_npz(p: str) -> dict[str, np.ndarray]:
     arrays = {}
     try:
         with np.load(p, allow_pickle=False) as npz:
+            _check_unique_members(npz.zip, p)
             _check_fits_memory(npz.zip, p)
             for key in npz.files:
                 _check_declared_size(npz.zip, key, p)
