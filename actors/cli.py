@@ -53,7 +53,7 @@ def _out_path(value: str) -> Path:
     """``--out``: a path, never the empty string (an unset shell variable: it read as the current directory)."""
     if not value.strip():
         raise typer.BadParameter("empty: give the report's directory")
-    return Path(value).expanduser()
+    return expand_home(Path(value))
 
 
 def load_run_config(presets: list[str], overrides: list[str], resume: Path | None) -> tuple[RunConfig, list[str]]:

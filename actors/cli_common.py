@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from system.config import ConfigError
+from system.config.base import expand_home as home_expanded
 
 console = Console(stderr=True, soft_wrap=True)  # off a terminal rich would wrap at 80 columns mid-field
 
@@ -28,7 +29,12 @@ def fail(message: str) -> None:
 def expand_home(path: Path | None) -> Path | None:
     """``~`` expanded in a path argument: the shell leaves ``--out=~/x`` and ``"~/x"`` as they are, and
     ``output_dir=~/x`` is expanded (a literal ``./~`` directory was made; found by a probe)."""
-    return path.expanduser() if path is not None else None
+    if path is None:
+        return None
+    try:
+        return Path(home_expanded(str(path)))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:

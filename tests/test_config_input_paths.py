@@ -165,6 +165,22 @@ def test_a_tilde_in_a_path_argument_is_the_home_directory(tmp_path, monkeypatch)
     assert (tmp_path / "home" / "rep" / "report.html").is_file() and not (tmp_path / "~").exists()
 
 
+def test_a_tilde_with_an_empty_home_is_refused_not_the_root_directory(tmp_path, monkeypatch):
+    """A review's finding: with ``HOME=''`` (an unset variable exported empty) Python expands ``~/runs/x``
+    to ``/runs/x``: a run, a dump or a report would have been written under the root directory."""
+    monkeypatch.setenv("HOME", "")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"'~/runs/x': HOME is set but empty"):
+        resolve_config([], ["output_dir=~/runs/x"])
+    result = runner.invoke(app, ["demo-dump", "~/d.npz", "--sequences", "4"])
+    assert result.exit_code == 2 and "HOME is set but empty" in result.output, result.output
+    result = runner.invoke(app, ["report", str(tmp_path / "none.npz"), "--out=~/rep"])
+    assert result.exit_code == 2 and "HOME is set but empty" in result.output, result.output
+    assert not (tmp_path / "~").exists()
+    # a path without a tilde is untouched by an empty HOME
+    assert resolve_config([], [f"output_dir={tmp_path / 'r'}"]).output_dir == str(tmp_path / "r")
+
+
 def test_an_override_that_is_not_yaml_is_one_line_printed_as_typed():
     """Found this session: ``rollout.stop=[a`` printed PyYAML's five-line message, and the CLI's console
     read ``[a': ... ']`` as rich markup and dropped it ("override 'rollout.stop=', but got ...")."""

@@ -90,7 +90,10 @@ class StrictModel(BaseModel):
 def expand_home(value: str) -> str:
     """``~`` or ``~user`` at the start of a path expanded (``~/runs/x`` in a preset: the home directory,
     not ``./~``); a ``~user`` with no such user is refused (a probe: ``~nosuchuser/run`` became
-    ``./~nosuchuser/run`` without a word)."""
+    ``./~nosuchuser/run`` without a word). ``~`` with ``HOME`` set but empty is refused too: expanded, it
+    named the root directory (``~/runs/x`` became ``/runs/x``)."""
+    if (value == "~" or value.startswith("~" + os.sep)) and os.environ.get("HOME") == "":
+        raise ValueError(f"{value!r}: HOME is set but empty, so '~' names no directory")
     expanded = os.path.expanduser(value)
     if value.startswith("~") and expanded == value:
         raise ValueError(f"{value.split(os.sep)[0]!r}: no such user's home directory")
