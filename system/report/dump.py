@@ -4,6 +4,7 @@ import math
 import os
 import zipfile
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,10 +115,10 @@ def _check_unique_members(zf: zipfile.ZipFile, p: str) -> None:
     """Refuse an archive holding two members of one name (numpy.savez never writes one): which of them a
     reader returns depends on the reader (zipfile's lookup takes the last, its listing shows both), so a
     check passed on one copy would vouch for the other."""
-    names = zf.namelist()
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    counts = Counter(zf.namelist())
+    repeated = sorted(n for n, k in counts.items() if k > 1)
     if repeated:
-        raise DumpError(f"{p}: member {repeated[0]!r} appears {names.count(repeated[0])} times in the archive "
+        raise DumpError(f"{p}: member {repeated[0]!r} appears {counts[repeated[0]]} times in the archive "
                         "(a dump is written once by numpy.savez): a damaged or hand-made file")
 
 
