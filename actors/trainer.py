@@ -155,7 +155,7 @@ class Trainer:
         self.pool = RolloutPool(cfg, self.model_dir, roles["rollout_worker"], rollout_cls, fp8_kernel_pins=pins,
                                 tmp_dir=self._tmp)
         first_workers = self.pool.launch_first(cfg.rollout.num_workers) if not gpu_shared(roles) else None
-        if self.ckpt is None:  # a new run: the service starts while the ranks load (its imports took 6 s alone)
+        if self.ckpt is None:  # a new run: the service starts while the ranks load (6 s alone, 2-core AMD EPYC)
             self._start_service(saved)
         self.learners.meet()  # the workers launched above start meanwhile (on a GPU a rank may share: after)
         self.buffer = TrajectoryBuffer(cfg.async_.max_lag)

@@ -40,9 +40,10 @@ def test_an_archive_zipfile_cannot_open_is_refused_naming_the_file(tmp_path):
 
 
 def test_an_archive_with_a_member_written_twice_is_refused_naming_it(tmp_path):
-    """A review's finding: a zip holding ``rollout_logp.npy`` (the behaviour log-probs) twice (a good copy listed first, a
-    damaged one last) was checked on one copy and read from the other, and the error blamed another
-    key. zipfile writes such a file (with a warning); numpy.savez never does."""
+    """A review's finding: a zip holding ``rollout_logp.npy`` (the behaviour log-probs) twice, a good copy
+    listed first and a damaged one last: which copy a check and a read see depends on the reader, and the
+    report said only "not a readable .npz batch dump (ValueError: ... format version ...)", naming no
+    member. zipfile writes such a file (with a warning); numpy.savez never does."""
     import warnings
     import zipfile
 
