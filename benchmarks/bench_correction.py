@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import emit, int_list, positive_int, time_median  # noqa: E402
+from harness import emit, int_list, positive_int, result_tag, time_median  # noqa: E402
 from naive_diagnostics import all_metrics  # noqa: E402
 
 from system.config.correction import SeqMIS  # noqa: E402
@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_int, default=9)
     parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch.set_num_threads (the fused pass follows it: fused.pass_threads)")
+    parser.add_argument("--tag", type=result_tag, default="", help="suffix of the result's name (e.g. _amx)")
     parser.add_argument("--no-save", action="store_true", help="print the JSON line only")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -131,7 +132,7 @@ def main() -> None:
             file=sys.stderr,
         )
     # one thread: correction_core_<device>.json; more: correction_core_<device>_<n>threads.json
-    emit(f"correction_core_{args.device}" + (f"_{args.threads}threads" if args.threads != 1 else ""), {
+    emit(f"correction_core_{args.device}" + (f"_{args.threads}threads" if args.threads != 1 else "") + args.tag, {
         "device": args.device, "seq_len": SEQ_LEN, "threads": args.threads,
         "load_average": os.getloadavg(),
         "timing": "median wall time of --repeats calls after 2 warm-up calls (naive: half as many)",

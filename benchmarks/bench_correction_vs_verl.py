@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_correction import SIZES, make_batch, ours, ours_fused, read_floor  # noqa: E402
-from harness import emit, int_list, positive_int, time_median  # noqa: E402
+from harness import emit, int_list, positive_int, result_tag, time_median  # noqa: E402
 
 from system.correction import compute_diagnostics, compute_log_ratios, fused  # noqa: E402
 
@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int_list(minimum=1, what="thread count"), default="1,2",
                         help="comma-separated torch thread counts")
     parser.add_argument("--repeats", type=positive_int, default=7)
+    parser.add_argument("--tag", type=result_tag, default="", help="suffix of the result's name (e.g. _amx)")
     parser.add_argument("--no-save", action="store_true", help="print the JSON line only")
     args = parser.parse_args()
     if not fused.available():
@@ -105,7 +106,7 @@ def main() -> None:
                   f"({row['aisrl_fused_over_read_floor']:.1f}x floor; verl full / fused "
                   f"{row['verl_full_over_aisrl_fused']:.1f}x)", file=sys.stderr)
     n_small = min(batches)
-    emit("correction_vs_verl_cpu", {
+    emit(f"correction_vs_verl_cpu{args.tag}", {
         "verl_version": getattr(sys.modules.get("verl"), "__version__", "unknown"),
         "verl_full_config": "rollout_is=sequence, rollout_is_threshold=3.0, rollout_rs=seq_sum_k1, "
                             "rollout_rs_threshold=1/3_1e30",
