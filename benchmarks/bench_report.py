@@ -95,12 +95,13 @@ def measure(dump: Path, out: Path) -> dict:
 
 
 def main() -> None:
-    from harness import choice_list
+    from harness import choice_list, result_tag
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=choice_list(SIZES), default=",".join(SIZES),
                         help="Comma-separated subset of 64k,1M,10M.")
     parser.add_argument("--child", nargs=2, metavar=("DUMP", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--tag", type=result_tag, default="", help="Suffix of the result's name (e.g. _amx).")
     parser.add_argument("--no-save", action="store_true", help="Print the record without writing results/.")
     args = parser.parse_args()
     if args.child:
@@ -125,7 +126,7 @@ def main() -> None:
                          "loadavg_before": [round(v, 2) for v in load], **result})
             print(json.dumps(runs[-1]), file=sys.stderr)
             dump.unlink()
-    emit("report_scaling_cpu", {"report_torch_threads": REPORT_THREADS, "runs": runs,
+    emit(f"report_scaling_cpu{args.tag}", {"report_torch_threads": REPORT_THREADS, "runs": runs,
                                 "targets": {"1M": {"seconds": 3.0, "peak_mb": 500}}},
          save=not args.no_save)
 
