@@ -175,6 +175,9 @@ def test_ais_sanity_refuses_a_run_without_dumps(tmp_path, kind):
     ("bench_memory_growth.py", ["no_such_key=1"], "error: overrides: "),
     ("bench_startup.py", ["--base", "no-such-revision"], "error: --base no-such-revision: not a revision"),
     ("bench_startup.py", ["--base", "HEAD", "--rounds", "0"], "error: argument --rounds: expected a positive integer"),
+    ("bench_ray_hops.py", ["--rounds", "0"], "error: argument --rounds: expected a positive integer, got '0'"),
+    ("bench_correction.py", ["--tag", "/x"], "error: argument --tag: "),
+    ("bench_report.py", ["--tag", "/x"], "error: argument --tag: "),
 ])
 def test_scripts_refuse_bad_arguments(script, args, message):
     before = _snapshot()
