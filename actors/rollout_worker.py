@@ -26,11 +26,16 @@ class StaleWeightsError(RuntimeError):
     """A generate call reached a worker whose weights are older than the controller allows."""
 
 
-@ray.remote(concurrency_groups={"weights": 1})
-class RolloutWorker:
+class RolloutWorkerShell:
+    """The rollout worker's methods (the actor is :data:`RolloutWorker`). ``core_cls`` holds the engine:
+    ``RolloutWorkerCore`` (vLLM); a test's simulated core (``tests/sim_actors.SimulatedCore``) stands in
+    for it where the claim is the shell's, the pool's or the weight path's, not the engine's."""
+
+    core_cls = RolloutWorkerCore
+
     def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> None:
         self.worker_id = worker_id
-        self.core = RolloutWorkerCore(cfg, model_dir, worker_id, fp8_kernel_pins)
+        self.core = self.core_cls(cfg, model_dir, worker_id, fp8_kernel_pins)
         self.receiver = BroadcastReceiver()
         self.mailbox: WeightMailbox[list] = WeightMailbox(self.core.policy_version, weights_exist)
         self.weight_sources = {"broadcast": 0, "object_store": 0}
@@ -74,3 +79,8 @@ class RolloutWorker:
     def stats(self) -> dict:
         """The engine's counters, and how many versions came by broadcast and from the object store."""
         return {**self.core.stats(), **{f"weights_via_{k}": n for k, n in self.weight_sources.items()}}
+
+
+@ray.remote(concurrency_groups={"weights": 1})
+class RolloutWorker(RolloutWorkerShell):
+    """The rollout worker actor (its processes titled ``ray::RolloutWorker``)."""

@@ -101,6 +101,70 @@ class SimulatedRolloutSettings:
     len]`` for worker ``rollout-i`` (so workers can disagree, as probes near the threshold do)."""
 
 
+def simulated_group(cfg: RunConfig, reward, vocab_size: int, worker_id: str, policy_version: int, prompt: Prompt,
+                    rng: np.random.Generator, stats: dict) -> RolloutGroup:
+    """G simulated completions of ``prompt`` (random token ids in the vocabulary, negative behaviour
+    log-probs, digit strings scored by ``reward``), stamped with ``policy_version``; counted in ``stats``."""
+    r = cfg.rollout
+    prompt_ids = np.frombuffer(prompt.text.encode(), dtype=np.uint8).astype(np.int32) % vocab_size
+    if len(prompt_ids) == 0:
+        prompt_ids = np.zeros(1, dtype=np.int32)
+    prompt_ids.setflags(write=False)
+    completions = []
+    for j in range(r.group_size):
+        n = int(rng.integers(1, r.max_new_tokens + 1))
+        ids = rng.integers(0, vocab_size, n).astype(np.int32)
+        logp = (-rng.exponential(0.7, n)).astype(np.float32)
+        text = "".join("0123456789"[t % 10] for t in ids)
+        ids.setflags(write=False)
+        logp.setflags(write=False)
+        completions.append(Completion(
+            prompt_id=prompt.prompt_id, sample_index=j, prompt_token_ids=prompt_ids,
+            response_token_ids=ids, behaviour_logprobs=logp, response_text=text,
+            reward=float(reward(text, prompt.reference)), policy_version=policy_version,
+            finish_reason="length" if n == r.max_new_tokens else "stop", worker_id=worker_id))
+    stats["num_sequences"] += len(completions)
+    stats["num_response_tokens"] += sum(len(c.response_token_ids) for c in completions)
+    return RolloutGroup(prompt=prompt, completions=tuple(completions), policy_version=policy_version,
+                        worker_id=worker_id)
+
+
+class SimulatedCore:
+    """``system.rollout.worker.RolloutWorkerCore``'s interface without an engine, for the real rollout
+    worker's shell (``actors.rollout_worker.RolloutWorkerShell``): its mailbox, broadcast receiver and
+    weight sources stay real; generating is :func:`simulated_group` at once, a load adopts the version."""
+
+    def __init__(self, cfg: RunConfig, model_dir: str, worker_id: str, fp8_kernel_pins: dict | None = None) -> None:
+        self.cfg, self.worker_id = cfg, worker_id
+        self.vocab_size = _vocab_size(model_dir)
+        self.reward = build_reward(cfg.data.reward)
+        self.policy_version = 0
+        self.quantization_scheme, self.fp8_kernel = "simulated", None
+        self._num_calls = 0
+        self._stats = {"num_sequences": 0, "num_response_tokens": 0, "num_weight_updates": 0}
+
+    def generate_groups(self, prompts: list[Prompt], policy_version: int | None = None) -> list[RolloutGroup]:
+        rng = np.random.default_rng([self.cfg.seed, zlib.crc32(self.worker_id.encode()), self._num_calls])
+        self._num_calls += 1
+        return [simulated_group(self.cfg, self.reward, self.vocab_size, self.worker_id, self.policy_version, p, rng,
+                                self._stats) for p in prompts]
+
+    def update_weights(self, payload: WeightPayload) -> None:
+        self.policy_version = payload.policy_version
+        self._stats["num_weight_updates"] += 1
+
+    def stats(self) -> dict:
+        return {**self._stats, "worker_id": self.worker_id, "policy_version": self.policy_version}
+
+    @classmethod
+    def worker_class(cls) -> ray.actor.ActorClass:
+        """The real rollout worker actor with this core (one class per call)."""
+        from actors.rollout_worker import RolloutWorkerShell
+
+        return ray.remote(concurrency_groups={"weights": 1})(
+            type("RolloutWorker", (RolloutWorkerShell,), {"core_cls": cls}))
+
+
 class SimulatedRolloutWorker:
     """A simulated rollout worker: ``RolloutWorker``'s methods, a sleep instead of vLLM."""
 
@@ -183,29 +247,8 @@ class SimulatedRolloutWorker:
         return groups
 
     def _group(self, prompt: Prompt, rng: np.random.Generator) -> RolloutGroup:
-        r = self.cfg.rollout
-        prompt_ids = np.frombuffer(prompt.text.encode(), dtype=np.uint8).astype(np.int32) % self.vocab_size
-        if len(prompt_ids) == 0:
-            prompt_ids = np.zeros(1, dtype=np.int32)
-        prompt_ids.setflags(write=False)
-        completions = []
-        for j in range(r.group_size):
-            n = int(rng.integers(1, r.max_new_tokens + 1))
-            ids = rng.integers(0, self.vocab_size, n).astype(np.int32)
-            logp = (-rng.exponential(0.7, n)).astype(np.float32)
-            text = "".join("0123456789"[t % 10] for t in ids)
-            ids.setflags(write=False)
-            logp.setflags(write=False)
-            completions.append(Completion(
-                prompt_id=prompt.prompt_id, sample_index=j, prompt_token_ids=prompt_ids,
-                response_token_ids=ids, behaviour_logprobs=logp, response_text=text,
-                reward=float(self.reward(text, prompt.reference)), policy_version=self.policy_version,
-                finish_reason="length" if n == r.max_new_tokens else "stop", worker_id=self.worker_id))
-        tokens = sum(len(c.response_token_ids) for c in completions)
-        self._stats["num_sequences"] += len(completions)
-        self._stats["num_response_tokens"] += tokens
-        return RolloutGroup(prompt=prompt, completions=tuple(completions), policy_version=self.policy_version,
-                            worker_id=self.worker_id)
+        return simulated_group(self.cfg, self.reward, self.vocab_size, self.worker_id, self.policy_version, prompt,
+                               rng, self._stats)
 
     def update_weights(self, payload: WeightPayload) -> int:
         """Adopt ``payload.policy_version``; read or copy the arrays as ``settings.weight_load`` says."""
