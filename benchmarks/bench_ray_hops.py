@@ -52,7 +52,9 @@ def main() -> None:
     class Producer:
         def __init__(self) -> None:
             self.payload = np.ones(1_000_000, dtype=np.int16)  # 2 MB, as the benchmark's bf16 weights
-            self.small = [bytes(64)] * 512  # ~34 KB pickled, as 64 groups x 8 completions
+            # ~34 KB pickled, as 64 groups x 8 completions: 512 distinct values (one object repeated would
+            # pickle once, 1.1 KB)
+            self.small = [i.to_bytes(2, "little") * 32 for i in range(512)]
 
         def started_at(self) -> float:
             return time.time()
