@@ -57,7 +57,7 @@ bench: $(STAMP) $(VERL_BENCH)/.installed
 	$(BIN)/python benchmarks/bench_correction.py
 	PYTHONPATH=$(VERL_BENCH) $(BIN)/python benchmarks/bench_correction_vs_verl.py
 
-# Issue 9's targets on this CPU (FP8 rollouts >= 0.5x BF16, the default run within 2x of AMD EPYC's), ~2 min
+# Issue 9's targets on this CPU (FP8 rollouts >= 0.5x BF16, the default run within 2x of AMD EPYC's), ~2 min on AMD EPYC, 5.5 on Intel AMX
 cpu-check: $(STAMP)
 	$(BIN)/python benchmarks/bench_cpu_targets.py
 
