@@ -12,12 +12,10 @@ default group: the learner ranks keep theirs for FSDP2, and a vLLM engine keeps 
                                               receives straight into its flat buffer)
 
 With ``shared_memory`` (the address says so, and every member sees member 0's ``/dev/shm``, which
-the members check when they join) the data skips the sockets: the header names a shared segment
-(``system.shared_segment``) and a piece size; member 0 writes the data into the segment piece by
-piece, broadcasting after each piece how many bytes are in place (int64 [1]), each member copies
-every announced piece out while member 0 writes the next, and an all-reduce (MIN of each member's ok
-flag) tells member 0 that every copy is done before it returns (and may rewrite the segment for
-the next version). A segment's name is
+the members check when they join) the data skips the sockets: member 0 writes it into a shared
+segment (``system.shared_segment``), the header names the segment, each member copies the data out
+of it, and an all-reduce (MIN of each member's ok flag) tells member 0 that every copy is done
+before it returns (and may rewrite the segment for the next version). A segment's name is
 removed once every member has mapped it (after its first version); a sender killed before that
 leaves it, and the next sender on the host removes it (``shared_segment.remove_orphans``). A
 segment that cannot be written (``/dev/shm`` full) or read by some member sends that version
@@ -31,7 +29,6 @@ get the whole payload keep it (the header and size checks make a partial one an 
 rank 0's and the workers' sides across generations are ``system.weight_generations``.
 """
 
-import bisect
 import json
 import logging
 import os
@@ -52,9 +49,6 @@ log = logging.getLogger(__name__)
 
 ALIGN = 64
 """Every array starts at a multiple of this many bytes of the flat data."""
-SHARED_PIECE = 16 << 20
-"""Through a shared segment, member 0 announces the data in place in pieces of at most this many
-bytes (and at most ``chunk_bytes``): small enough that the members' copies overlap its writing."""
 
 
 class BroadcastFailed(RuntimeError):
@@ -150,21 +144,11 @@ class WeightBroadcast:
     def _broadcast(self, t: torch.Tensor, timeout: timedelta | None = None) -> None:
         """Member 0's ``t`` into every member's (collective); ``timeout``: this operation's, else the
         group's ``timeout_s``."""
-        self._wait(self._broadcast_started(t, timeout))
-
-    def _broadcast_started(self, t: torch.Tensor, timeout: timedelta | None = None):
-        """Start :meth:`_broadcast` of ``t`` and return its work (``_wait`` it; ``t`` must not change until then)."""
         opts = dist.BroadcastOptions()
         if timeout is not None:
             opts.timeout = timeout
         try:
-            return self._pg.broadcast([t], opts)
-        except RuntimeError as exc:
-            raise BroadcastFailed(f"{self._what()} failed: {exc}") from exc
-
-    def _wait(self, work) -> None:
-        try:
-            work.wait()
+            self._pg.broadcast([t], opts).wait()
         except RuntimeError as exc:  # gloo: a peer closed its connection, or the timeout passed
             raise BroadcastFailed(f"{self._what()} failed: {exc}") from exc
 
@@ -231,45 +215,27 @@ class WeightBroadcast:
         self._broadcast(torch.from_numpy(encoded))
 
     def _send_shared(self, payload: WeightPayload, header: dict, nbytes: int) -> int:
-        """The data through the shared segment (a new, larger one when it does not fit), pipelined:
-        the header goes first, then member 0 writes the data piece by piece (``shared_piece`` bytes,
-        in the header) and after each piece broadcasts how many bytes are in place, so the members
-        copy piece k out while member 0 writes piece k + 1 (a version takes about one copy, not two
-        one after the other). When the segment cannot be made (``/dev/shm`` full) or filled, or a
-        worker could not read it, this version goes again over the sockets, and so does every
-        later one of this generation."""
+        """The data through the shared segment (a new, larger one when it does not fit). When the
+        segment cannot be made or filled (``/dev/shm`` full), or a worker could not read it, this
+        version goes again over the sockets, and so does every later one of this generation."""
         fresh = self._segment is None or self._segment.size < nbytes
         try:
             if fresh:
                 self._drop_segment()
                 self._segment = SharedSegment(shared_segment.new_name(), max(nbytes, 1), create=True)
+            fill(self._segment.array[:nbytes], header, payload)
         except OSError as exc:
             self._stop_sharing(f"the shared weight segment could not be written ({exc})")
             return self.send(payload)
-        piece = min(self.chunk_bytes, SHARED_PIECE)
-        header["shm"], header["shared_piece"] = self._segment.name, piece
-        error = None
+        header["shm"] = self._segment.name
         try:
             self._send_header(header)
-            spans, announced = _spans(header, payload), []
-            for start in range(0, nbytes, piece):  # each announcement is sent without waiting for it
-                end = min(start + piece, nbytes)
-                if error is None:
-                    try:
-                        _fill_range(self._segment.array, spans, start, end)
-                    except Exception as exc:  # noqa: BLE001 - the members still wait for every piece
-                        error = exc
-                ready = torch.tensor([end if error is None else -1], dtype=torch.int64)
-                announced.append((ready, self._broadcast_started(ready)))
-            for _, work in announced:
-                self._wait(work)
-            ok = self._all_ok(error is None)
+            ok = self._all_ok(True)
         finally:
             if fresh:  # every member has mapped it now (or failed): the name is no longer needed
                 self._segment.unlink()
         if not ok:
-            self._stop_sharing(f"writing the shared weight segment {header['shm']} failed ({error})" if error
-                               else f"a worker could not read the shared weight segment {header['shm']}")
+            self._stop_sharing(f"a worker could not read the shared weight segment {header['shm']}")
             return self.send(payload)
         return nbytes
 
@@ -335,36 +301,17 @@ class WeightBroadcast:
         return pair
 
     def _receive_shared(self, header: dict) -> WeightPayload:
-        """Copy the data out of member 0's segment piece by piece, as member 0 announces each one in
-        place, then tell it (the all-reduce) whether that worked; if any member failed, member 0
-        sends this version again over gloo, and every later one."""
-        error, data = None, None
+        """Copy the data out of member 0's segment, then tell it (the all-reduce) whether that worked;
+        if any member failed, member 0 sends this version again over gloo, and every later one."""
+        error = None
         try:
             data, _ = self._buffer(int(header["nbytes"]))
             if self._segment is None or self._segment.name != header["shm"]:
                 self._drop_segment()
                 self._segment = SharedSegment(header["shm"], None, create=False)
-            if self._segment.size < data.size:
-                raise ValueError(f"shared segment {header['shm']} holds {self._segment.size} bytes, "
-                                 f"{data.size} were announced")
+            shared_segment.copy_pieces([(data, self._segment.array[:data.size])])
         except Exception as exc:  # noqa: BLE001 - every failure must still reach the all-reduce below
             error = exc
-        done, piece = 0, int(header["shared_piece"])
-        readies = [torch.zeros(1, dtype=torch.int64) for _ in range(0, int(header["nbytes"]), piece)]
-        works = [self._broadcast_started(ready) for ready in readies]  # one per announcement, all posted now
-        for ready, work in zip(readies, works):
-            self._wait(work)
-            end = int(ready.item())
-            if end < 0 and error is None:
-                error = RuntimeError("member 0 could not write it")
-            if error is None:
-                try:
-                    np.copyto(data[done:end], self._segment.array[done:end])
-                    done = end
-                except Exception as exc:  # noqa: BLE001
-                    error = exc
-        if error is None and done != int(header["nbytes"]):
-            error = RuntimeError(f"{done} of {header['nbytes']} bytes were announced")
         if self._all_ok(error is None):
             return unpack(header, data)
         self._stop_sharing(f"reading {header['shm']} failed: {error or 'on another worker'}")
@@ -378,33 +325,17 @@ class WeightBroadcast:
         self._buffers = []
 
 
-def _spans(header: dict, payload: WeightPayload) -> list[tuple[int, int, np.ndarray | None]]:
-    """The flat data as ``(start, end, bytes or None)`` spans in order, covering ``[0, nbytes)``: each
-    array's raw bytes at its offset, None for the alignment gaps (zeros)."""
-    spans, end = [], 0
+def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> None:
+    """Write ``payload``'s arrays into the flat ``dst`` (uint8, ``header["nbytes"]``) at the header's
+    offsets (``shared_segment.copy_pieces``), the alignment gaps zeroed."""
+    end, pairs = 0, []
     for e in header["arrays"]:
-        if e["offset"] > end:
-            spans.append((end, e["offset"], None))
+        dst[end:e["offset"]] = 0
         raw = np.ascontiguousarray(payload.arrays[e["name"]]).reshape(-1).view(np.uint8)
-        spans.append((e["offset"], e["offset"] + e["nbytes"], raw))
+        pairs.append((dst[e["offset"]:e["offset"] + e["nbytes"]], raw))
         end = e["offset"] + e["nbytes"]
-    if header["nbytes"] > end:
-        spans.append((end, header["nbytes"], None))
-    return spans
-
-
-def _fill_range(dst: np.ndarray, spans: list[tuple[int, int, np.ndarray | None]], start: int, end: int) -> None:
-    """Write bytes ``[start, end)`` of the flat data (``_spans``) into ``dst`` at the same offsets."""
-    first = bisect.bisect_right(spans, start, key=lambda span: span[0]) - 1
-    for lo, hi, raw in spans[max(first, 0):]:
-        if lo >= end:
-            break
-        a, b = max(lo, start), min(hi, end)
-        if a < b:
-            if raw is None:
-                dst[a:b] = 0
-            else:
-                np.copyto(dst[a:b], raw[a - lo:b - lo])
+    dst[end:] = 0
+    shared_segment.copy_pieces(pairs)
 
 
 def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:
