@@ -49,12 +49,11 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the simulated actors
 from harness import choice_list, emit, positive_float, result_tag  # noqa: E402
-from orchestration_timeline import stamp_driver, timeline_links  # noqa: E402
+from orchestration_timeline import stamp_driver, timeline_hops, timeline_links  # noqa: E402
 from orchestration_weights import bench_weight_sync  # noqa: E402
 from sim_actors import SimulatedRolloutWorker  # noqa: E402
 from sim_learner import SimulatedLearnerRank  # noqa: E402
 
-import actors.trainer as trainer_module  # noqa: E402
 from actors.cluster import use_loopback_only  # noqa: E402
 from actors.ray_internals import LOOPBACK_NODE  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
@@ -180,23 +179,27 @@ def bench_lag_at_balance(train_s: float, steps: int, warmup: int, repeats: int, 
 def bench_timeline(train_s: float, steps: int, warmup: int, payload_params: int) -> dict:
     """R = L at ``max_lag`` 1, every hand-off stamped: where the critical cycle's latency goes."""
     path = tempfile.mktemp(prefix="aisrl-timeline-", suffix=".jsonl")
-    taken = trainer_module.take_batch
+    restore = []
     try:
         res = run_trainer(["prompts_per_step=64", "rollout.prompts_per_call=64", "rollout.num_workers=1",
                            "async.max_lag=1"], {"seconds_per_call": train_s, "weight_load": "copy", "timeline": path},
                           {"train_seconds": train_s, "payload_params": payload_params, "timeline": path}, steps, warmup,
-                          on_built=lambda trainer: stamp_driver(trainer, path))
+                          on_built=lambda trainer: restore.append(stamp_driver(trainer, path)))
         events = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        if os.environ.get("AISRL_TIMELINE_KEEP"):
+            shutil.copy(path, os.environ["AISRL_TIMELINE_KEEP"])
     finally:
-        trainer_module.take_batch = taken
+        for undo in restore:
+            undo()
         Path(path).unlink(missing_ok=True)
-    links = timeline_links(events, first_step=warmup + 1)
+    links, hops = timeline_links(events, first_step=warmup + 1), timeline_hops(events, first_step=warmup + 1)
     log(f"timeline R=L={train_s}s: overhead {(res['achieved_s_per_step'] - train_s) * 1000:.1f} ms/step; "
         f"step end -> generate {links['step_end_to_generate']}; generate end -> step {links['generate_end_to_step']}")
+    log(f"timeline hops: {hops}")
     return {"train_seconds_L": train_s, "rollout_seconds_R": train_s, "max_lag": 1, "steps": steps,
             "warmup_steps_excluded": warmup, "payload_params": payload_params,
             "overhead_ms_per_step": round((res["achieved_s_per_step"] - train_s) * 1000, 2),
-            "links_median_ms": links, "time_split_s": res["time_split_s"], "loadavg_1m": res["loadavg_1m"]}
+            "links_median_ms": links, "hops": hops, "time_split_s": res["time_split_s"], "loadavg_1m": res["loadavg_1m"]}
 
 
 def bench_scaling(workers: list[int], rollout_s: float, train_s: float, prompts_per_call: int, steps: int,

@@ -10,12 +10,16 @@ import actors.trainer as trainer_module
 from actors.trainer import Trainer
 
 
-def stamp_driver(trainer: Trainer, path: str) -> None:
-    """Wrap the driver's hand-offs of one trainer so each stamps ``path`` (``sim_actors.stamp``)."""
+def stamp_driver(trainer: Trainer, path: str):
+    """Wrap the driver's hand-offs of one trainer so each stamps ``path`` (``sim_actors.stamp``);
+    returns the function that unwraps them all (some are module or shared-runtime attributes)."""
     loop, state = trainer.rollout, trainer.state
+    undo = []
 
     def wrap(owner, name, before=None, after=None):
         inner = getattr(owner, name)
+        had_own = name in vars(owner)
+        undo.append(lambda: setattr(owner, name, inner) if had_own else delattr(owner, name))
 
         def wrapped(*args, **kwargs):
             if before:
@@ -31,18 +35,30 @@ def stamp_driver(trainer: Trainer, path: str) -> None:
         if any(s.starting is None and s.policy_version < version for s in loop.pool.slots_now()):
             stamp(path, "push", v=version)
 
-    wrap(state, "publish", before=lambda version, ref: stamp(path, "publish", v=version))
+    wrap(state, "publish", before=lambda version, ref: stamp(path, "publish", v=version),
+         after=lambda _: stamp(path, "published"))
+    # inside the hops: the rollout loop's wait returning a result and its get, the batch's collation,
+    # its put (done when the learners' submit starts) and the step's calls sent
+    wrap(loop.runtime, "wait", after=lambda res: res[0] and stamp(path, "wait_returned"))
+    wrap(loop.runtime, "get", after=lambda res: isinstance(res, list) and stamp(path, "got"))
+    wrap(trainer.learners, "submit", before=lambda *a: stamp(path, "put_done"), after=lambda _: stamp(path, "calls_sent"))
+    wrap(trainer, "_complete", before=lambda sub: stamp(path, "complete", step=sub.step),
+         after=lambda _: stamp(path, "completed"))
+    wrap(trainer.records, "sent", before=lambda *a: stamp(path, "record_made"))
     wrap(loop, "_push_weights", before=push_before)
     wrap(loop, "_accept", before=lambda groups: stamp(path, "accept"))
     wrap(trainer, "_submit", after=lambda sub: sub is not None and stamp(path, "submitted", step=sub.step))
-    taken = trainer_module.take_batch  # the trainer's name for it (the caller restores it)
 
-    def take_and_stamp(*args, **kwargs):
-        result = taken(*args, **kwargs)
+    def after_taken(result):
         if result[0]:
             stamp(path, "taken")
-        return result
-    trainer_module.take_batch = take_and_stamp
+    wrap(trainer_module, "take_batch", after=after_taken)  # the trainer's names for them
+    wrap(trainer_module, "collate_groups", after=lambda _: stamp(path, "collated"))
+
+    def restore():
+        for step in reversed(undo):
+            step()
+    return restore
 
 
 def timeline_links(events: list[dict], first_step: int) -> dict:
@@ -98,3 +114,43 @@ def timeline_links(events: list[dict], first_step: int) -> dict:
               for name, link in (("step_end_to_generate", link1), ("generate_end_to_step", link2))}
     median["samples"] = {"step_end_to_generate": len(link1["total"]), "generate_end_to_step": len(link2["total"])}
     return median
+
+
+LINK1_CHAIN = (("weights_return", "step"), ("load_start", "v"), ("load_got", "v"), ("gen_start", "v"))
+"""Step k ends on rank 0 -> its export thread returns version k -> the worker sees the weights exist
+and starts loading -> has them -> starts sampling with version k."""
+LINK2_CHAIN = ("wait_returned", "got", "accept", "taken", "collated", "put_done", "calls_sent", "step_call")
+"""A batch's last generate call ends -> the rollout loop's ``ray.wait`` returns it -> its groups are
+unpickled -> accepted -> the batch taken -> collated -> put -> the step's calls sent -> rank 0 starts it."""
+
+
+def timeline_hops(events: list[dict], first_step: int) -> dict:
+    """The two links of :func:`timeline_links` cut at every stamp inside them (the driver's, rank 0's
+    export and the worker's load): the median milliseconds of each hop, and the samples."""
+    events = sorted(events, key=lambda e: e["t"])
+
+    def first(kind, after, **fields):
+        return next((e["t"] for e in events if e["kind"] == kind and e["t"] >= after
+                     and all(e.get(k) == v for k, v in fields.items())), None)
+
+    link1 = {f"{a[0]}->{b[0]}": [] for a, b in zip((("step_end", "step"), *LINK1_CHAIN), LINK1_CHAIN, strict=False)}
+    for step in sorted({e["step"] for e in events if e["kind"] == "step_end" and e["step"] >= first_step}):
+        times = [first("step_end", 0, step=step, rank=0)]
+        for kind, key in LINK1_CHAIN:
+            times.append(times[-1] and first(kind, times[-1], **{key: step}))
+        if None not in times:
+            for hop, dt in zip(link1, (b - a for a, b in zip(times, times[1:], strict=False)), strict=True):
+                link1[hop].append(dt)
+    link2 = {f"{a}->{b}": [] for a, b in zip(("gen_end", *LINK2_CHAIN), LINK2_CHAIN, strict=False)}
+    start = first("step_call", 0, step=first_step, rank=0) or 0.0
+    for e in (e for e in events if e["kind"] == "gen_end" and e["t"] >= start):
+        times = [e["t"]]
+        for kind in LINK2_CHAIN:
+            times.append(times[-1] and first(kind, times[-1], **({"rank": 0} if kind == "step_call" else {})))
+        if None in times or times[-1] - times[0] > 0.25:  # not a batch's last call
+            continue
+        for hop, dt in zip(link2, (b - a for a, b in zip(times, times[1:], strict=False)), strict=True):
+            link2[hop].append(dt)
+    return {name: {"median_ms": {h: round(1e3 * statistics.median(v), 2) if v else None for h, v in link.items()},
+                   "samples": min((len(v) for v in link.values()), default=0)}
+            for name, link in (("step_end_to_generate", link1), ("generate_end_to_step", link2))}

@@ -224,7 +224,10 @@ class SimulatedRolloutWorker:
             self.mailbox.adopt_if_idle(self._load)  # an idle worker: now, or once its weights exist
 
     def _load(self, version: int, holder: list) -> None:
-        self.update_weights(ray.get(holder[0]))
+        stamp(self.settings.timeline, "load_start", v=version)
+        payload = ray.get(holder[0])
+        stamp(self.settings.timeline, "load_got", v=version)
+        self.update_weights(payload)
 
     @ray.method(concurrency_group="weights")
     def generating(self) -> bool:

@@ -112,7 +112,9 @@ class SimulatedLearnerRank:
     @ray.method(concurrency_group="export")
     def weights(self, step: int) -> WeightPayload:
         """As ``LearnerRank.weights``."""
-        return self.exports.take(step)
+        payload = self.exports.take(step)
+        stamp(self.settings.timeline, "weights_return", step=step)
+        return payload
 
     def _step(self, holder: list, step: int) -> StepOutcome | None:
         stamp(self.settings.timeline, "step_call", step=step, rank=self.rank)
