@@ -2,16 +2,18 @@
 to the correction service (``RecordsInFlight``; not awaited: its sinks write while the next step
 runs), checked as the run goes: a record the service could not write fails the run, naming the cause,
 instead of every later record being lost while checkpoints are still published; and the rollout
-side's figures of a record, since the previous step (``RolloutSince``)."""
+side's figures of a record, since the previous step (``RolloutSince``); the record itself (``step_record``)."""
 
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from actors.learner_worker import PendingStep
 from actors.remote_errors import remote_error
 from actors.runtime import RAY
 from system.learner.batch import LearnerBatch
-from system.types import RolloutGroup
+from system.types import RolloutGroup, StepRecord
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,25 @@ class RolloutSince:
         now, tokens = time.perf_counter(), self.state.generated_tokens
         (t_prev, n_prev), self._rate_mark = self._rate_mark, (now, tokens)
         return (tokens - n_prev) / max(now - t_prev, 1e-9)
+
+
+def step_record(sub: SubmittedStep, outcome, ledger: dict, rollout: RolloutSince, pool, max_lag: int,
+                step_s: float) -> StepRecord:
+    """The record of the completed step ``sub`` from rank 0's ``outcome`` (``StepOutcome``), the prompt
+    ledger's counts, the rollout side's figures since the previous step and the pool's workers;
+    ``step_s``: the wall seconds since the previous step completed."""
+    batch = sub.batch
+    lags = batch.lag_B(sub.step - 1)
+    seconds = {"wait_rollout": sub.waited, "proximal": outcome.seconds["proximal"],
+               "correction": outcome.seconds["correction"], "update": outcome.seconds["update"],
+               "sync": outcome.seconds["export"], "step": step_s,
+               "rollout_idle": rollout.idle_s(len(pool.ready()))}
+    return StepRecord(
+        step=sub.step, policy_version=sub.step, reward_mean=float(batch.rewards_B.mean()),
+        reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
+        tokens_trained=int(batch.response_len_B.sum()), learner=outcome.learner, correction=outcome.correction,
+        ledger=ledger, seconds=seconds, rollout_tokens_per_s=rollout.tokens_per_s(),
+        weight_sync=outcome.weight_sync,
+        # every lag up to max_lag, zeros too: a W&B summary would keep a lag's last non-zero count
+        lag_counts=dict(enumerate(np.bincount(lags, minlength=max_lag + 1).tolist())),
+        queued_ahead=sub.queued_ahead, workers_ready=len(pool.ready()), worker_failures=pool.failures)

@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -30,7 +29,7 @@ from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import controller_snapshot, load_learner_half, restore_controller
 from actors.run_temp import make_run_temp, remove_run_temp
-from actors.step_records import RecordsInFlight, RolloutSince, SubmittedStep
+from actors.step_records import RecordsInFlight, RolloutSince, SubmittedStep, step_record
 from actors.stop_signals import as_terminated, defer_signals, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
 from system import controller_state, metrics_file, run_state
@@ -46,7 +45,6 @@ from system.learner.divergence import DivergenceGuard
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
 from system.report.console_sink import ConsoleSink
-from system.types import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -289,23 +287,10 @@ class Trainer:
             self.sampler.mark_trained([g.prompt.prompt_id for g in sub.groups])
             ledger = {**self.sampler.counts(), **self._skipped_prompts}
         self.step = sub.step
-        batch = sub.batch
-        lags = batch.lag_B(sub.step - 1)
         now = time.perf_counter()
-        seconds = {"wait_rollout": sub.waited, "proximal": outcome.seconds["proximal"],
-                   "correction": outcome.seconds["correction"], "update": outcome.seconds["update"],
-                   "sync": outcome.seconds["export"], "step": now - self._completed_at,
-                   "rollout_idle": self._rollout_since.idle_s(len(self.pool.ready()))}
+        record = step_record(sub, outcome, ledger, self._rollout_since, self.pool, self.cfg.async_.max_lag,
+                             step_s=now - self._completed_at)
         self._completed_at = now
-        record = StepRecord(
-            step=self.step, policy_version=self.step, reward_mean=float(batch.rewards_B.mean()),
-            reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
-            tokens_trained=int(batch.response_len_B.sum()), learner=outcome.learner, correction=outcome.correction,
-            ledger=ledger, seconds=seconds, rollout_tokens_per_s=self._rollout_since.tokens_per_s(),
-            weight_sync=outcome.weight_sync,
-            # every lag up to max_lag, zeros too: a W&B summary would keep a lag's last non-zero count
-            lag_counts=dict(enumerate(np.bincount(lags, minlength=self.cfg.async_.max_lag + 1).tolist())),
-            queued_ahead=sub.queued_ahead, workers_ready=len(self.pool.ready()), worker_failures=self.pool.failures)
         self.records.check()  # the earlier records the service could not write stop the run
         self.records.sent(self.step, self.service.finish_step.remote(record))  # the sinks write meanwhile
         self.control.report.remote({"step": self.step, "max_steps": self.cfg.max_steps,
