@@ -28,8 +28,6 @@ import numpy as np
 SHM_DIR = Path("/dev/shm")
 NAME = re.compile(r"aisrl-(\d+)-[0-9a-z-]+")
 """What a segment may be called: ``aisrl-<creator pid>-<lowercase letters, digits, dashes>``."""
-COPY_PIECE = 16 << 20
-"""Copies are cut into pieces of at most this many bytes, dealt to the copying threads in turn."""
 
 
 def available() -> bool:
@@ -148,17 +146,32 @@ def probe_token(announced: str) -> bool:
 
 def copy_pieces(pairs: list[tuple[np.ndarray, np.ndarray]], threads: int = 2) -> None:
     """``np.copyto(dst, src)`` for every ``(dst, src)`` pair (flat uint8 arrays of equal size), on up
-    to ``threads`` threads: the pairs are cut into pieces of ``COPY_PIECE`` bytes, piece k going to
-    thread k mod threads (numpy releases the GIL while it copies). One thread copies at ~13-15 GB/s
-    on the 2-core AMD EPYC, two at ~20: one thread alone does not saturate the memory."""
-    pieces = [(dst[i:i + COPY_PIECE], src[i:i + COPY_PIECE])
-              for dst, src in pairs for i in range(0, dst.size, COPY_PIECE)]
-    threads = max(1, min(threads, len(pieces), os.cpu_count() or 1))
+    to ``threads`` threads (numpy releases the GIL while it copies): the pairs' bytes, end to end, are
+    cut into ``threads`` contiguous spans of equal size, each copied by one thread in as few calls as
+    the pairs allow. Large calls matter: glibc's ``memcpy`` uses non-temporal stores only above a
+    size set by the cache (~180 MB on a 2-core Intel Xeon AMX VM), and below it copied at 7.3 GB/s
+    there against 12.6 above; a 1 GB buffer on two threads copied at 24.5 GB/s in two halves, at
+    14.1 GB/s dealt out in 16 MB pieces (``benchmarks/README.md``, weight transport)."""
+    total = sum(dst.size for dst, _ in pairs)
+    threads = max(1, min(threads, total, os.cpu_count() or 1))
+    share = -(-total // threads) if total else 0
+    spans: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(threads)]
+    k, room = 0, share
+    for dst, src in pairs:
+        if dst.size != src.size:
+            raise ValueError(f"copy of {src.size} bytes into {dst.size}")
+        i = 0
+        while i < dst.size:
+            n = min(room, dst.size - i)
+            spans[k].append((dst[i:i + n], src[i:i + n]))
+            i, room = i + n, room - n
+            if room == 0 and k < threads - 1:
+                k, room = k + 1, share
     errors: list[BaseException] = []
 
     def run(k: int) -> None:
         try:
-            for dst, src in pieces[k::threads]:
+            for dst, src in spans[k]:
                 np.copyto(dst, src)
         except BaseException as exc:  # raised in the caller below: a partial copy is never reported done
             errors.append(exc)

@@ -86,3 +86,34 @@ def test_orphans_of_processes_that_no_longer_run_are_removed_and_nothing_else():
         for path in (orphan, alive, foreign, unmarked):
             path.unlink(missing_ok=True)
         mine.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_copy_pieces_copies_every_pair_whole_however_the_spans_cut_them(threads):
+    """Pairs of 0, 1, 7, 1000 and 33 bytes (1041 in all): with 2 threads the spans are bytes [0, 521) and
+    [521, 1041), cutting the 1000-byte pair at its byte 513; with 3, at 347 and 694. Every destination
+    ends equal to its source, byte for byte, and nothing outside them is written."""
+    rng = np.random.default_rng(threads)
+    sizes = [0, 1, 7, 1000, 33]
+    sources = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    canvas = np.full(sum(sizes) + 2 * len(sizes), 7, dtype=np.uint8)  # a guard byte either side of each
+    dsts, guards, at = [], [], 0
+    for n in sizes:
+        dsts.append(canvas[at + 1:at + 1 + n])
+        guards += [at, at + 1 + n]
+        at += n + 2
+    shared_segment.copy_pieces(list(zip(dsts, sources, strict=True)), threads=threads)
+    assert all(np.array_equal(d, s) for d, s in zip(dsts, sources, strict=True))
+    assert (canvas[guards] == 7).all()
+
+
+def test_copy_pieces_refuses_pairs_of_two_sizes_and_raises_a_threads_error():
+    with pytest.raises(ValueError, match="copy of 5 bytes into 4"):
+        shared_segment.copy_pieces([(np.zeros(4, np.uint8), np.zeros(5, np.uint8))])
+    dst = np.zeros(2000, np.uint8)
+    read_only = np.zeros(2000, np.uint8)
+    read_only.setflags(write=False)
+    # the second span ([1000, 2000) of the read-only pair) fails in the second thread: raised here
+    with pytest.raises(ValueError, match="read-only"):
+        shared_segment.copy_pieces([(dst[:1000], np.ones(1000, np.uint8)), (read_only[:1000], np.ones(1000, np.uint8))],
+                                   threads=2)
