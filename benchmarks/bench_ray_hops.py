@@ -12,7 +12,11 @@ stamps across processes of one machine, median of ``--rounds`` after warm-up rou
 * ``round_trip``: a no-op call's ``ray.get`` from the driver;
 * ``borrowed_ready``: actor A's call (submitted by the driver, so the driver owns its result) returns
   a 2 MB payload -> actor B, blocked in ``ray.wait([ref], fetch_local=False)`` on that borrowed
-  reference, wakes (rank 0's new weights reaching a waiting rollout worker).
+  reference, wakes (rank 0's new weights reaching a waiting rollout worker); ``borrowed_got``: -> B
+  holds the payload (its ``ray.get`` after the wait);
+* ``direct_ready`` / ``direct_got``: the alternative where B asks A itself: B's call to A returns a
+  reference A made with ``ray.put`` (A owns the payload; stamped before the put) -> B holds the
+  reference / holds the payload (its ``ray.get`` of it). A hop of the owner (the driver) fewer.
 
 The last JSON line carries every hop's median in ms. Run:
 ``.venv/bin/python benchmarks/bench_ray_hops.py [--rounds 30] [--name ray_hops_cpu_amx]``.
@@ -70,19 +74,33 @@ def main() -> None:
             self.t_return = time.time()
             return self.payload
 
+        def payload_ref(self, delay_s: float) -> list:
+            time.sleep(delay_s)
+            self.t_return = time.time()
+            return [ray.put(self.payload)]
+
         def last_return(self) -> float:
             return self.t_return
 
     @ray.remote
     class Waiter:
-        def wait_for(self, holder: list) -> float:
+        def wait_for(self, holder: list) -> tuple[float, float]:
             ray.wait(holder, timeout=None, fetch_local=False)
-            return time.time()
+            ready = time.time()
+            ray.get(holder[0])
+            return ready, time.time()
+
+        def pull(self, producer, delay_s: float) -> tuple[float, float]:
+            inner = ray.get(producer.payload_ref.remote(delay_s))
+            ready = time.time()
+            ray.get(inner[0])
+            return ready, time.time()
 
     producer, waiter = Producer.remote(), Waiter.remote()
-    ray.get([producer.noop.remote(), waiter.wait_for.remote([ray.put(0)])])
+    ray.get([producer.noop.remote(), waiter.wait_for.remote([ray.put(0)]), waiter.pull.remote(producer, 0.0)])
 
-    hops: dict[str, list[float]] = {k: [] for k in ("call", "return_small", "round_trip", "borrowed_ready")}
+    hops: dict[str, list[float]] = {k: [] for k in ("call", "return_small", "round_trip", "borrowed_ready",
+                                                    "borrowed_got", "direct_ready", "direct_got")}
     for i in range(WARMUP + args.rounds):
         keep = i >= WARMUP
         t0 = time.time()
@@ -95,13 +113,19 @@ def main() -> None:
         ray.get(producer.noop.remote())
         t3 = time.time()
         weights = producer.payload_return.remote(0.05)
-        woke_b = ray.get(waiter.wait_for.remote([weights]))
+        woke_b, got_b = ray.get(waiter.wait_for.remote([weights]))
         t_ret = ray.get(producer.last_return.remote())
+        del weights
+        woke_d, got_d = ray.get(waiter.pull.remote(producer, 0.05))
+        t_ret_d = ray.get(producer.last_return.remote())
         if keep:
             hops["call"].append(started - t0)
             hops["return_small"].append(woke - returned)
             hops["round_trip"].append(t3 - t2)
             hops["borrowed_ready"].append(woke_b - t_ret)
+            hops["borrowed_got"].append(got_b - t_ret)
+            hops["direct_ready"].append(woke_d - t_ret_d)
+            hops["direct_got"].append(got_d - t_ret_d)
     medians = {k: 1e3 * statistics.median(v) for k, v in hops.items()}
     for k, v in medians.items():
         print(f"{k:>15}: {v:6.2f} ms (median of {args.rounds})", file=sys.stderr)
