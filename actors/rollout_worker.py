@@ -4,8 +4,12 @@ Two kinds of call reach it. ``generate`` runs in the actor's default group, one 
 the order sent (the controller queues the next call behind the running one). Weights are
 *offered* (``offer_weights``, in the ``weights`` group, so the offer does not wait behind
 generation): each generate call adopts the newest version offered by the time it starts
-(``system.rollout.weight_mailbox``), and an idle worker loads an offer at once.
+(``system.rollout.weight_mailbox``), and an idle worker loads an offer at once. An offer's weights
+exist once they reach the object store, or earlier, once they arrive by broadcast (a worker in a
+``weight_sync`` generation: rank 0 broadcasts a version before its object-store copy is written).
 """
+
+from dataclasses import dataclass
 
 import ray
 
@@ -20,6 +24,15 @@ from system.weight_generations import BroadcastReceiver
 OFFER_WAIT_S = 60.0
 """How long a generate call waits for the version it requires: the controller offers a version before it
 sends a call that requires it, so this only bounds an offer that never arrives."""
+
+
+@dataclass(frozen=True, eq=False)
+class Offer:
+    """An offered version and where the object store will hold it (``[reference]``, resolved only if it
+    is loaded from there)."""
+
+    version: int
+    holder: list
 
 
 class StaleWeightsError(RuntimeError):
@@ -37,7 +50,7 @@ class RolloutWorkerShell:
         self.worker_id = worker_id
         self.core = self.core_cls(cfg, model_dir, worker_id, fp8_kernel_pins)
         self.receiver = BroadcastReceiver()
-        self.mailbox: WeightMailbox[list] = WeightMailbox(self.core.policy_version, weights_exist)
+        self.mailbox: WeightMailbox[Offer] = WeightMailbox(self.core.policy_version, self._exists)
         self.weight_sources = {"broadcast": 0, "object_store": 0}
 
     def ready(self) -> dict:
@@ -60,14 +73,19 @@ class RolloutWorkerShell:
         """Offer ``version`` (``holder`` is ``[object-store reference]``, resolved only if it is loaded
         from there; offered while the step producing it may still run); an idle worker loads it as soon
         as it exists."""
-        if self.mailbox.offer(version, holder):
+        if self.mailbox.offer(version, Offer(version, holder)):
             self.mailbox.adopt_if_idle(self._load)  # an idle worker: now, or once its weights exist
 
-    def _load(self, version: int, holder: list) -> None:
+    def _exists(self, offer: Offer, timeout_s: float | None) -> bool:
+        """Whether ``offer``'s weights arrived by broadcast or exist in the object store (waiting up to
+        ``timeout_s``; None: as long as it takes)."""
+        return self.receiver.exists(offer.version, lambda t: weights_exist(offer.holder, t), timeout_s)
+
+    def _load(self, version: int, offer: Offer) -> None:
         """The broadcast copy of ``version`` if it arrived, else the object store's."""
         payload = self.receiver.take(version)
         source = "broadcast" if payload is not None else "object_store"
-        self.core.update_weights(payload if payload is not None else ray.get(holder[0]))
+        self.core.update_weights(payload if payload is not None else ray.get(offer.holder[0]))
         self.weight_sources[source] += 1
 
     @ray.method(concurrency_group="weights")

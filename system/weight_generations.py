@@ -7,11 +7,15 @@ the generation, and the caller forms the next one.
 
 import threading
 import time
+from collections.abc import Callable
 
 from system import shared_segment
 from system.weight_broadcast import BroadcastFailed, GroupAddress, WeightBroadcast, host_store
 from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
 from system.weight_payload import WeightPayload
+
+ELSEWHERE_POLL_S = 0.005
+"""How often :meth:`BroadcastReceiver.exists` asks the other source while it waits for a broadcast."""
 
 
 class BroadcastSender:
@@ -127,11 +131,8 @@ class BroadcastReceiver:
                     payload = group.receive()
                     if decoder is not None:
                         payload = decoder.decode(payload)
-                    with self._cond:
-                        if generation != self._generation:
-                            return  # a newer generation took over
-                        self.latest = payload
-                        self._cond.notify_all()
+                    if not self._arrived(generation, payload):
+                        return  # a newer generation took over
             except Exception as exc:  # the generation broke (a member died, or member 0 moved on)
                 with self._cond:
                     if generation == self._generation:
@@ -142,6 +143,40 @@ class BroadcastReceiver:
                     group.close()
 
         threading.Thread(target=loop, name=f"weights-receive-{generation}", daemon=True).start()
+
+    def _arrived(self, generation: int, payload: WeightPayload) -> bool:
+        """Generation ``generation``'s thread received ``payload``: it is ``latest`` unless a newer
+        generation took over (False: that thread ends)."""
+        with self._cond:
+            if generation != self._generation:
+                return False
+            self.latest = payload
+            self._cond.notify_all()
+            return True
+
+    def exists(self, version: int, elsewhere: Callable[[float | None], bool], timeout_s: float | None) -> bool:
+        """Whether ``version``'s weights exist, here by broadcast or (``elsewhere(t)``: waiting up to t
+        seconds, None: as long as it takes) another way (the object store), waiting up to
+        ``timeout_s`` (None: as long as it takes) for either. While a generation is connected, an
+        arrival ends the wait at once and ``elsewhere`` is asked every ``ELSEWHERE_POLL_S``; while
+        none is, only ``elsewhere`` is waited on. (A rollout worker's mailbox readiness: the broadcast
+        copy reaches a member before the object store's does, which the learner writes after it.)"""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._cond:
+                if self.latest is not None and self.latest.policy_version == version:
+                    return True
+                listening = self._alive and self._connected
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not listening:
+                return elsewhere(remaining)
+            if elsewhere(0.0):
+                return True
+            if remaining == 0.0:
+                return False
+            with self._cond:
+                if self.latest is None or self.latest.policy_version != version:
+                    self._cond.wait(ELSEWHERE_POLL_S if remaining is None else min(ELSEWHERE_POLL_S, remaining))
 
     def take(self, version: int, wait_s: float = 5.0) -> WeightPayload | None:
         """The payload of ``version`` if it arrived (waiting up to ``wait_s`` while the generation is

@@ -78,6 +78,7 @@ class SimulatedLearnerRank:
         self._arrays: dict[str, np.ndarray] = {}
         self.exports = ExportHandoff()
         self.service = None  # rank 0's, from use_service
+        self.sender = None  # rank 0's with weight_sync.type=collective (connect)
         if rank == 0 and self.settings.payload_params > 0:
             shapes = synthetic_weight_shapes(self.settings.payload_params)
             # Filled (so resident), not random: a 1.5 B payload must build in seconds.
@@ -89,7 +90,20 @@ class SimulatedLearnerRank:
 
     def connect(self, master_addr: str, master_port: int) -> None:
         time.sleep(self.settings.connect_seconds)
+        sync = self.cfg.weight_sync
+        if sync.type == "collective" and self.rank == 0:  # as LearnerRank's (imports torch: only then)
+            from system.weight_generations import BroadcastSender
+
+            self.sender = BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, None, sync.shared_memory)
         stamp(self.settings.timeline, "connect_end", rank=self.rank)
+
+    def open_broadcast(self, number: int, world_size: int):
+        """As ``LearnerRank.open_broadcast``."""
+        return self.sender.open(f"generation-{number}", world_size, ray.util.get_node_ip_address(), number)
+
+    def close_broadcast(self) -> None:
+        """As ``LearnerRank.close_broadcast``."""
+        self.sender.close()
 
     def policy_version(self) -> int:
         return self._policy_version
@@ -141,8 +155,11 @@ class SimulatedLearnerRank:
         stamp(self.settings.timeline, "step_end", step=step, rank=self.rank)
         if self.rank != 0:
             return None
+        sync = {"payload_bytes": payload.num_bytes if payload is not None else 0}
+        if self.sender is not None and payload is not None:  # as LearnerRank: broadcast, then the object store
+            sync.update(self.sender.send(payload))
         self.exports.put(step, payload)
-        return StepOutcome(learner=learner, correction=correction, payload=None,
+        return StepOutcome(learner=learner, correction=correction, payload=None, weight_sync=sync,
                            seconds={"proximal": t1 - t0, "correction": t2 - t1 + wait, "update": t3 - t2 - wait,
                                     "export": t4 - t3})
 

@@ -176,6 +176,8 @@ def test_ais_sanity_refuses_a_run_without_dumps(tmp_path, kind):
     ("bench_startup.py", ["--base", "no-such-revision"], "error: --base no-such-revision: not a revision"),
     ("bench_startup.py", ["--base", "HEAD", "--rounds", "0"], "error: argument --rounds: expected a positive integer"),
     ("bench_ray_hops.py", ["--rounds", "0"], "error: argument --rounds: expected a positive integer, got '0'"),
+    ("bench_transport_cycle.py", ["--rounds", "0"], "error: argument --rounds: expected a positive integer, got '0'"),
+    ("bench_transport_cycle.py", ["--steps", "4"], "error: --warmup (4) must be below --steps (4)"),
     ("bench_correction.py", ["--tag", "/x"], "error: argument --tag: "),
     ("bench_report.py", ["--tag", "/x"], "error: argument --tag: "),
 ])

@@ -322,3 +322,45 @@ def test_a_buffer_is_reused_while_gloo_still_holds_a_chunk_view_but_not_while_a_
     other, _ = receiver._buffer(64)
     assert receiver.buffers_made == 2 and not np.shares_memory(other, payload_view)
     del lingering
+
+
+def _connected_receiver():
+    """A receiver as it is once generation 1's group is up (no group: versions are delivered by hand)."""
+    from system.weight_generations import BroadcastReceiver
+
+    receiver = BroadcastReceiver()
+    receiver._generation, receiver._alive, receiver._connected = 1, True, True
+    return receiver
+
+
+def test_an_offer_exists_when_its_broadcast_arrives_without_waiting_for_the_object_store():
+    """Version 2 arrives by broadcast 0.2 s in; the object store never has it: the wait ends at the
+    arrival, the object store asked without waiting every ``ELSEWHERE_POLL_S`` (5 ms) meanwhile."""
+    import threading
+
+    receiver, asked = _connected_receiver(), []
+    threading.Timer(0.2, receiver._arrived, (1, payload_of(2))).start()
+    started = time.monotonic()
+    assert receiver.exists(2, lambda t: asked.append(t) or False, None)
+    assert 0.19 <= time.monotonic() - started < 1.5
+    assert len(asked) >= 10 and set(asked) == {0.0}  # ~40 checks in 0.2 s; 10 leaves a busy machine room
+
+
+def test_an_offer_exists_when_the_object_store_has_it_and_a_receiver_in_no_generation_asks_it_alone():
+    receiver = _connected_receiver()
+    receiver._arrived(1, payload_of(2))  # an older version arrived; version 3 is in the object store at the 3rd ask
+    calls = []
+    assert receiver.exists(3, lambda t: calls.append(t) or len(calls) >= 3, None) and len(calls) == 3
+    assert receiver.exists(2, lambda t: False, 0.0)  # the one that arrived: at once
+    from system.weight_generations import BroadcastReceiver
+
+    alone, seen = BroadcastReceiver(), []  # in no generation: one wait on the object store, the caller's timeout
+    assert alone.exists(3, lambda t: seen.append(t) or True, 2.5) and len(seen) == 1 and 2.4 < seen[0] <= 2.5
+    assert not alone.exists(3, lambda t: False, 0.0)
+
+
+def test_an_offer_neither_source_has_within_the_timeout_does_not_exist():
+    receiver = _connected_receiver()
+    started = time.monotonic()
+    assert not receiver.exists(5, lambda t: False, 0.1)
+    assert 0.09 <= time.monotonic() - started < 1.5
