@@ -15,7 +15,7 @@ broadcast receiver) around a simulated core that sleeps R per call, and the simu
 Per row: ms per step above L (after ``--warmup`` steps), and how the worker loaded its versions.
 Writes ``benchmarks/results/transport_cycle_cpu[TAG].json``.
 
-    python benchmarks/bench_transport_cycle.py --rounds 2 --tag _amx
+    python benchmarks/bench_transport_cycle.py --tag _amx
 """
 
 import argparse
@@ -98,7 +98,7 @@ def run_row(row: str, train_s: float, steps: int, warmup: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=positive_int, default=2)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--train-seconds", type=positive_float, default=0.5, help="R = L")
     parser.add_argument("--steps", type=positive_int, default=22)
     parser.add_argument("--warmup", type=positive_int, default=4)

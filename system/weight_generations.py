@@ -159,14 +159,17 @@ class BroadcastReceiver:
         seconds, None: as long as it takes) another way (the object store), waiting up to
         ``timeout_s`` (None: as long as it takes) for either. While a generation is connected, an
         arrival ends the wait at once and ``elsewhere`` is asked every ``ELSEWHERE_POLL_S``; while
-        none is, only ``elsewhere`` is waited on. (A rollout worker's mailbox readiness: the broadcast
-        copy reaches a member before the object store's does, which the learner writes after it.)"""
+        none is, or once a newer version arrived (this one's copy is gone), only ``elsewhere`` is
+        waited on. (A rollout worker's mailbox readiness: the broadcast copy reaches a member before
+        the object store's does, which the learner writes after it.)"""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             with self._cond:
                 if self.latest is not None and self.latest.policy_version == version:
                     return True
-                listening = self._alive and self._connected
+                # a newer version arrived: this one's broadcast copy is gone, only the object store has it
+                listening = self._alive and self._connected and (self.latest is None
+                                                                 or self.latest.policy_version < version)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not listening:
                 return elsewhere(remaining)

@@ -117,3 +117,28 @@ def test_copy_pieces_refuses_pairs_of_two_sizes_and_raises_a_threads_error():
     with pytest.raises(ValueError, match="read-only"):
         shared_segment.copy_pieces([(dst[:1000], np.ones(1000, np.uint8)), (read_only[:1000], np.ones(1000, np.uint8))],
                                    threads=2)
+
+
+@pytest.mark.parametrize(("threads", "expected"), [
+    # 1041 bytes in pairs of 0, 1, 7, 1000 and 33: spans of ceil(1041 / threads) bytes, end to end
+    (1, [[1, 7, 1000, 33]]),
+    (2, [[1, 7, 513], [487, 33]]),  # 521 + 520
+    (3, [[1, 7, 339], [347], [314, 33]]),  # 347 each
+])
+def test_copy_pieces_gives_each_thread_one_contiguous_span(monkeypatch, threads, expected):
+    """Which thread copies what: the sizes of each thread's ``np.copyto`` calls, in order (machines with
+    fewer cores than ``threads`` are told they have enough)."""
+    import threading
+
+    monkeypatch.setattr(shared_segment.os, "cpu_count", lambda: 8)
+    calls, real = {}, np.copyto
+
+    def spy(dst, src):
+        calls.setdefault(threading.current_thread().name, []).append(dst.size)  # names: idents are reused
+        real(dst, src)
+    monkeypatch.setattr(shared_segment.np, "copyto", spy)
+    pairs = [(np.zeros(n, np.uint8), np.ones(n, np.uint8)) for n in (0, 1, 7, 1000, 33)]
+    shared_segment.copy_pieces(pairs, threads=threads)
+    monkeypatch.undo()
+    assert sorted(calls.values()) == sorted(expected)
+    assert all(dst.all() for dst, _ in pairs)

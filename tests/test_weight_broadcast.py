@@ -364,3 +364,38 @@ def test_an_offer_neither_source_has_within_the_timeout_does_not_exist():
     started = time.monotonic()
     assert not receiver.exists(5, lambda t: False, 0.1)
     assert 0.09 <= time.monotonic() - started < 1.5
+
+
+def test_an_offer_whose_newer_version_arrived_is_waited_for_in_the_object_store_alone():
+    """Version 3 arrived by broadcast; version 2's copy is gone: one wait on the object store, with the
+    caller's timeout, not a poll every 5 ms."""
+    receiver = _connected_receiver()
+    receiver._arrived(1, payload_of(3))
+    seen = []
+    assert receiver.exists(2, lambda t: seen.append(t) or True, None) and seen == [None]
+
+
+def test_an_idle_worker_loads_a_broadcast_version_the_object_store_does_not_hold_yet(monkeypatch):
+    """The rollout worker's shell, without Ray: version 2 arrived by broadcast, its object-store copy
+    does not exist yet (``weights_exist`` says no): the offer is loaded at once, from the broadcast.
+    (With readiness from the object store alone, as before, nothing would load: no copy exists.)"""
+    import actors.rollout_worker as rw
+    from system.rollout.weight_mailbox import WeightMailbox
+
+    monkeypatch.setattr(rw, "weights_exist", lambda holder, timeout_s: False)
+    loaded = []
+
+    class Core:
+        policy_version = 0
+
+        def update_weights(self, payload):
+            loaded.append(payload.policy_version)
+
+    shell = object.__new__(rw.RolloutWorkerShell)
+    shell.core, shell.receiver = Core(), _connected_receiver()
+    shell.mailbox = WeightMailbox(0, shell._exists)
+    shell.weight_sources = {"broadcast": 0, "object_store": 0}
+    shell.receiver._arrived(1, payload_of(2))
+    shell.offer_weights(2, ["a reference never resolved"])
+    assert loaded == [2] and shell.weight_sources == {"broadcast": 1, "object_store": 0}
+    assert shell.mailbox.held_version == 2
