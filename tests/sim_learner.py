@@ -91,6 +91,9 @@ class SimulatedLearnerRank:
     def connect(self, master_addr: str, master_port: int) -> None:
         time.sleep(self.settings.connect_seconds)
         sync = self.cfg.weight_sync
+        if sync.type == "delta":
+            raise ValueError("the simulated learner broadcasts full versions only: weight_sync.type=collective "
+                             "or object_store (a delta run needs the real learner)")
         if sync.type == "collective" and self.rank == 0:  # as LearnerRank's (imports torch: only then)
             from system.weight_generations import BroadcastSender
 
