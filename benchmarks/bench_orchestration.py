@@ -186,8 +186,6 @@ def bench_timeline(train_s: float, steps: int, warmup: int, payload_params: int)
                           {"train_seconds": train_s, "payload_params": payload_params, "timeline": path}, steps, warmup,
                           on_built=lambda trainer: restore.append(stamp_driver(trainer, path)))
         events = [json.loads(line) for line in Path(path).read_text().splitlines()]
-        if os.environ.get("AISRL_TIMELINE_KEEP"):
-            shutil.copy(path, os.environ["AISRL_TIMELINE_KEEP"])
     finally:
         for undo in restore:
             undo()

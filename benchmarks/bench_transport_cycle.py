@@ -41,24 +41,15 @@ BASE = ["model.warm_start_steps=0", "report.wandb.mode=disabled", "report.consol
 
 
 def worker_class(row: str, seconds_per_call: float):
-    """The real rollout worker actor around a core that sleeps ``seconds_per_call`` per call."""
-    import ray
+    """The real rollout worker actor around a simulated core whose calls take ``seconds_per_call``."""
     from sim_actors import SimulatedCore
 
-    from actors.rollout_worker import RolloutWorkerShell
     from actors.runtime import weights_exist
 
-    def generate_groups(self, prompts, policy_version=None):
-        started = time.perf_counter()
-        groups = SimulatedCore.generate_groups(self, prompts, policy_version)
-        time.sleep(max(0.0, seconds_per_call - (time.perf_counter() - started)))
-        return groups
-
-    core = type("SleepingCore", (SimulatedCore,), {"generate_groups": generate_groups})
-    body = {"core_cls": core}
-    if row == "collective_store_readiness":
-        body["_exists"] = lambda self, offer, timeout_s: weights_exist(offer.holder, timeout_s)
-    return ray.remote(concurrency_groups={"weights": 1})(type("RolloutWorker", (RolloutWorkerShell,), body))
+    if row != "collective_store_readiness":
+        return SimulatedCore.worker_class(seconds_per_call)
+    return SimulatedCore.worker_class(  # the ablation: an offer exists only once the object store has it
+        seconds_per_call, _exists=lambda self, offer, timeout_s: weights_exist(offer.holder, timeout_s))
 
 
 def run_row(row: str, train_s: float, steps: int, warmup: int) -> dict:

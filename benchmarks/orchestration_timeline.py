@@ -61,17 +61,24 @@ def stamp_driver(trainer: Trainer, path: str):
     return restore
 
 
+def _finder(events: list[dict]):
+    """``first(kind, after, **fields)``: the time of the first event of ``kind`` at or after ``after``
+    whose fields match, None if there is none."""
+    events = sorted(events, key=lambda e: e["t"])
+
+    def first(kind, after, **fields):
+        return next((e["t"] for e in events if e["kind"] == kind and e["t"] >= after
+                     and all(e.get(k) == v for k, v in fields.items())), None)
+    return first
+
+
 def timeline_links(events: list[dict], first_step: int) -> dict:
     """Per hop, the median milliseconds over the steps from ``first_step``: link 1, step k ends (rank 0)
     -> the generate call with version k starts sampling (when version k was offered after the step:
     -> publish -> push -> offer -> adopted; when it was offered at submit: how long before the step's
     end the offer and the waiting call reached the worker); link 2, a generate call ends -> accept ->
     taken -> submitted -> the step call reaches rank 0."""
-    events = sorted(events, key=lambda e: e["t"])
-
-    def first(kind, after, **fields):
-        return next((e["t"] for e in events if e["kind"] == kind and e["t"] >= after
-                     and all(e.get(k) == v for k, v in fields.items())), None)
+    first = _finder(events)
 
     link1 = {h: [] for h in ("end_to_publish", "publish_to_push", "push_to_offer", "offer_to_gen_start", "total",
                              "offer_before_end", "gen_call_before_end")}
@@ -127,11 +134,7 @@ unpickled -> accepted -> the batch taken -> collated -> put -> the step's calls 
 def timeline_hops(events: list[dict], first_step: int) -> dict:
     """The two links of :func:`timeline_links` cut at every stamp inside them (the driver's, rank 0's
     export and the worker's load): the median milliseconds of each hop, and the samples."""
-    events = sorted(events, key=lambda e: e["t"])
-
-    def first(kind, after, **fields):
-        return next((e["t"] for e in events if e["kind"] == kind and e["t"] >= after
-                     and all(e.get(k) == v for k, v in fields.items())), None)
+    first = _finder(events)
 
     link1 = {f"{a[0]}->{b[0]}": [] for a, b in zip((("step_end", "step"), *LINK1_CHAIN), LINK1_CHAIN, strict=False)}
     for step in sorted({e["step"] for e in events if e["kind"] == "step_end" and e["step"] >= first_step}):

@@ -144,10 +144,13 @@ class SimulatedCore:
         self._stats = {"num_sequences": 0, "num_response_tokens": 0, "num_weight_updates": 0}
 
     def generate_groups(self, prompts: list[Prompt], policy_version: int | None = None) -> list[RolloutGroup]:
+        started = time.perf_counter()
         rng = np.random.default_rng([self.cfg.seed, zlib.crc32(self.worker_id.encode()), self._num_calls])
         self._num_calls += 1
-        return [simulated_group(self.cfg, self.reward, self.vocab_size, self.worker_id, self.policy_version, p, rng,
-                                self._stats) for p in prompts]
+        groups = [simulated_group(self.cfg, self.reward, self.vocab_size, self.worker_id, self.policy_version, p, rng,
+                                  self._stats) for p in prompts]
+        _deadline_sleep(started, self.seconds_per_call)
+        return groups
 
     def update_weights(self, payload: WeightPayload) -> None:
         self.policy_version = payload.policy_version
@@ -156,13 +159,18 @@ class SimulatedCore:
     def stats(self) -> dict:
         return {**self._stats, "worker_id": self.worker_id, "policy_version": self.policy_version}
 
+    seconds_per_call = 0.0
+    """Simulated time of one ``generate_groups`` call (it sleeps what the groups did not take)."""
+
     @classmethod
-    def worker_class(cls) -> ray.actor.ActorClass:
-        """The real rollout worker actor with this core (one class per call)."""
+    def worker_class(cls, seconds_per_call: float = 0.0, **shell_methods) -> ray.actor.ActorClass:
+        """The real rollout worker actor with this core (one class per call), each call taking
+        ``seconds_per_call``; ``shell_methods`` replace the shell's (an ablation of the shell's logic)."""
         from actors.rollout_worker import RolloutWorkerShell
 
+        core = type(cls.__name__, (cls,), {"seconds_per_call": seconds_per_call})
         return ray.remote(concurrency_groups={"weights": 1})(
-            type("RolloutWorker", (RolloutWorkerShell,), {"core_cls": cls}))
+            type("RolloutWorker", (RolloutWorkerShell,), {"core_cls": core, **shell_methods}))
 
 
 class SimulatedRolloutWorker:

@@ -234,14 +234,6 @@ def test_both_pauses_are_measured(runs):
     assert all(np.isfinite(r[k]) and r[k] >= 0 for r in runs[1][0] for k in ("time/rollout_idle", "time/wait_rollout"))
 
 
-def test_console_line_shows_both_pauses():
-    from system.report.console_sink import format_fields
-
-    line = format_fields({"reward/mean": 0.5, "time/wait_rollout": 1.234, "time/rollout_idle": 0.0})
-    assert "reward 0.500" in line and "learner waited 1.23s" in line and "rollout idle 0.00s" in line
-    assert "kl -" in line  # an absent metric shows as '-'
-
-
 def test_a_queued_call_samples_with_weights_offered_after_it_was_queued(loopback_ray):
     """A worker holds two calls; version 1 is offered while the first runs. The offer does not wait
     behind generation (it returns while the first call still runs), the first call's samples keep

@@ -1,10 +1,11 @@
-"""The console line (``system.report.console_sink``): its rollout rate is over the last steps."""
+"""The console line (``system.report.console_sink``): its rollout rate is over the last steps; it shows
+both pauses (the learner waiting for rollouts, the rollout side idle)."""
 
 import io
 
 from rich.console import Console
 
-from system.report.console_sink import RATE_WINDOW, ConsoleSink
+from system.report.console_sink import RATE_WINDOW, ConsoleSink, format_fields
 
 
 def lines_of(records: list[dict]) -> list[str]:
@@ -45,3 +46,9 @@ def test_kept_shows_sequences_and_tokens():
     assert "kept seq 100%  tok 85%" in line  # 0.995 rounds to 100 % at the console's precision
     [line] = lines_of([{"correction/keep_seq_frac": 0.5}])
     assert "kept seq 50%  tok -" in line
+
+
+def test_console_line_shows_both_pauses():
+    line = format_fields({"reward/mean": 0.5, "time/wait_rollout": 1.234, "time/rollout_idle": 0.0})
+    assert "reward 0.500" in line and "learner waited 1.23s" in line and "rollout idle 0.00s" in line
+    assert "kl -" in line  # an absent metric shows as '-'
