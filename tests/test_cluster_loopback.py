@@ -1,5 +1,6 @@
 """A private cluster started by aisrl listens on loopback only, even when ``ray`` was imported first,
-and its GCS keeps a bounded number of task events (it grew ~25 KB a step without levelling off)."""
+its GCS keeps a bounded number of task events (it grew ~25 KB a step without levelling off), and it
+starts no idle workers that no actor could use."""
 
 import subprocess
 import sys
@@ -10,11 +11,15 @@ pytestmark = pytest.mark.ray
 
 PROBE = """
 import ray  # imported before aisrl on purpose: the local-only switch must still take effect
+import time
+
 import psutil
 from actors.cluster import connect
 from system.config.cluster import RayConfig
 
 connect(RayConfig(object_store_gib=0.2), num_cpus=1)
+time.sleep(3)  # with Ray's default, two idle workers are up by now (a 2-core AMD EPYC VM: within 1.5 s)
+print("IDLE_WORKERS", sum(p.name() == "ray::IDLE" for p in psutil.Process().children(recursive=True)))
 
 @ray.remote
 def node_ip():
@@ -32,6 +37,8 @@ for proc in psutil.Process().children(recursive=True):
             print("LISTEN", proc.name(), c.laddr.ip)
     if proc.name() == "gcs_server":
         print("GCS_TASK_EVENTS", proc.environ().get("RAY_task_events_max_num_task_in_gcs"))
+    if proc.name() == "raylet":
+        print("RAYLET_PRESTART", proc.environ().get("RAY_prestart_worker_first_driver"))
 ray.shutdown()
 """
 
@@ -47,3 +54,6 @@ def test_private_cluster_binds_to_loopback_only():
     assert listening, "no listening socket found among the cluster's processes"
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, _, ip in listening), listening
     assert [line.split()[1] for line in lines if line.startswith("GCS_TASK_EVENTS")] == ["10000"]
+    # no idle workers started for nothing: every aisrl actor has a runtime_env of its own
+    assert [line.split()[1] for line in lines if line.startswith("RAYLET_PRESTART")] == ["0"]
+    assert [line.split()[1] for line in lines if line.startswith("IDLE_WORKERS")] == ["0"]

@@ -8,7 +8,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from actors.cluster import use_loopback_only
+from actors.cluster import private_cluster_environment, use_loopback_only
 from actors.placement import (
     RoleOptions,
     actor_needs,
@@ -34,6 +34,7 @@ class WhereAmI:
 @pytest.fixture(scope="module")
 def cluster():
     use_loopback_only()
+    private_cluster_environment()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     rollout = c.add_node(num_cpus=2, resources={"rollout": 2})
     learner = c.add_node(num_cpus=2, resources={"learner": 2})

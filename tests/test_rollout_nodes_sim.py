@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster
 from sim_actors import SimulatedRolloutWorker
 from sim_learner import SimulatedLearnerRank
 
-from actors.cluster import use_loopback_only
+from actors.cluster import private_cluster_environment, use_loopback_only
 from actors.placement import follow_target, rollout_capacity
 from actors.trainer import Trainer
 from system.config.loading import resolve_config
@@ -63,6 +63,7 @@ def simulated_trainer(cluster: Cluster, run_dir: Path, *overrides: str) -> Train
 def test_losing_every_rollout_node_fails_the_run_with_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
     use_loopback_only()
+    private_cluster_environment()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False,
                                                             "resources": {"learner": 1}})
     node = cluster.add_node(num_cpus=2, resources={"rollout": 1})
@@ -99,6 +100,7 @@ def test_losing_every_rollout_node_fails_the_run_with_a_clear_message(tmp_path, 
 def test_workers_follow_rollout_nodes_joining_and_leaving(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
     use_loopback_only()
+    private_cluster_environment()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
     first = cluster.add_node(num_cpus=2, resources={"rollout": 1})
     trainer = None
