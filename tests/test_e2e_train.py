@@ -31,6 +31,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.own_cluster, pytest.mark.vllm, pytest
 
 SMALL = ["prompts_per_step=4", "rollout.group_size=4", "rollout.prompts_per_call=2",
          "model.warm_start_steps=20", "report.dump_every=2", "checkpoint_every=2", "report.console=false"]
+ONE_RANK = "learner.num_ranks=1"
+"""For the runs whose claim is the run's end (a divergence, a correction that keeps nothing), not the
+learner group: a rank fewer to start (~14 CPU seconds of a 2-core AMD EPYC VM's suite per rank). The
+two-rank learner runs end to end in the first test and in ``test_resume_exact``."""
 
 
 FAKE_KEY = "fake-wandb-key-" + "5ecre7" * 5  # planted: must appear in no artefact or log
@@ -194,7 +198,7 @@ def test_a_diverged_run_stops_with_an_error_and_no_non_finite_checkpoint(tmp_pat
     step from it on is checkpointed (checkpoint_every = 1). (Steps with a non-finite loss, gradient
     or log-prob and finite parameters count against ``max_nonfinite_steps``: test_learner_divergence.)"""
     run = tmp_path / "diverged"
-    out = aisrl("train", "max_steps=8", f"output_dir={run}", "learner.lr=1e30", "learner.max_nonfinite_steps=3",
+    out = aisrl("train", "max_steps=8", f"output_dir={run}", "learner.lr=1e30", "learner.max_nonfinite_steps=3", ONE_RANK,
                 *[a for a in SMALL if not a.startswith("checkpoint_every")], "checkpoint_every=1", cache=cache, rc=1)
     recs = records(run)
     last = recs[-1]["step"]
@@ -213,7 +217,7 @@ def test_a_correction_that_keeps_nothing_stops_the_run(tmp_path, cache):
     (exit 1), after its record, the message naming steps 1-2."""
     run = tmp_path / "starved"
     out = aisrl("train", "max_steps=6", f"output_dir={run}", "correction.method.hi=1.000001",
-                "correction.method.lo=0.999999", "correction.max_nothing_kept_steps=1", *SMALL,
+                "correction.method.lo=0.999999", "correction.max_nothing_kept_steps=1", ONE_RANK, *SMALL,
                 cache=cache, rc=1)
     said = " ".join(out.stderr.split())
     assert ("the correction kept no token for 2 consecutive steps (steps 1-2; method seq-mis "
