@@ -35,9 +35,10 @@ switch off neither starts."""
 
 
 def private_cluster_environment() -> None:
-    """Set, unless the environment already has them, the Ray settings of a private cluster this
-    process is about to start (its GCS and raylet read them at start): :data:`TASK_EVENTS_ENV` and
-    :data:`PRESTART_ENV`."""
+    """The settings of a private cluster this process is about to start: every server on 127.0.0.1
+    (:func:`use_loopback_only`), and, unless the environment already has them, :data:`TASK_EVENTS_ENV`
+    and :data:`PRESTART_ENV` (its GCS and raylet read them at start)."""
+    use_loopback_only()
     os.environ.setdefault(TASK_EVENTS_ENV, str(PRIVATE_TASK_EVENTS))
     os.environ.setdefault(PRESTART_ENV, "0")
 
@@ -53,9 +54,8 @@ def connect(cfg: RayConfig, num_cpus: int, runtime_env: dict | None = None) -> N
         log.warning("joined the Ray cluster at %s (ray.address=%s)", ray.get_runtime_context().gcs_address,
                     cfg.address)
         return
-    use_loopback_only()
+    private_cluster_environment()
     quiet_workers()
-    private_cluster_environment()  # read by the GCS and raylet it starts
     ray.init(
         address="local",
         num_cpus=cfg.num_cpus if cfg.num_cpus is not None else max(num_cpus, 1),

@@ -6,7 +6,7 @@ import sys
 import pytest
 import ray
 
-from actors.cluster import private_cluster_environment, use_loopback_only
+from actors.cluster import private_cluster_environment
 from actors.ray_internals import LOOPBACK_NODE
 
 
@@ -16,7 +16,6 @@ def loopback_ray(tmp_path_factory):
     store, no dashboard), with its own model cache; shut down after the module."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AISRL_CACHE_DIR", str(tmp_path_factory.mktemp("model-cache")))
-        use_loopback_only()
         private_cluster_environment()
         ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 * 2**20,
                  **LOOPBACK_NODE, log_to_driver=False)

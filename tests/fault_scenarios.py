@@ -13,7 +13,7 @@ import ray
 from sim_actors import SimulatedRolloutWorker
 from sim_learner import SimulatedLearnerRank
 
-from actors.cluster import private_cluster_environment, use_loopback_only
+from actors.cluster import private_cluster_environment
 from actors.ray_internals import LOOPBACK_NODE
 from actors.trainer import Trainer
 from system.config.loading import resolve_config
@@ -34,7 +34,6 @@ COMPARED = ("learner/loss", "learner/entropy", "learner/weight_mean", "learner/l
 
 
 def local_ray() -> None:
-    use_loopback_only()
     private_cluster_environment()
     ray.init(address="local", num_cpus=12, include_dashboard=False, object_store_memory=256 * 2**20,
              **LOOPBACK_NODE, log_to_driver=False)

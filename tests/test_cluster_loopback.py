@@ -18,7 +18,7 @@ from actors.cluster import connect
 from system.config.cluster import RayConfig
 
 connect(RayConfig(object_store_gib=0.2), num_cpus=1)
-time.sleep(3)  # with Ray's default, two idle workers are up by now (a 2-core AMD EPYC VM: within 1.5 s)
+time.sleep(3)  # with Ray's default, one idle worker (num_cpus=1) is up by now (seen at 3 s, 2-core AMD EPYC VM)
 print("IDLE_WORKERS", sum(p.name() == "ray::IDLE" for p in psutil.Process().children(recursive=True)))
 
 @ray.remote

@@ -14,7 +14,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from actors.cluster import private_cluster_environment, use_loopback_only
+from actors.cluster import private_cluster_environment
 from actors.learner_worker import LearnerGroup
 from actors.placement import plan_placement
 from system.config.loading import resolve_config
@@ -26,7 +26,6 @@ NODE_IP = "127.0.0.2"
 @pytest.mark.ray
 def test_learner_ranks_meet_at_rank_0s_node(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
-    use_loopback_only()
     private_cluster_environment()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=2, resources={"learner": 2}, node_ip_address=NODE_IP)

@@ -8,7 +8,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from actors.cluster import private_cluster_environment, use_loopback_only
+from actors.cluster import private_cluster_environment
 from actors.placement import (
     RoleOptions,
     actor_needs,
@@ -33,7 +33,6 @@ class WhereAmI:
 
 @pytest.fixture(scope="module")
 def cluster():
-    use_loopback_only()
     private_cluster_environment()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     rollout = c.add_node(num_cpus=2, resources={"rollout": 2})

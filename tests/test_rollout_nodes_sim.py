@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster
 from sim_actors import SimulatedRolloutWorker
 from sim_learner import SimulatedLearnerRank
 
-from actors.cluster import private_cluster_environment, use_loopback_only
+from actors.cluster import private_cluster_environment
 from actors.placement import follow_target, rollout_capacity
 from actors.trainer import Trainer
 from system.config.loading import resolve_config
@@ -62,7 +62,6 @@ def simulated_trainer(cluster: Cluster, run_dir: Path, *overrides: str) -> Train
 @pytest.mark.ray
 def test_losing_every_rollout_node_fails_the_run_with_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
-    use_loopback_only()
     private_cluster_environment()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False,
                                                             "resources": {"learner": 1}})
@@ -99,7 +98,6 @@ def test_losing_every_rollout_node_fails_the_run_with_a_clear_message(tmp_path, 
 @pytest.mark.ray
 def test_workers_follow_rollout_nodes_joining_and_leaving(tmp_path, monkeypatch):
     monkeypatch.setenv("AISRL_CACHE_DIR", str(tmp_path / "cache"))
-    use_loopback_only()
     private_cluster_environment()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
     first = cluster.add_node(num_cpus=2, resources={"rollout": 1})
