@@ -26,8 +26,8 @@ pytestmark = pytest.mark.ray
 KILLS = 4
 """Most kills the live test makes before it says Ray published no paragraph."""
 
-PARAGRAPH = (WORKER_DIED + " by an unexpected system error. To troubleshoot the problem, check the logs "
-             "for the dead worker. Worker exit type: SYSTEM_ERROR")
+RAYLET_START = (WORKER_DIED + " by an unexpected system error. To troubleshoot the problem, check the "
+                "logs for the dead worker.")
 """The paragraph's start as ray 2.60's raylet writes it (the rest names ids, address and exit detail)."""
 
 
@@ -68,8 +68,9 @@ def _publish(message: str) -> None:
 
 
 def _published_and_said(capfd, message: str, seconds: float = 60) -> tuple[bool, str]:
-    """Publish ``message`` every 2 s until the console shows it: the driver's listener thread subscribes
-    to the error channel after ``ray.init`` returns, and a message published before that is not delivered."""
+    """Publish ``message`` every 2 s until the console shows it: the driver's listener thread may subscribe
+    to the error channel only after ``ray.init`` returns, and a message published before is not delivered
+    (the likely cause of 1 failure in 17 runs alone on a 2-core AMD EPYC VM; not confirmed)."""
     seen, deadline = "", time.monotonic() + seconds
     while time.monotonic() < deadline:
         _publish(message)
@@ -107,12 +108,12 @@ def as_ray_is(monkeypatch):
 
 def test_the_paragraph_on_the_drivers_error_channel_is_quieted_and_other_lines_pass(loopback_ray, capfd,
                                                                                    as_ray_is):
-    said, seen = _published_and_said(capfd, PARAGRAPH + " (first)")  # as Ray is: printed (else this test
+    said, seen = _published_and_said(capfd, RAYLET_START + " (first)")  # as Ray is: printed (else this test
     assert said, seen[-2000:]  # could not fail)
     quiet_worker_deaths()
     quiet_worker_deaths()  # twice: wrapped once
     assert ray_worker.print_to_stdstream.aisrl_original is as_ray_is
-    _publish(PARAGRAPH + " (second)")
+    _publish(RAYLET_START + " (second)")
     _publish("another raylet error")  # published after the paragraph: once it shows, the paragraph was handled
     said, seen = _said_within(capfd, 60, "another raylet error")
     assert said, seen[-2000:]
@@ -130,7 +131,7 @@ def test_the_raylets_own_paragraph_after_a_kill_is_the_one_quieted(loopback_ray,
         if said:
             break
     assert said, f"the raylet published no worker-death paragraph after {KILLS} kills: {seen[-2000:]}"
-    assert PARAGRAPH.split(" Worker exit type")[0] in seen  # the text the filter is written for
+    assert RAYLET_START in seen  # the text the filter is written for
     latency = time.monotonic() - started
     quiet_worker_deaths()
     _kill_one()
