@@ -50,6 +50,8 @@ class LearnerRank:
         self.core: LearnerCore | None = None
         self.sender: BroadcastSender | None = None
         self.exports = ExportHandoff()
+        self._returned: int | None = None  # the policy version the last ``weights`` call returned
+        self._lending: int | None = None  # the version this step exported into the broadcast's segment
         self._listen_fd: int | None = None
         self.service: ray.actor.ActorHandle | None = None  # rank 0's, from use_service
 
@@ -103,6 +105,8 @@ class LearnerRank:
         except BaseException as exc:  # its weights call then raises too, instead of waiting for ever
             if self.rank == 0:
                 self.exports.fail(step, f"{type(exc).__name__}: {str(exc)[:300]}")
+                if self._lending is not None:  # exported in place, but never handed on
+                    self.sender.withdraw(self._lending)
             raise
 
     def _step(self, holder: list, step: int) -> StepOutcome | None:
@@ -114,7 +118,18 @@ class LearnerRank:
             ref = self.service.process.remote(step, holder, proximal_BT, self.core.policy_version)
             return lambda: ray.get(ref)
 
-        outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None)
+        # with a shared-memory generation rank 0 exports straight into the segment the workers copy from
+        # (one full copy of the weights fewer per version); that version is lent until Ray has copied it
+        # into the object store, which :meth:`weights` reports (``BroadcastSender.release``)
+        self._lending = None
+
+        def into(sizes: dict[str, int]):
+            views = self.sender.arena(sizes, self.core.policy_version)
+            self._lending = self.core.policy_version if views is not None else None
+            return views
+
+        into = into if self.sender is not None else None
+        outcome = run_step(self.core, batch, self.rank, self.world_size, correct if self.rank == 0 else None, into)
         if self.rank != 0:
             return None
         sync = {"payload_bytes": outcome.payload.num_bytes}
@@ -128,8 +143,16 @@ class LearnerRank:
         """Rank 0: policy version ``step``'s weights, returned once its step has exported them. A separate
         call on a thread of its own, so Ray's copy of them into the object store overlaps the next step
         instead of delaying its start; the caller (the driver) owns the result and hands the reference
-        to the rollout workers unread. Raises if that step failed."""
-        return self.exports.take(step)
+        to the rollout workers unread. Raises if that step failed.
+
+        One thread runs these calls, and Ray stores a call's return before the next call starts: so
+        the payload the previous call returned has been copied out by now, and may be released (it
+        may be made of views of the broadcast's shared segment, which its next version rewrites)."""
+        if self.sender is not None and self._returned is not None:
+            self.sender.release(self._returned)
+        payload = self.exports.take(step)
+        self._returned = payload.policy_version
+        return payload
 
     def open_broadcast(self, number: int, world_size: int) -> GroupAddress:
         """Rank 0 with ``weight_sync.type=collective``: host broadcast generation ``number`` on this node

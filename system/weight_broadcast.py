@@ -68,16 +68,26 @@ class GroupAddress:
     shared_memory: bool = False
 
 
+def offsets(sizes: dict[str, int]) -> tuple[dict[str, int], int]:
+    """Where each array of ``sizes`` (name -> bytes) starts in the flat data (names in sorted order,
+    each at a multiple of ``ALIGN``), and the data's size: the layout of :func:`layout` and of
+    :meth:`WeightBroadcast.arena`."""
+    starts, offset = {}, 0
+    for name in sorted(sizes):
+        offset = -(-offset // ALIGN) * ALIGN
+        starts[name] = offset
+        offset += int(sizes[name])
+    return starts, offset
+
+
 def layout(payload: WeightPayload) -> tuple[dict, int]:
     """The header (JSON-ready) and the data size of ``payload``: arrays in name order, 64-byte aligned."""
-    entries, offset = [], 0
-    for name in sorted(payload.arrays):
-        arr = np.asarray(payload.arrays[name])
-        offset = -(-offset // ALIGN) * ALIGN
-        entries.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset,
-                        "nbytes": int(arr.nbytes), "torch_dtype": payload.dtypes[name]})
-        offset += int(arr.nbytes)
-    return {"policy_version": payload.policy_version, "arrays": entries, "nbytes": offset}, offset
+    arrays = {name: np.asarray(a) for name, a in payload.arrays.items()}
+    starts, nbytes = offsets({name: a.nbytes for name, a in arrays.items()})
+    entries = [{"name": name, "dtype": arrays[name].dtype.str, "shape": list(arrays[name].shape),
+                "offset": starts[name], "nbytes": int(arrays[name].nbytes), "torch_dtype": payload.dtypes[name]}
+               for name in sorted(arrays)]
+    return {"policy_version": payload.policy_version, "arrays": entries, "nbytes": nbytes}, nbytes
 
 
 def unpack(header: dict, data: np.ndarray) -> WeightPayload:
@@ -132,6 +142,7 @@ class WeightBroadcast:
         except RuntimeError as exc:  # the store's timeout, or gloo: a peer closed its connection
             raise BroadcastFailed(f"{self._what()} could not form its group: {exc}") from exc
         self._segment: SharedSegment | None = None
+        self._announced = True  # member 0: its segment's name was announced (and then removed)
         self._buffers: list[tuple[np.ndarray, torch.Tensor]] = []  # a receiver's data buffers, reused once free
         self.buffers_made = 0
         self.shared = bool(address.shared_memory) and self._agree_on_shared_memory(prefixed)
@@ -214,15 +225,42 @@ class WeightBroadcast:
         self._broadcast(torch.tensor([encoded.size], dtype=torch.int64))
         self._broadcast(torch.from_numpy(encoded))
 
+    def _own_segment(self, nbytes: int) -> None:
+        """Member 0: a segment of at least ``nbytes`` (a new one when the current is smaller; raises
+        ``OSError`` when ``/dev/shm`` cannot hold it). A new segment's name is removed once its first
+        version has been announced and every member has mapped it."""
+        if self._segment is None or self._segment.size < nbytes:
+            self._drop_segment()
+            self._segment = SharedSegment(shared_segment.new_name(), max(nbytes, 1), create=True)
+            self._announced = False
+
+    def arena(self, sizes: dict[str, int]) -> dict[str, np.ndarray] | None:
+        """Member 0 of a shared generation: where the next version's arrays go in the segment, one
+        writable uint8 view per name of ``sizes`` (name -> bytes), at the offsets :func:`layout` will
+        give a payload with those arrays. A payload whose arrays ARE these views is sent without
+        writing it (:func:`fill` skips an array already in place): learner rank 0 exports straight
+        into them and saves one full copy of the weights per version. None when this generation does
+        not share memory, or the segment cannot be made. The views are valid until the next
+        :meth:`arena` or :meth:`send` of a different payload, which may rewrite the segment; keeping
+        the payload readable that long (Ray's copy of it into the object store, for one) is the
+        caller's part (``system.weight_generations.BroadcastSender``)."""
+        if self.rank != 0 or not self.shared:
+            return None
+        starts, nbytes = offsets(sizes)
+        try:
+            self._own_segment(nbytes)
+        except OSError as exc:
+            self._stop_sharing(f"the shared weight segment could not be made ({exc})")
+            return None
+        data = self._segment.array
+        return {name: data[starts[name]:starts[name] + int(sizes[name])] for name in sizes}
+
     def _send_shared(self, payload: WeightPayload, header: dict, nbytes: int) -> int:
         """The data through the shared segment (a new, larger one when it does not fit). When the
         segment cannot be made or filled (``/dev/shm`` full), or a worker could not read it, this
         version goes again over the sockets, and so does every later one of this generation."""
-        fresh = self._segment is None or self._segment.size < nbytes
         try:
-            if fresh:
-                self._drop_segment()
-                self._segment = SharedSegment(shared_segment.new_name(), max(nbytes, 1), create=True)
+            self._own_segment(nbytes)
             fill(self._segment.array[:nbytes], header, payload)
         except OSError as exc:
             self._stop_sharing(f"the shared weight segment could not be written ({exc})")
@@ -232,8 +270,9 @@ class WeightBroadcast:
             self._send_header(header)
             ok = self._all_ok(True)
         finally:
-            if fresh:  # every member has mapped it now (or failed): the name is no longer needed
+            if not self._announced:  # every member has mapped it now (or failed): the name is no longer needed
                 self._segment.unlink()
+                self._announced = True
         if not ok:
             self._stop_sharing(f"a worker could not read the shared weight segment {header['shm']}")
             return self.send(payload)
@@ -245,6 +284,11 @@ class WeightBroadcast:
         if self.rank == 0:
             log.warning("weight broadcast: %s; this generation sends over gloo from now on", reason)
         self.shared = False
+        self._drop_segment()
+
+    def leave_segment(self) -> None:
+        """Member 0: write no more into the current segment (whoever holds views of it keeps them, and
+        the mapping with them); the next version takes a new one."""
         self._drop_segment()
 
     def _drop_segment(self) -> None:
@@ -327,15 +371,23 @@ class WeightBroadcast:
 
 def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> None:
     """Write ``payload``'s arrays into the flat ``dst`` (uint8, ``header["nbytes"]``) at the header's
-    offsets (``shared_segment.copy_pieces``), the alignment gaps zeroed."""
+    offsets (``shared_segment.copy_pieces``), the alignment gaps zeroed. An array that already is
+    its place in ``dst`` (exported into :meth:`WeightBroadcast.arena`) is not copied."""
     end, pairs = 0, []
     for e in header["arrays"]:
         dst[end:e["offset"]] = 0
         raw = np.ascontiguousarray(payload.arrays[e["name"]]).reshape(-1).view(np.uint8)
-        pairs.append((dst[e["offset"]:e["offset"] + e["nbytes"]], raw))
+        place = dst[e["offset"]:e["offset"] + e["nbytes"]]
+        if not _same_bytes(place, raw):
+            pairs.append((place, raw))
         end = e["offset"] + e["nbytes"]
     dst[end:] = 0
     shared_segment.copy_pieces(pairs)
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two flat uint8 arrays are the same memory (start and length)."""
+    return a.size == b.size and (a.size == 0 or a.ctypes.data == b.ctypes.data)
 
 
 def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:

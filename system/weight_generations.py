@@ -9,6 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from system import shared_segment
 from system.weight_broadcast import BroadcastFailed, GroupAddress, WeightBroadcast, host_store
 from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
@@ -25,6 +27,14 @@ class BroadcastSender:
     :meth:`send` broadcasts a version if the current generation is connected, and otherwise skips
     it (the workers then load that version from the object store): the learner never waits for a
     generation to form, only for a broadcast in progress. A failed broadcast drops the generation.
+
+    Export in place (:meth:`arena`, full versions over a shared segment only): learner rank 0
+    writes version v straight into the segment, and the payload it hands on (Ray's copy of it into
+    the object store, made on another thread after :meth:`send`) is made of views of the segment.
+    So v is *lent* until the caller says it is no longer read (:meth:`release`), and nothing
+    rewrites the segment before that: the next :meth:`arena` or a :meth:`send` of another payload
+    waits for the release up to ``lend_wait_s``, then moves to a new segment (the old memory stays
+    mapped by v's views until they go).
     """
 
     def __init__(self, timeout_s: float = 60.0, chunk_bytes: int = 64 << 20,
@@ -37,13 +47,19 @@ class BroadcastSender:
         self._connecting: threading.Thread | None = None
         self._result: dict = {}
         self._number = 0  # the generation connected or connecting (its number from ``open``)
+        self._join_failed = 0  # a generation that never formed, not yet reported by ``send``
+        self._lend = threading.Condition()
+        self._lent: int | None = None  # the version exported into the segment, until released
+        self._released = -1  # every version up to this one is no longer read
+        self.lend_wait_s = 10.0
+        self.moved_segments = 0  # times the segment was still lent when it had to be written
 
     def open(self, name: str, world_size: int, host: str, number: int = 0) -> GroupAddress:
         """Host generation ``name`` of ``world_size`` members (this one and ``world_size - 1`` workers);
         ``number`` identifies it in the metrics (``broadcast_generation``), so the caller can tell a
         late failure report of an older generation from one of the newest."""
         self.close()
-        self._number = number
+        self._number, self._join_failed = number, 0
         if self.encoder is not None:
             self.encoder.reset()  # a new generation starts from the full weights
         store, port = host_store(host, self.timeout_s)
@@ -60,17 +76,63 @@ class BroadcastSender:
         self._connecting.start()
         return address
 
-    def send(self, payload: WeightPayload) -> dict:
-        """Broadcast ``payload`` if a generation is connected; the ``weight_sync/...`` metrics of the step."""
-        join_failed = 0
+    def _settle(self) -> WeightBroadcast | None:
+        """The connected generation, once its forming thread has ended (None while it forms or when it failed)."""
         if self._connecting is not None and not self._connecting.is_alive():
             self._group, self._connecting = self._result.get("group"), None
-            join_failed = int("error" in self._result)  # a member never joined: reported once, so the
+            self._join_failed = int("error" in self._result)  # reported once by ``send``, so the
             # controller forms a new generation instead of serving every later version from the object store
+        return self._group
+
+    def arena(self, sizes: dict[str, int], version: int) -> dict[str, np.ndarray] | None:
+        """Where version ``version``'s arrays go in the connected generation's shared segment, one
+        writable uint8 view per name of ``sizes`` (name -> bytes; ``WeightBroadcast.arena``), lent
+        until :meth:`release` of ``version``. None (export as usual) without a connected generation
+        sharing memory, or with an encoder (deltas are not the exported arrays)."""
+        if self.encoder is not None or self._settle() is None or not self._group.shared:
+            return None
+        self._before_rewrite()
+        views = self._group.arena(sizes)
+        with self._lend:
+            self._lent = version if views is not None else None
+        return views
+
+    def release(self, version: int) -> None:
+        """Versions up to ``version`` are no longer read by anyone: the segment may be rewritten."""
+        with self._lend:
+            self._released = max(self._released, version)
+            self._lend.notify_all()
+
+    def withdraw(self, version: int) -> None:
+        """Version ``version`` was lent but will not be handed on (its step failed): nobody reads it.
+        (Earlier versions stay lent until released: only one is lent at a time, and :meth:`arena`
+        waited for the one before.)"""
+        with self._lend:
+            if self._lent == version:
+                self._lent = None
+
+    def _before_rewrite(self) -> None:
+        """Wait until the lent version (if any) is released; after ``lend_wait_s``, leave the segment to
+        its readers and let the group make a new one."""
+        with self._lend:
+            if self._lent is None:
+                return
+            released = self._lend.wait_for(lambda: self._released >= self._lent, self.lend_wait_s)
+            self._lent = None
+        if not released and self._group is not None:
+            self.moved_segments += 1
+            self._group.leave_segment()
+
+    def send(self, payload: WeightPayload) -> dict:
+        """Broadcast ``payload`` if a generation is connected; the ``weight_sync/...`` metrics of the step."""
+        self._settle()
+        join_failed, self._join_failed = self._join_failed, 0
         if self._group is None:
             return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
                     "broadcast_failed": join_failed, "broadcast_shared_memory": 0,
                     "broadcast_generation": self._number}
+        if self._lent is not None and self._lent != payload.policy_version:
+            self._before_rewrite()  # this payload is not in the segment: writing it there must wait
         started = time.perf_counter()
         receivers = self._group.world_size - 1
         wire = self.encoder.encode(payload) if self.encoder is not None else payload
@@ -96,8 +158,10 @@ class BroadcastSender:
 
     def close(self) -> None:
         if self._group is not None:
-            self._group.close()
+            self._group.close()  # a lent version keeps its memory through its views
         self._group, self._connecting = None, None
+        with self._lend:
+            self._lent = None
 
 
 class BroadcastReceiver:

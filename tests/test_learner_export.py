@@ -3,6 +3,7 @@
 The sharded 2-rank export runs in ``test_learner_fsdp``.
 """
 
+import numpy as np
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -30,6 +31,66 @@ def test_export_is_bf16_state_dict_with_head(tie):
         torch.testing.assert_close(exported[name], weight.to(torch.bfloat16), rtol=0, atol=0, msg=name)
     if tie:
         torch.testing.assert_close(exported["lm_head.weight"], exported["model.embed_tokens.weight"])
+
+
+def _arena():
+    """An ``into`` for ``export_weights`` over one flat buffer laid out as the broadcast lays out a
+    payload (``weight_broadcast.offsets``). Returns ``(into, {"buffer": ...}, the sizes asked for)``."""
+    from system.weight_broadcast import offsets
+
+    asked, held = {}, {}
+
+    def into(sizes):
+        asked.update(sizes)
+        starts, nbytes = offsets(sizes)
+        held["buffer"] = np.full(nbytes, 0xAB, dtype=np.uint8)  # not zeros: a skipped copy would show
+        return {n: held["buffer"][starts[n]:starts[n] + sizes[n]] for n in sizes}
+
+    return into, held, asked
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_an_export_into_given_memory_has_the_same_bits_and_lives_there(tie):
+    model = _model(tie)
+    plain = export_weights(model, policy_version=3)
+    into, held, asked = _arena()
+    placed = export_weights(model, policy_version=3, into=into)
+    # asked for exactly the arrays the payload holds, with their sizes (bf16: 2 bytes an element)
+    assert asked == {n: a.nbytes for n, a in plain.arrays.items()}
+    assert "lm_head.weight" in asked and asked["lm_head.weight"] == 32 * 32 * 2
+    for name, arr in plain.arrays.items():
+        assert np.array_equal(placed.arrays[name], arr), name
+        assert np.shares_memory(placed.arrays[name], held["buffer"]), name  # no copy of its own
+    if tie:  # the head has its own place, holding the embedding's bits
+        head, embed = placed.arrays["lm_head.weight"], placed.arrays["model.embed_tokens.weight"]
+        assert not np.shares_memory(head, embed) and np.array_equal(head, embed)
+
+
+def test_an_export_whose_arrays_differ_from_what_it_announced_owns_its_memory():
+    # the export announced a and b (their places laid out for those two), but holds a and c: no array
+    # may stay at an offset the broadcast would not expect, so the one assembled in place is copied out
+    from system.learner.export import _placed
+
+    flat = torch.zeros(128, dtype=torch.uint8)
+    dests = {"a": flat[0:8], "b": flat[64:72]}
+    a = dests["a"].view(torch.bfloat16)  # assembled in place by the gather
+    a.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16))
+    c = torch.tensor([5, 6], dtype=torch.int32)
+    out = _placed({"a": a, "c": c}, dests, {"a": 8, "b": 8})
+    assert out["a"].tolist() == [1.0, 2.0, 3.0, 4.0] and out["c"] is c
+    assert not (flat.data_ptr() <= out["a"].data_ptr() < flat.data_ptr() + 128)
+    # announced right: every array in its place (c copied there), the bits unchanged
+    dests["c"] = flat[64:72]
+    out = _placed({"a": a, "c": c}, {"a": dests["a"], "c": dests["c"]}, {"a": 8, "c": 8})
+    assert out["a"].data_ptr() == flat.data_ptr() and out["c"].data_ptr() == flat.data_ptr() + 64
+    assert out["c"].tolist() == [5, 6] and flat[64:72].view(torch.int32).tolist() == [5, 6]
+
+
+def test_an_export_given_no_memory_is_the_plain_one():
+    model = _model(True)
+    plain = export_weights(model, policy_version=1)
+    none = export_weights(model, policy_version=1, into=lambda sizes: None)
+    assert all(np.array_equal(none.arrays[n], a) for n, a in plain.arrays.items()) and none.arrays.keys() == plain.arrays.keys()
 
 
 def test_tied_head_is_filled_in_when_the_state_omits_it():
@@ -72,8 +133,14 @@ def _sharded_export_main(rank, world_size, port, out_path):
     packed = gather_state_bf16(kept)
     bucketed = gather_state_bf16(module.state_dict(keep_vars=True), bucket_bytes=40)  # four gathers: [a], [b, c], [d], [z] (see below)
     reference = full_state_dict(module)
+    # rank 0 assembles each gathered tensor in the memory given for it (by name, flat bytes)
+    flat = torch.zeros(64 * 8, dtype=torch.uint8)
+    dests = {"a": flat[0:30], "d": flat[64:64 + 56]} if rank == 0 else {}  # 5x3 and 7x2x2 bf16
+    into = gather_state_bf16(module.state_dict(keep_vars=True), into=dests)
     if rank == 0:
-        torch.save({"packed": packed, "bucketed": bucketed, "reference": reference}, out_path)
+        for name, dest in dests.items():
+            assert into[name].data_ptr() == dest.data_ptr(), name  # assembled there
+        torch.save({"packed": packed, "bucketed": bucketed, "into": into, "reference": reference}, out_path)
     else:
         assert packed is None and bucketed is None
     distributed.destroy_process_group(barrier=True)
@@ -93,7 +160,7 @@ def test_one_collective_gather_equals_the_per_parameter_full_state_dict(tmp_path
     assert [p.exitcode for p in procs] == [0, 0, 0]
     saved = torch.load(out)
     reference = saved["reference"]
-    for packed in (saved["packed"], saved["bucketed"]):
+    for packed in (saved["packed"], saved["bucketed"], saved["into"]):
         assert list(packed) == list(reference), (list(packed), list(reference))
         assert set(packed) == {"a", "b", "c", "d", "tied", "z", "scale", "steps"}
         for name, full in reference.items():

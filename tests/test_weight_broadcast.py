@@ -81,16 +81,26 @@ def _sabotage(kind: str) -> None:
 
 def _member(rank: int, address: GroupAddress, versions: list[int], results, die_after_header: bool = False,
             blind: bool = False, hold: bool = False, sabotage: str | None = None, timeout_s: float = 15.0,
-            gap_s: float = 0.0, started=None) -> None:
+            gap_s: float = 0.0, started=None, in_place: bool = False) -> None:
     """``hold``: keep one array of every payload received and check them all at the end (a buffer still
     referenced is never reused for a later version); every member reports its ``shared`` flag when
-    the group has formed and, at the end, how it ended (``shared`` again, buffers made)."""
+    the group has formed and, at the end, how it ended (``shared`` again, buffers made). ``in_place``
+    (member 0): write each version into ``arena`` views first (as learner rank 0 exports) and report
+    how many bytes ``send`` then copied."""
     faulthandler.dump_traceback_later(75, exit=True)  # a member that hangs: its stacks in the test's output
     if blind:  # this worker does not see member 0's /dev/shm (as in a container of its own)
         shared_segment.probe_token = lambda announced: False
     if sabotage:
         _sabotage(sabotage)
-    held = []
+    held, copied, lent = [], [0], []
+    if in_place:
+        real_copy = shared_segment.copy_pieces
+
+        def counting(pairs, threads=2):
+            copied[0] += sum(src.size for _, src in pairs)
+            real_copy(pairs, threads)
+
+        shared_segment.copy_pieces = counting
     if started is not None:  # every member imported: a short timeout_s bounds the forming, not an import
         started.wait(60)
     try:
@@ -100,7 +110,16 @@ def _member(rank: int, address: GroupAddress, versions: list[int], results, die_
             if rank == 0:
                 if i:
                     time.sleep(gap_s)  # a long learner step between two versions
-                group.send(payload_of(v))
+                payload = payload_of(v)
+                views = group.arena({n: a.nbytes for n, a in payload.arrays.items()}) if in_place else None
+                lent.append(views is not None)
+                if views is not None:  # the payload made of the views, holding its values
+                    arrays = {}
+                    for n, a in payload.arrays.items():
+                        views[n][:] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                        arrays[n] = views[n].view(a.dtype).reshape(a.shape)
+                    payload = WeightPayload(v, arrays, payload.dtypes)
+                group.send(payload)
                 results.put((rank, v, "sent"))
             elif die_after_header:
                 size = torch.zeros(1, dtype=torch.int64)
@@ -113,6 +132,8 @@ def _member(rank: int, address: GroupAddress, versions: list[int], results, die_
         for v, positions in held:
             results.put((rank, v, "ok" if np.array_equal(positions, np.arange(7) * v) else "corrupt"))
         results.put((rank, -2, f"end shared={group.shared} buffers={group.buffers_made}"))
+        if in_place:
+            results.put((rank, -3, f"lent={lent} copied={copied[0]}"))
         group.close()
     except BroadcastFailed as exc:
         results.put((rank, -1, f"failed: {str(exc)[:200]}"))
@@ -179,6 +200,23 @@ def test_two_workers_receive_every_version_bit_for_bit(shared):
     assert delivered(out) == expected(versions)
     assert ends(out)[1] == f"end shared={shared} buffers=2" and ends(out)[2] == f"end shared={shared} buffers=4"
     assert segments(pids) == set()  # every name removed once mapped
+
+
+@pytest.mark.parametrize("shared", SHARED, ids=["sockets", "shared-memory"])
+def test_a_version_exported_into_the_segment_is_sent_without_a_copy(shared):
+    # member 0 writes each version into the views ``arena`` gives (version 3 is larger: a new
+    # segment); the workers get every version bit for bit, and ``send`` copied none of its bytes.
+    # Over the sockets there is no segment: ``arena`` gives nothing and the payload goes as usual.
+    versions = [1, 2, 1, 3]
+    out, codes, pids = run_generation({0: {"in_place": True}, 1: {}, 2: {"hold": True}}, versions, "gen1", shared)
+    assert codes == {0: 0, 1: 0, 2: 0}
+    assert delivered(out) == expected(versions)
+    report = next(status for r, v, status in out if r == 0 and v == -3)
+    if shared:
+        assert report == "lent=[True, True, True, True] copied=0"
+    else:
+        assert report.startswith("lent=[False, False, False, False]")
+    assert segments(pids) == set()  # a segment made by ``arena`` loses its name once announced, too
 
 
 @pytest.mark.parametrize("shared", SHARED, ids=["sockets", "shared-memory"])

@@ -34,7 +34,7 @@ import torch
 from system.config.run import RunConfig
 from system.learner import checkpoint, distributed
 from system.learner.batch import LearnerBatch
-from system.learner.export import export_weights
+from system.learner.export import ExportInto, export_weights
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.logprobs import Sampling
 from system.learner.model import build_fsdp_model
@@ -130,9 +130,10 @@ class LearnerCore:
         metrics["policy_version"] = float(self._policy_version)
         return metrics
 
-    def export_weights(self) -> WeightPayload | None:
-        """bf16 full weights of the current version on rank 0; None on the other ranks."""
-        return export_weights(self.model, self._policy_version)
+    def export_weights(self, into: ExportInto | None = None) -> WeightPayload | None:
+        """bf16 full weights of the current version on rank 0; None on the other ranks (``into``: where
+        rank 0 may export them, ``system.learner.export.export_weights``)."""
+        return export_weights(self.model, self._policy_version, into)
 
     def save_checkpoint(self, path: str) -> None:
         """Write a DCP checkpoint (collective); a model with a non-finite parameter on any rank is

@@ -19,7 +19,9 @@ embeddings leave it out of its state dict, it is filled in from ``model.embed_to
 """
 
 import math
+from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -87,8 +89,8 @@ def first_names(state: dict[str, torch.Tensor]) -> dict[str, str]:
     return {name: first.setdefault(id(t), name) for name, t in state.items()}
 
 
-def gather_state_bf16(state: dict[str, torch.Tensor],
-                      bucket_bytes: int = GATHER_BUCKET_BYTES) -> dict[str, torch.Tensor] | None:
+def gather_state_bf16(state: dict[str, torch.Tensor], bucket_bytes: int = GATHER_BUCKET_BYTES,
+                      into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor] | None:
     """A model's full ``state`` (its ``state_dict()``) on rank 0 (CPU; floating tensors cast to
     bf16), None on the others, by one gather per bucket of at most ``bucket_bytes`` (one bucket
     for small models). Collective; every tensor must be :func:`_packable`, which
@@ -97,6 +99,8 @@ def gather_state_bf16(state: dict[str, torch.Tensor],
     Rank r's buffer for a bucket: for each sharded tensor in it (state-dict order), its local
     chunk cast, padded to ``ceil(dim0 / W)`` rows, as bytes; every rank's buffer has the same
     length. Plain tensors (buffers, unsharded parameters) are not sent: rank 0 has them.
+    ``into`` (rank 0): flat uint8 destinations by name; a gathered tensor whose destination has its
+    size is assembled there (and returned as a view of it) instead of in new memory.
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -131,8 +135,12 @@ def gather_state_bf16(state: dict[str, torch.Tensor],
         for i in bucket:
             name, shape, dtype, chunk = layout[i]
             row_bytes = math.prod(shape[1:]) * dtype.itemsize
-            data = torch.cat([p[offset:offset + _chunk_rows(shape[0], world, r) * row_bytes]
-                              for r, p in enumerate(parts)])
+            pieces = [p[offset:offset + _chunk_rows(shape[0], world, r) * row_bytes] for r, p in enumerate(parts)]
+            dest = (into or {}).get(name)
+            if dest is not None and dest.numel() == math.prod(shape) * dtype.itemsize:
+                data = torch.cat(pieces, out=dest)
+            else:
+                data = torch.cat(pieces)
             offset += chunk * row_bytes
             full[name] = data.view(dtype).reshape(shape)
     if rank != 0:
@@ -157,15 +165,60 @@ def _with_head(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, to
     return {**state, _HEAD: state[names[0]]}
 
 
-def export_weights(model: nn.Module, policy_version: int) -> WeightPayload | None:
-    """The bf16 payload on rank 0, None elsewhere. Collective: call on every rank."""
+def _export_sizes(local: dict[str, torch.Tensor], model: nn.Module) -> dict[str, int]:
+    """The bytes of each array the export will hold, from the (sharded) state: full shapes, bf16 for
+    floating tensors, the head :func:`_with_head` adds when the state has none."""
+    sizes = {name: t.numel() * (EXPORT_DTYPE if t.is_floating_point() else t.dtype).itemsize for name, t in local.items()}
+    embeds = [k for k in local if k.endswith("embed_tokens.weight")]
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if _HEAD not in sizes and tied and len(embeds) == 1:
+        sizes[_HEAD] = sizes[embeds[0]]
+    return sizes
+
+
+def _placed(cast: dict[str, torch.Tensor], dests: dict[str, torch.Tensor], sizes: dict[str, int]) -> dict:
+    """``cast`` with every tensor in its destination (copied there unless the gather assembled it there
+    already). Only when the export holds exactly the arrays ``sizes`` announced (the destinations'
+    offsets were laid out for those): otherwise every tensor left in a destination is copied out, so
+    the payload owns its memory and nothing of it sits at an offset the broadcast did not expect."""
+    final = {k: v.numel() * v.element_size() for k, v in cast.items()}
+    if final != sizes:
+        return {k: v.clone() if _inside(v, dests) else v for k, v in cast.items()}
+    placed = {}
+    for name, t in cast.items():
+        dest = dests[name]
+        if t.data_ptr() != dest.data_ptr():
+            dest.copy_(_as_bytes(t))
+        placed[name] = dest.view(t.dtype).reshape(t.shape)
+    return placed
+
+
+def _inside(t: torch.Tensor, dests: dict[str, torch.Tensor]) -> bool:
+    """Whether ``t``'s data starts inside one of the (flat uint8) destinations."""
+    return t.numel() > 0 and any(d.data_ptr() <= t.data_ptr() < d.data_ptr() + d.numel() for d in dests.values())
+
+
+ExportInto = Callable[[dict[str, int]], "dict[str, np.ndarray] | None"]
+"""Given the bytes of each array an export will hold, flat writable uint8 arrays to export into (or None)."""
+
+
+def export_weights(model: nn.Module, policy_version: int, into: ExportInto | None = None) -> WeightPayload | None:
+    """The bf16 payload on rank 0, None elsewhere. Collective: call on every rank.
+
+    ``into`` (rank 0): given the bytes of each array the payload will hold (name -> bytes), returns a
+    writable flat uint8 array per name to export into (``system.weight_generations.BroadcastSender
+    .arena``: the shared segment the broadcast reads), or None; the payload's arrays are then views
+    of those arrays, with the same bits as an export into new memory."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     local = model.state_dict(keep_vars=True)  # the parameters themselves: tied names are one object
     packable = all(_packable(t, world) for t in local.values())  # the same answer on every rank
-    state = gather_state_bf16(local) if packable else full_state_dict(model)
+    sizes = _export_sizes(local, model) if rank == 0 and into is not None else {}
+    views = into(sizes) if sizes else None
+    dests = {name: torch.from_numpy(v) for name, v in views.items()} if views else {}
+    state = gather_state_bf16(local, into=dests) if packable else full_state_dict(model)
     if rank != 0:
         return None
     state = _with_head(state, model)
     cast = {k: v.to(EXPORT_DTYPE) if v.is_floating_point() else v for k, v in state.items()}
-    return encode_weights(cast, policy_version)
+    return encode_weights(_placed(cast, dests, sizes) if dests else cast, policy_version)

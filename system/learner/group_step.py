@@ -32,6 +32,7 @@ import numpy as np
 from system.correction.ratios import valid_tokens
 from system.learner import distributed
 from system.learner.batch import LearnerBatch, rows_in_rank_order, shard_batch, shard_rows
+from system.learner.export import ExportInto
 from system.learner.step import LossNormalisers, loss_normalisers
 from system.learner.step_outcome import StepOutcome
 
@@ -53,10 +54,12 @@ def nonfinite_proximal_tokens(mask_BT: np.ndarray, behaviour_BT: np.ndarray, pro
     return int((valid_tokens(mask_BT, behaviour_BT) & broken_BT).sum())
 
 
-def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Correct | None) -> StepOutcome:
+def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Correct | None,
+             export_into: ExportInto | None = None) -> StepOutcome:
     """Steps 1-5 of the module docstring on this rank (collective: every rank calls it together).
 
-    ``core`` is this rank's ``LearnerCore``; ``correct`` is called on rank 0 only (None elsewhere).
+    ``core`` is this rank's ``LearnerCore``; ``correct`` is called on rank 0 only (None elsewhere);
+    ``export_into``: where rank 0 may export the new weights (``system.learner.export.export_weights``).
     """
     if (rank == 0) != (correct is not None):
         raise ValueError("rank 0, and only rank 0, needs the correction call")
@@ -95,7 +98,7 @@ def run_step(core, batch: LearnerBatch, rank: int, world_size: int, correct: Cor
     learner["nonfinite_proximal_tokens"] = float(
         nonfinite_proximal_tokens(resp.mask_BT, resp.behaviour_BT, proximal_BT, core.sampling.truncates))
     t3 = time.perf_counter()
-    payload = core.export_weights()
+    payload = core.export_weights(export_into)
     t4 = time.perf_counter()
     # correction: starting the call + waiting for it (+ the broadcast); update: the rest of the update
     return StepOutcome(learner=learner, correction=dict(got["correction"]),
