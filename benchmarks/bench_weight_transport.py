@@ -10,7 +10,18 @@ For each size (bf16 parameters: 0.1 / 0.5 / 1.5 B by default) and each worker co
 * ``collective_shm``: the same group with ``shared_memory`` (what ``weight_sync.type=collective``
   does when every worker is on learner rank 0's host): the sender writes the data into a shared
   segment, each receiver copies it out, an all-reduce says all copies are done;
+* ``collective_shm_inplace``: the same shared group, but the sender writes each version straight
+  into the segment (``WeightBroadcast.arena``, what learner rank 0's export does), so ``send`` copies
+  nothing; its seconds INCLUDE that write (the export's own work), which the other rows leave out:
+  every collective row also reports ``produce_seconds``, the sender's write of the version (into fresh arrays
+  for the other transports, timed before the sync), so ``seconds`` here compares with
+  ``seconds + produce_seconds`` of ``collective_shm`` as well as with its ``seconds`` alone;
 * ``memcpy``: ``np.copyto`` of the same bytes in one process, the reference bandwidth.
+
+For the three collective rows, ``export_plus_sync_seconds`` is the version's write plus the sync
+(what a learner pays from the optimizer step until every worker holds the version), and
+``sync_only_fraction_of_memcpy`` the sync's share alone (for the in-place row: its seconds minus the
+write into the segment, which every transport's export does in some form).
 
 Reported per cell: the median seconds of a sync (after one warm-up), bytes moved, and the
 per-worker bandwidth as a fraction of memcpy's. Synthetic payloads shaped like a transformer
@@ -42,7 +53,7 @@ from system.weight_broadcast import GroupAddress, WeightBroadcast  # noqa: E402
 from system.weight_payload import WeightPayload  # noqa: E402
 
 GB = 1e9
-TRANSPORTS = ("object_store", "collective", "collective_shm")
+TRANSPORTS = ("object_store", "collective", "collective_shm", "collective_shm_inplace")
 
 
 def make_payload(params: float) -> WeightPayload:
@@ -62,15 +73,39 @@ def memcpy_seconds(nbytes: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def _sender(address: GroupAddress, params: float, rounds: int, times) -> None:
-    payload = make_payload(params)
+def _produce(source: WeightPayload, into: dict[str, np.ndarray] | None) -> WeightPayload:
+    """A new version of ``source`` written array by array (what an export does): into fresh arrays,
+    or into ``into``'s uint8 places (the shared segment's arena)."""
+    arrays = {}
+    for name, src in source.arrays.items():
+        dst = np.empty_like(src) if into is None else into[name].view(src.dtype).reshape(src.shape)
+        np.copyto(dst, src)
+        arrays[name] = dst
+    return WeightPayload(policy_version=source.policy_version, arrays=arrays, dtypes=source.dtypes)
+
+
+def _sender(address: GroupAddress, params: float, rounds: int, times, inplace: bool = False) -> None:
+    source = make_payload(params)
+    sizes = {name: a.nbytes for name, a in source.arrays.items()}
     group = WeightBroadcast(address, 0, timeout_s=300.0)
     for _ in range(rounds):
+        produce_s = 0.0
+        payload = None  # the previous version goes first: one alive at a time, as on learner rank 0
+        if not inplace:  # the version exists before the sync starts, as an export's result does
+            t0 = time.perf_counter()
+            payload = _produce(source, None)
+            produce_s = time.perf_counter() - t0
         group._broadcast(_zero())  # a barrier: every receiver is ready for the round
         t0 = time.perf_counter()
+        if inplace:
+            arena = group.arena(sizes)
+            if arena is None:
+                raise RuntimeError("the shared segment could not be made: no in-place variant to measure")
+            payload = _produce(source, arena)
+            produce_s = time.perf_counter() - t0
         group.send(payload)
         group._broadcast(_zero())  # the receivers hold their copy (they reach this after receive())
-        times.put(time.perf_counter() - t0)
+        times.put((time.perf_counter() - t0, produce_s))
 
 
 def _receiver(address: GroupAddress, rank: int, rounds: int) -> None:
@@ -87,12 +122,14 @@ def _zero():
     return torch.zeros(1, dtype=torch.int64)
 
 
-def collective_seconds(params: float, workers: int, repeats: int, shared: bool = False) -> list[float]:
+def collective_seconds(params: float, workers: int, repeats: int, shared: bool = False,
+                       inplace: bool = False) -> list[tuple[float, float]]:
+    """(seconds of a sync, seconds the sender spent writing the version) per round after the warm-up."""
     ctx = mp.get_context("spawn")
     times = ctx.Queue()
     address = GroupAddress("127.0.0.1", find_free_port(), f"bench-{workers}", workers + 1, shared)
     rounds = repeats + 1
-    procs = [ctx.Process(target=_sender, args=(address, params, rounds, times))]
+    procs = [ctx.Process(target=_sender, args=(address, params, rounds, times, inplace))]
     procs += [ctx.Process(target=_receiver, args=(address, r, rounds)) for r in range(1, workers + 1)]
     for p in procs:
         p.start()
@@ -148,6 +185,36 @@ def _mem_available() -> int:
     return 8 << 30
 
 
+def measure(transport: str, params: float, workers: int, nbytes: int, copy_s: float, repeats: int) -> dict:
+    """One cell: ``transport`` moving a ``params`` (billions) payload to ``workers`` workers."""
+    if transport == "object_store":
+        times = object_store_seconds(params * 1e9, workers, repeats)
+        produce = None
+    else:
+        pairs = collective_seconds(params * 1e9, workers, repeats, transport != "collective",
+                                   transport == "collective_shm_inplace")
+        times, produce = [t for t, _ in pairs], [p for _, p in pairs]
+    sec = statistics.median(times)
+    row = {"params_b": params, "workers": workers, "transport": transport, "bytes_per_worker": nbytes,
+           "seconds": sec, "all_seconds": [round(t, 4) for t in times],
+           "produce_seconds": None if produce is None else statistics.median(produce),
+           "seconds_include_produce": transport == "collective_shm_inplace",
+           "per_worker_GB_per_s": nbytes / sec / GB, "memcpy_seconds": copy_s,
+           "per_worker_fraction_of_memcpy": copy_s / sec}
+    if produce is not None:  # the version's write and the sync, whichever side of the clock it is on
+        inplace = row["seconds_include_produce"]
+        row["export_plus_sync_seconds"] = sec if inplace else sec + row["produce_seconds"]
+        row["sync_only_seconds"] = sec - row["produce_seconds"] if inplace else sec
+        row["sync_only_fraction_of_memcpy"] = copy_s / row["sync_only_seconds"]
+    print(f"{params:g}B x {workers} {transport:22s} {sec:.3f} s  per worker "
+          f"{row['per_worker_GB_per_s']:.2f} GB/s = {row['per_worker_fraction_of_memcpy']:.2f} memcpy"
+          + ("" if produce is None else f"  (produce {row['produce_seconds']:.3f} s, export + sync "
+                                          f"{row['export_plus_sync_seconds']:.3f} s, sync alone "
+                                          f"{row['sync_only_fraction_of_memcpy']:.2f} memcpy)"),
+          file=sys.stderr, flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", type=positive_float, nargs="+", default=[0.1, 0.5, 1.5], help="billions")
@@ -158,39 +225,34 @@ def main() -> None:
     args = parser.parse_args()
     rows, skipped = [], []
     available = _mem_available()
-    if "object_store" in args.transports:
-        import ray
+    sizes = {params: 2 * sum(int(np.prod(shape)) for shape in synthetic_weight_shapes(int(params * 1e9)).values())
+             for params in args.params}
+    copy_s = {params: memcpy_seconds(nbytes, args.repeats) for params, nbytes in sizes.items()}
+    # the object store's cells first, then its cluster goes (its store's memory with it) before the
+    # collective ones, whose sender holds the model stand-in, a version and the segment at once
+    phases = [[t for t in args.transports if t == "object_store"], [t for t in args.transports if t != "object_store"]]
+    for transports in filter(None, phases):
+        if transports == ["object_store"]:
+            import ray
 
-        from actors.cluster import connect
-        from system.config.cluster import RayConfig
+            from actors.cluster import connect
+            from system.config.cluster import RayConfig
 
-        connect(RayConfig(object_store_gib=8.0), num_cpus=8)
-    for params in args.params:
-        nbytes = 2 * sum(int(np.prod(shape)) for shape in synthetic_weight_shapes(int(params * 1e9)).values())
-        copy_s = memcpy_seconds(nbytes, args.repeats)
-        for workers in args.workers:
-            need = (workers + 2) * nbytes  # every worker's copy, the sender's payload and the store's
-            if need > 0.7 * available:
-                skipped.append({"params_b": params, "workers": workers, "reason":
-                                f"needs ~{need / GB:.1f} GB, {available / GB:.1f} GB available"})
-                print(f"{params:g}B x {workers}: skipped ({skipped[-1]['reason']})", file=sys.stderr)
-                continue
-            for transport in args.transports:
-                if transport == "object_store":
-                    times = object_store_seconds(params * 1e9, workers, args.repeats)
-                else:
-                    times = collective_seconds(params * 1e9, workers, args.repeats, transport == "collective_shm")
-                sec = statistics.median(times)
-                row = {"params_b": params, "workers": workers, "transport": transport, "bytes_per_worker": nbytes,
-                       "seconds": sec, "all_seconds": [round(t, 4) for t in times],
-                       "per_worker_GB_per_s": nbytes / sec / GB, "memcpy_seconds": copy_s,
-                       "per_worker_fraction_of_memcpy": copy_s / sec}
-                rows.append(row)
-                print(f"{params:g}B x {workers} {transport:12s} {sec:.3f} s  per worker "
-                      f"{row['per_worker_GB_per_s']:.2f} GB/s = {row['per_worker_fraction_of_memcpy']:.2f} memcpy",
-                      file=sys.stderr, flush=True)
-    if "object_store" in args.transports:
-        ray.shutdown()
+            connect(RayConfig(object_store_gib=8.0), num_cpus=8)
+        for params, nbytes in sizes.items():
+            for workers in args.workers:
+                # every worker's copy, plus the sender's payload and the store's copy (object store), or
+                # the sender's model stand-in, its version and the segment (collective)
+                need = (workers + (2 if transports == ["object_store"] else 3)) * nbytes
+                if need > 0.7 * available:
+                    skipped.append({"params_b": params, "workers": workers, "transports": transports, "reason":
+                                    f"needs ~{need / GB:.1f} GB, {available / GB:.1f} GB available"})
+                    print(f"{params:g}B x {workers} {transports}: skipped ({skipped[-1]['reason']})", file=sys.stderr)
+                    continue
+                for transport in transports:
+                    rows.append(measure(transport, params, workers, nbytes, copy_s[params], args.repeats))
+        if transports == ["object_store"]:
+            ray.shutdown()
     if not rows:  # every size skipped: an empty result would replace the last measured one
         raise SystemExit(f"nothing measured (every size x workers needs more memory than this machine has: "
                          f"{available / GB:.1f} GB available); results/{args.name}.json not written")

@@ -15,7 +15,9 @@ With ``shared_memory`` (the address says so, and every member sees member 0's ``
 the members check when they join) the data skips the sockets: member 0 writes it into a shared
 segment (``system.shared_segment``), the header names the segment, each member copies the data out
 of it, and an all-reduce (MIN of each member's ok flag) tells member 0 that every copy is done
-before it returns (and may rewrite the segment for the next version). A segment's name is
+before it returns (and may rewrite the segment for the next version). Member 0 may also hand out
+the segment itself (:meth:`WeightBroadcast.arena`): learner rank 0 exports the next version straight
+into it, and ``send`` then writes nothing (the sender's copy of the weights is gone). A segment's name is
 removed once every member has mapped it (after its first version); a sender killed before that
 leaves it, and the next sender on the host removes it (``shared_segment.remove_orphans``). A
 segment that cannot be written (``/dev/shm`` full) or read by some member sends that version
@@ -145,6 +147,7 @@ class WeightBroadcast:
         self._announced = True  # member 0: its segment's name was announced (and then removed)
         self._buffers: list[tuple[np.ndarray, torch.Tensor]] = []  # a receiver's data buffers, reused once free
         self.buffers_made = 0
+        self.copied_bytes = 0  # member 0: bytes its last send copied out of the payload (0: exported in place)
         self.shared = bool(address.shared_memory) and self._agree_on_shared_memory(prefixed)
         """Whether the data goes through a shared segment (every member sees member 0's)."""
 
@@ -204,6 +207,7 @@ class WeightBroadcast:
         header, nbytes = layout(payload)
         if self.shared:
             return self._send_shared(payload, header, nbytes)
+        self.copied_bytes = nbytes  # through the staging buffer, chunk by chunk
         header["chunk_bytes"] = self.chunk_bytes  # the receivers cut the data the same way
         self._send_header(header)
         staging = np.empty(min(self.chunk_bytes, max(nbytes, 1)), dtype=np.uint8)
@@ -261,7 +265,7 @@ class WeightBroadcast:
         version goes again over the sockets, and so does every later one of this generation."""
         try:
             self._own_segment(nbytes)
-            fill(self._segment.array[:nbytes], header, payload)
+            self.copied_bytes = fill(self._segment.array[:nbytes], header, payload)
         except OSError as exc:
             self._stop_sharing(f"the shared weight segment could not be written ({exc})")
             return self.send(payload)
@@ -369,10 +373,11 @@ class WeightBroadcast:
         self._buffers = []
 
 
-def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> None:
+def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> int:
     """Write ``payload``'s arrays into the flat ``dst`` (uint8, ``header["nbytes"]``) at the header's
     offsets (``shared_segment.copy_pieces``), the alignment gaps zeroed. An array that already is
-    its place in ``dst`` (exported into :meth:`WeightBroadcast.arena`) is not copied."""
+    its place in ``dst`` (exported into :meth:`WeightBroadcast.arena`) is not copied. Returns the
+    bytes of the arrays it copied."""
     end, pairs = 0, []
     for e in header["arrays"]:
         dst[end:e["offset"]] = 0
@@ -383,6 +388,7 @@ def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> None:
         end = e["offset"] + e["nbytes"]
     dst[end:] = 0
     shared_segment.copy_pieces(pairs)
+    return sum(raw.size for _, raw in pairs)
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:

@@ -129,7 +129,7 @@ class BroadcastSender:
         join_failed, self._join_failed = self._join_failed, 0
         if self._group is None:
             return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
-                    "broadcast_failed": join_failed, "broadcast_shared_memory": 0,
+                    "broadcast_failed": join_failed, "broadcast_shared_memory": 0, "broadcast_in_place": 0,
                     "broadcast_generation": self._number}
         if self._lent is not None and self._lent != payload.policy_version:
             self._before_rewrite()  # this payload is not in the segment: writing it there must wait
@@ -143,11 +143,13 @@ class BroadcastSender:
             self.close()
             return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
                     "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1,
-                    "broadcast_shared_memory": shared, "broadcast_generation": self._number}
+                    "broadcast_shared_memory": shared, "broadcast_in_place": 0, "broadcast_generation": self._number}
         shared = int(self._group.shared)  # 0 when this version fell back to gloo
         metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
-                   "broadcast_shared_memory": shared, "broadcast_generation": self._number}
+                   "broadcast_shared_memory": shared, "broadcast_generation": self._number,
+                   # the version was exported into the segment: the send copied none of it
+                   "broadcast_in_place": int(bool(shared) and sent > 0 and self._group.copied_bytes == 0)}
         if self.encoder is not None:
             # the payload's bytes over those one receiver got (the broadcast's layout, alignment
             # included): payload_bytes * receivers / broadcast_bytes (a probe found the ratio taken

@@ -33,6 +33,8 @@ class Generation:
 
     def send(self, payload):
         self.sent.append(payload.policy_version)
+        # as ``WeightBroadcast.send`` counts it: nothing copied for arrays already in the segment
+        self.copied_bytes = sum(a.nbytes for a in payload.arrays.values() if not np.shares_memory(a, self.segment))
         return 8
 
     def close(self):
@@ -122,3 +124,17 @@ def test_no_arena_with_deltas_without_a_generation_or_without_shared_memory():
     sockets = Generation()
     sockets.shared = False
     assert sender_with(sockets).arena({"w": 8}, 1) is None
+
+
+def test_the_metrics_say_whether_a_version_went_out_in_place():
+    # version 1 is written into the lent views (as rank 0's export does): in place; version 2 is a
+    # fresh payload, copied into the segment by the send: not in place
+    gen = Generation()
+    sender = sender_with(gen, wait_s=30.0)
+    views = sender.arena({"w": 8}, 1)
+    lent = WeightPayload(1, {"w": views["w"].view(np.int16)}, {"w": "bfloat16"})
+    assert sender.send(lent)["broadcast_in_place"] == 1
+    sender.release(1)
+    assert sender.send(payload(2))["broadcast_in_place"] == 0
+    sender.close()
+    assert sender.send(payload(3))["broadcast_in_place"] == 0  # no generation: nothing sent
