@@ -16,9 +16,14 @@ For each size (bf16 parameters: 0.1 / 0.5 / 1.5 B by default) and each worker co
   every collective row also reports ``produce_seconds``, the sender's write of the version (into fresh arrays
   for the other transports, timed before the sync), so ``seconds`` here compares with
   ``seconds + produce_seconds`` of ``collective_shm`` as well as with its ``seconds`` alone;
+* ``delta_shm``: what ``weight_sync.type=delta`` does on one host: the sender encodes each version
+  as a delta against the workers' reconstruction (``system.weight_delta``: rank-4 factors per matrix,
+  int8 rows for the rest; the warm-up round is the full version), sends it through the shared
+  segment, and each worker decodes it into a full bf16 version; seconds from the encode until every
+  worker holds its decoded copy (``wire_bytes_per_worker``: what reached each one);
 * ``memcpy``: ``np.copyto`` of the same bytes in one process, the reference bandwidth.
 
-For the three collective rows, ``export_plus_sync_seconds`` is the version's write plus the sync
+For the collective rows, ``export_plus_sync_seconds`` is the version's write plus the sync
 (what a learner pays from the optimizer step until every worker holds the version), and
 ``sync_only_fraction_of_memcpy`` the sync's share alone (for the in-place row: its seconds minus the
 write into the segment, which every transport's export does in some form).
@@ -50,15 +55,23 @@ from sim_learner import synthetic_weight_shapes  # noqa: E402
 
 from system.learner.distributed import find_free_port  # noqa: E402
 from system.weight_broadcast import GroupAddress, WeightBroadcast  # noqa: E402
+from system.weight_delta import DeltaDecoder, DeltaEncoder  # noqa: E402
 from system.weight_payload import WeightPayload  # noqa: E402
 
 GB = 1e9
-TRANSPORTS = ("object_store", "collective", "collective_shm", "collective_shm_inplace")
+TRANSPORTS = ("object_store", "collective", "collective_shm", "collective_shm_inplace", "delta_shm")
+
+
+BF16_ONE_128TH = 0x3C00
+"""bf16's bits of 2**-7: each array is filled with a normal number near it (bits ``0x3C00 + i``). The
+bits 0-250 used before read as subnormal floats, which x86 arithmetic runs ~100x slower: harmless to
+a copy, but the delta codec computes with the values (it took 5.1 s instead of ~0.1 s to encode 0.1 B)."""
 
 
 def make_payload(params: float) -> WeightPayload:
     shapes = synthetic_weight_shapes(int(params))
-    arrays = {name: np.full(shape, i % 251, dtype=np.int16) for i, (name, shape) in enumerate(shapes.items())}
+    arrays = {name: np.full(shape, BF16_ONE_128TH + i % 251, dtype=np.int16)
+              for i, (name, shape) in enumerate(shapes.items())}
     return WeightPayload(policy_version=1, arrays=arrays, dtypes={name: "bfloat16" for name in arrays})
 
 
@@ -84,13 +97,18 @@ def _produce(source: WeightPayload, into: dict[str, np.ndarray] | None) -> Weigh
     return WeightPayload(policy_version=source.policy_version, arrays=arrays, dtypes=source.dtypes)
 
 
-def _sender(address: GroupAddress, params: float, rounds: int, times, inplace: bool = False) -> None:
+def _sender(address: GroupAddress, params: float, rounds: int, times, inplace: bool = False,
+            delta: bool = False) -> None:
     source = make_payload(params)
     sizes = {name: a.nbytes for name, a in source.arrays.items()}
     group = WeightBroadcast(address, 0, timeout_s=300.0)
-    for _ in range(rounds):
-        produce_s = 0.0
+    encoder = DeltaEncoder() if delta else None  # round 0 (the warm-up) goes in full, the rest as deltas
+    for i in range(rounds):
         payload = None  # the previous version goes first: one alive at a time, as on learner rank 0
+        if delta and i:
+            for a in source.arrays.values():  # a new version differs from the last (untimed)
+                a += 1
+        produce_s = 0.0
         if not inplace:  # the version exists before the sync starts, as an export's result does
             t0 = time.perf_counter()
             payload = _produce(source, None)
@@ -103,16 +121,19 @@ def _sender(address: GroupAddress, params: float, rounds: int, times, inplace: b
                 raise RuntimeError("the shared segment could not be made: no in-place variant to measure")
             payload = _produce(source, arena)
             produce_s = time.perf_counter() - t0
-        group.send(payload)
+        sent = group.send(encoder.encode(payload) if encoder is not None else payload)
         group._broadcast(_zero())  # the receivers hold their copy (they reach this after receive())
-        times.put((time.perf_counter() - t0, produce_s))
+        times.put((time.perf_counter() - t0, produce_s, sent))
 
 
-def _receiver(address: GroupAddress, rank: int, rounds: int) -> None:
+def _receiver(address: GroupAddress, rank: int, rounds: int, delta: bool = False) -> None:
     group = WeightBroadcast(address, rank, timeout_s=300.0)
+    decoder = DeltaDecoder() if delta else None  # a full bf16 version out of each delta, for the engine
     for _ in range(rounds):
         group._broadcast(_zero())
-        group.receive()
+        wire = group.receive()
+        if decoder is not None:
+            decoder.decode(wire)
         group._broadcast(_zero())
 
 
@@ -123,14 +144,15 @@ def _zero():
 
 
 def collective_seconds(params: float, workers: int, repeats: int, shared: bool = False,
-                       inplace: bool = False) -> list[tuple[float, float]]:
-    """(seconds of a sync, seconds the sender spent writing the version) per round after the warm-up."""
+                       inplace: bool = False, delta: bool = False) -> list[tuple[float, float, int]]:
+    """(seconds of a sync, seconds the sender spent writing the version, bytes sent to each worker) per
+    round after the warm-up."""
     ctx = mp.get_context("spawn")
     times = ctx.Queue()
     address = GroupAddress("127.0.0.1", find_free_port(), f"bench-{workers}", workers + 1, shared)
     rounds = repeats + 1
-    procs = [ctx.Process(target=_sender, args=(address, params, rounds, times, inplace))]
-    procs += [ctx.Process(target=_receiver, args=(address, r, rounds)) for r in range(1, workers + 1)]
+    procs = [ctx.Process(target=_sender, args=(address, params, rounds, times, inplace, delta))]
+    procs += [ctx.Process(target=_receiver, args=(address, r, rounds, delta)) for r in range(1, workers + 1)]
     for p in procs:
         p.start()
     out = [times.get(timeout=900) for _ in range(rounds)]
@@ -185,15 +207,27 @@ def _mem_available() -> int:
     return 8 << 30
 
 
+def memory_needed(transport: str, workers: int, nbytes: int) -> float:
+    """Bytes a cell holds at once: every worker's copy, plus the sender's payload and the store's copy
+    (object store), or the sender's model stand-in, its version and the segment (collective); with
+    deltas the sender's and every worker's float32 reconstruction too, and a worker's decoded version."""
+    if transport == "object_store":
+        return (workers + 2) * nbytes
+    if transport == "delta_shm":
+        return (5 + 3.5 * workers) * nbytes
+    return (workers + 3) * nbytes
+
+
 def measure(transport: str, params: float, workers: int, nbytes: int, copy_s: float, repeats: int) -> dict:
     """One cell: ``transport`` moving a ``params`` (billions) payload to ``workers`` workers."""
     if transport == "object_store":
         times = object_store_seconds(params * 1e9, workers, repeats)
         produce = None
     else:
-        pairs = collective_seconds(params * 1e9, workers, repeats, transport != "collective",
-                                   transport == "collective_shm_inplace")
-        times, produce = [t for t, _ in pairs], [p for _, p in pairs]
+        rounds = collective_seconds(params * 1e9, workers, repeats, transport != "collective",
+                                    transport == "collective_shm_inplace", transport == "delta_shm")
+        times, produce = [t for t, _, _ in rounds], [p for _, p, _ in rounds]
+        wire = statistics.median(b for _, _, b in rounds)
     sec = statistics.median(times)
     row = {"params_b": params, "workers": workers, "transport": transport, "bytes_per_worker": nbytes,
            "seconds": sec, "all_seconds": [round(t, 4) for t in times],
@@ -202,6 +236,8 @@ def measure(transport: str, params: float, workers: int, nbytes: int, copy_s: fl
            "per_worker_GB_per_s": nbytes / sec / GB, "memcpy_seconds": copy_s,
            "per_worker_fraction_of_memcpy": copy_s / sec}
     if produce is not None:  # the version's write and the sync, whichever side of the clock it is on
+        row["wire_bytes_per_worker"] = wire  # what reached each worker (a delta: its factors and int8 rows)
+        row["wire_fraction_of_full"] = wire / nbytes
         inplace = row["seconds_include_produce"]
         row["export_plus_sync_seconds"] = sec if inplace else sec + row["produce_seconds"]
         row["sync_only_seconds"] = sec - row["produce_seconds"] if inplace else sec
@@ -210,7 +246,8 @@ def measure(transport: str, params: float, workers: int, nbytes: int, copy_s: fl
           f"{row['per_worker_GB_per_s']:.2f} GB/s = {row['per_worker_fraction_of_memcpy']:.2f} memcpy"
           + ("" if produce is None else f"  (produce {row['produce_seconds']:.3f} s, export + sync "
                                           f"{row['export_plus_sync_seconds']:.3f} s, sync alone "
-                                          f"{row['sync_only_fraction_of_memcpy']:.2f} memcpy)"),
+                                          f"{row['sync_only_fraction_of_memcpy']:.2f} memcpy, wire "
+                                          f"{row['wire_fraction_of_full']:.3f} of the full bytes)"),
           file=sys.stderr, flush=True)
     return row
 
@@ -243,13 +280,13 @@ def main() -> None:
             for workers in args.workers:
                 # every worker's copy, plus the sender's payload and the store's copy (object store), or
                 # the sender's model stand-in, its version and the segment (collective)
-                need = (workers + (2 if transports == ["object_store"] else 3)) * nbytes
-                if need > 0.7 * available:
-                    skipped.append({"params_b": params, "workers": workers, "transports": transports, "reason":
-                                    f"needs ~{need / GB:.1f} GB, {available / GB:.1f} GB available"})
-                    print(f"{params:g}B x {workers} {transports}: skipped ({skipped[-1]['reason']})", file=sys.stderr)
-                    continue
                 for transport in transports:
+                    need = memory_needed(transport, workers, nbytes)
+                    if need > 0.7 * available:
+                        skipped.append({"params_b": params, "workers": workers, "transport": transport, "reason":
+                                        f"needs ~{need / GB:.1f} GB, {available / GB:.1f} GB available"})
+                        print(f"{params:g}B x {workers} {transport}: skipped ({skipped[-1]['reason']})", file=sys.stderr)
+                        continue
                     rows.append(measure(transport, params, workers, nbytes, copy_s[params], args.repeats))
         if transports == ["object_store"]:
             ray.shutdown()

@@ -107,8 +107,9 @@ class DeltaEncoder:
                 arrays[f"{name}::q8"], arrays[f"{name}::scale"] = q8.numpy(), scale.numpy()
                 dtypes[f"{name}::q8"] = dtypes[f"{name}::scale"] = INT8
             self.reference[name] += d
-            residual_sq += float(((e - d).double() ** 2).sum())
-            weight_sq += float((w32.double() ** 2).sum())
+            # the norms accumulate in float64 (no float64 copy of the tensors: this pass was half the encode)
+            residual_sq += float(torch.linalg.vector_norm(e.sub_(d), dtype=torch.float64)) ** 2
+            weight_sq += float(torch.linalg.vector_norm(w32, dtype=torch.float64)) ** 2
         self.rel_error = (residual_sq / weight_sq) ** 0.5 if weight_sq > 0 else 0.0
         return WeightPayload(policy_version=payload.policy_version, arrays=arrays, dtypes=dtypes)
 
