@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from actors.cli import app
 from actors.run_temp import compile_cache_name
+from system import shared_segment
 
 pytestmark = [pytest.mark.ray, pytest.mark.own_cluster, pytest.mark.vllm, pytest.mark.slow]
 
@@ -214,15 +215,24 @@ def test_a_correction_that_keeps_nothing_stops_the_run(tmp_path, cache):
     """A Seq-MIS band [0.999999, 1.000001] rejects every response of an FP8 run (a response's
     log-ratio sum would have to lie within 1e-6 of 0; the default run's kl_k1 is ~0.04 per token):
     each step trains nothing. With ``max_nothing_kept_steps`` 1 the second such step stops the run
-    (exit 1), after its record, the message naming steps 1-2."""
+    (exit 1), after its record, the message naming steps 1-2.
+
+    The run's weights go over ``weight_sync.type=collective`` (not a run of its own: the suite's time):
+    on one host rank 0 exports each version straight into the broadcast's shared segment, and the
+    real vLLM worker receives it from there."""
     run = tmp_path / "starved"
     out = aisrl("train", "max_steps=6", f"output_dir={run}", "correction.method.hi=1.000001",
                 "correction.method.lo=0.999999", "correction.max_nothing_kept_steps=1", ONE_RANK, *SMALL,
-                cache=cache, rc=1)
+                "weight_sync.type=collective", cache=cache, rc=1)
     said = " ".join(out.stderr.split())
     assert ("the correction kept no token for 2 consecutive steps (steps 1-2; method seq-mis "
             "self_normalize=False hi=1.000001 lo=0.999999") in said, said[-2000:]
     assert [(r["step"], r["correction/keep_token_frac"]) for r in records(run)] == [(1, 0.0), (2, 0.0)]
+    # the worker joined before the first step (its batch waits for it): both versions were broadcast,
+    # through the segment they were exported into (sockets and a copy where /dev/shm is missing)
+    shm = int(shared_segment.available())
+    assert [(r["weight_sync/broadcast_receivers"], r["weight_sync/broadcast_failed"], r["weight_sync/broadcast_shared_memory"],
+             r["weight_sync/broadcast_in_place"]) for r in records(run)] == [(1, 0, shm, shm)] * 2
     # the drift alarm (keep_seq_frac 0 < 0.8) is the service's line, printed through Ray with its
     # actor's prefix; off a terminal without colour codes (a probe found them in a redirected log)
     assert "(CorrectionService pid=" in out.stderr and "\x1b[" not in out.stdout + out.stderr
