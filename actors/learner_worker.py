@@ -100,6 +100,7 @@ class LearnerRank:
         (:meth:`use_service`). Returns rank 0's outcome without the payload (None on the other ranks);
         rank 0 hands the payload to its :meth:`weights` call for version ``step``.
         """
+        self._lending = None  # first: a step failing before its export withdraws nothing of an earlier one
         try:
             return self._step(holder, step)
         except BaseException as exc:  # its weights call then raises too, instead of waiting for ever
@@ -121,8 +122,6 @@ class LearnerRank:
         # with a shared-memory generation rank 0 exports straight into the segment the workers copy from
         # (one full copy of the weights fewer per version); that version is lent until Ray has copied it
         # into the object store, which :meth:`weights` reports (``BroadcastSender.release``)
-        self._lending = None
-
         def into(sizes: dict[str, int]):
             views = self.sender.arena(sizes, self.core.policy_version)
             self._lending = self.core.policy_version if views is not None else None
@@ -174,6 +173,8 @@ class LearnerRank:
 
     def close(self) -> None:
         self.exports.close()
+        if self.sender is not None:  # its segment's name too, if no version announced it yet
+            self.sender.close()
         if self.core is not None:  # None: its connect never completed
             self.core.close()
 

@@ -290,6 +290,13 @@ class WeightBroadcast:
         self.shared = False
         self._drop_segment()
 
+    def discard_unannounced(self) -> None:
+        """Member 0: drop a segment :meth:`arena` made that no version has announced yet (its export was
+        withdrawn): its name would otherwise stay in ``/dev/shm`` until this process ends."""
+        if self._segment is not None and not self._announced:
+            self._drop_segment()
+            self._announced = True
+
     def leave_segment(self) -> None:
         """Member 0: write no more into the current segment (whoever holds views of it keeps them, and
         the mapping with them); the next version takes a new one."""

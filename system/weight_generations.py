@@ -110,6 +110,8 @@ class BroadcastSender:
         with self._lend:
             if self._lent == version:
                 self._lent = None
+        if self._group is not None:  # a segment made for it alone, never announced: its name goes now
+            self._group.discard_unannounced()
 
     def _before_rewrite(self) -> None:
         """Wait until the lent version (if any) is released; after ``lend_wait_s``, leave the segment to
@@ -130,9 +132,10 @@ class BroadcastSender:
         if self._group is None:
             return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
                     "broadcast_failed": join_failed, "broadcast_shared_memory": 0, "broadcast_in_place": 0,
-                    "broadcast_generation": self._number}
-        if self._lent is not None and self._lent != payload.policy_version:
+                    "broadcast_segment_moves": self.moved_segments, "broadcast_generation": self._number}
+        if self._lent is not None and self._lent != payload.policy_version and self._group.shared:
             self._before_rewrite()  # this payload is not in the segment: writing it there must wait
+            # (over the sockets, after a fallback, the segment is gone and nothing is rewritten)
         started = time.perf_counter()
         receivers = self._group.world_size - 1
         wire = self.encoder.encode(payload) if self.encoder is not None else payload
@@ -143,13 +146,17 @@ class BroadcastSender:
             self.close()
             return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
                     "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1,
-                    "broadcast_shared_memory": shared, "broadcast_in_place": 0, "broadcast_generation": self._number}
+                    "broadcast_shared_memory": shared, "broadcast_in_place": 0,
+                    "broadcast_segment_moves": self.moved_segments, "broadcast_generation": self._number}
         shared = int(self._group.shared)  # 0 when this version fell back to gloo
         metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
                    "broadcast_shared_memory": shared, "broadcast_generation": self._number,
                    # the version was exported into the segment: the send copied none of it
-                   "broadcast_in_place": int(bool(shared) and sent > 0 and self._group.copied_bytes == 0)}
+                   "broadcast_in_place": int(bool(shared) and sent > 0 and self._group.copied_bytes == 0),
+                   # times a lent version was still unreleased after ``lend_wait_s`` (so far): each one
+                   # waited that long and moved to a new segment (Ray's copy of a version lagging)
+                   "broadcast_segment_moves": self.moved_segments}
         if self.encoder is not None:
             # the payload's bytes over those one receiver got (the broadcast's layout, alignment
             # included): payload_bytes * receivers / broadcast_bytes (a probe found the ratio taken

@@ -4,11 +4,14 @@ rewrites the segment until it is released; a lend never released moves the next 
 segment instead of blocking for ever. Ray-free: the generation is a stand-in that records what the
 sender asks of it (the real group's side is in ``test_weight_broadcast``)."""
 
+import os
 import threading
 import time
 
 import numpy as np
+import pytest
 
+from system import shared_segment
 from system.weight_delta import DeltaEncoder
 from system.weight_generations import BroadcastSender
 from system.weight_payload import WeightPayload
@@ -30,6 +33,9 @@ class Generation:
     def leave_segment(self):
         self.left += 1
         self.segment = np.zeros(256, dtype=np.uint8)
+
+    def discard_unannounced(self):
+        pass  # the real group's side: ``test_a_withdrawn_export_leaves_no_segment_name_behind``
 
     def send(self, payload):
         self.sent.append(payload.policy_version)
@@ -138,3 +144,36 @@ def test_the_metrics_say_whether_a_version_went_out_in_place():
     assert sender.send(payload(2))["broadcast_in_place"] == 0
     sender.close()
     assert sender.send(payload(3))["broadcast_in_place"] == 0  # no generation: nothing sent
+
+
+def test_after_a_fallback_to_the_sockets_a_lent_version_holds_nothing_up():
+    # version 1 lent in the segment, then the generation falls back to gloo (the segment is gone):
+    # sending version 2 over the sockets waits for no release, and moves no segment
+    gen = Generation()
+    sender = sender_with(gen, wait_s=5.0)
+    sender.arena({"w": 8}, 1)
+    gen.shared = False
+    metrics, waited = timed(sender.send, payload(2))
+    assert waited < 2.0 and metrics["broadcast_segment_moves"] == 0 and gen.left == 0
+
+
+@pytest.mark.skipif(not shared_segment.available(), reason="no /dev/shm")
+def test_a_withdrawn_export_leaves_no_segment_name_behind():
+    # a one-member generation of the real group: ``arena`` makes a segment whose name stays until a
+    # version announces it; a step that fails after exporting withdraws it, and the name goes with it
+    # (a full-size file in /dev/shm, where Ray's object store lives too, otherwise)
+    sender = BroadcastSender(timeout_s=30.0, shared_memory=True)
+    sender.open("lend-test", 1, "127.0.0.1")
+    deadline = time.monotonic() + 30
+    while sender._settle() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    mine = lambda: {f.name for f in shared_segment.SHM_DIR.glob(f"aisrl-{os.getpid()}-*")}  # noqa: E731
+    before = mine()
+    assert sender.arena({"w": 1 << 16}, 1) is not None
+    made = mine() - before
+    assert len(made) == 1  # the segment, named until announced
+    sender.withdraw(1)
+    assert mine() == before
+    assert sender.arena({"w": 1 << 16}, 2) is not None and len(mine() - before) == 1  # the next one: a new segment
+    sender.close()
+    assert mine() == before  # closing the sender (a rank's close) removes an unannounced one too
