@@ -45,13 +45,10 @@ import torch.distributed as dist
 from system import shared_segment
 from system.learner.distributed import _is_loopback, listening_fd
 from system.shared_segment import SharedSegment
+from system.weight_layout import ALIGN, fill, layout, offsets
 from system.weight_payload import WeightPayload
 
 log = logging.getLogger(__name__)
-
-ALIGN = 64
-"""Every array starts at a multiple of this many bytes of the flat data."""
-
 
 class BroadcastFailed(RuntimeError):
     """A broadcast of the group did not complete (a member died or timed out): build the next generation."""
@@ -68,28 +65,6 @@ class GroupAddress:
     name: str
     world_size: int
     shared_memory: bool = False
-
-
-def offsets(sizes: dict[str, int]) -> tuple[dict[str, int], int]:
-    """Where each array of ``sizes`` (name -> bytes) starts in the flat data (names in sorted order,
-    each at a multiple of ``ALIGN``), and the data's size: the layout of :func:`layout` and of
-    :meth:`WeightBroadcast.arena`."""
-    starts, offset = {}, 0
-    for name in sorted(sizes):
-        offset = -(-offset // ALIGN) * ALIGN
-        starts[name] = offset
-        offset += int(sizes[name])
-    return starts, offset
-
-
-def layout(payload: WeightPayload) -> tuple[dict, int]:
-    """The header (JSON-ready) and the data size of ``payload``: arrays in name order, 64-byte aligned."""
-    arrays = {name: np.asarray(a) for name, a in payload.arrays.items()}
-    starts, nbytes = offsets({name: a.nbytes for name, a in arrays.items()})
-    entries = [{"name": name, "dtype": arrays[name].dtype.str, "shape": list(arrays[name].shape),
-                "offset": starts[name], "nbytes": int(arrays[name].nbytes), "torch_dtype": payload.dtypes[name]}
-               for name in sorted(arrays)]
-    return {"policy_version": payload.policy_version, "arrays": entries, "nbytes": nbytes}, nbytes
 
 
 def unpack(header: dict, data: np.ndarray) -> WeightPayload:
@@ -240,10 +215,11 @@ class WeightBroadcast:
 
     def arena(self, sizes: dict[str, int]) -> dict[str, np.ndarray] | None:
         """Member 0 of a shared generation: where the next version's arrays go in the segment, one
-        writable uint8 view per name of ``sizes`` (name -> bytes), at the offsets :func:`layout` will
-        give a payload with those arrays. A payload whose arrays ARE these views is sent without
-        writing it (:func:`fill` skips an array already in place): learner rank 0 exports straight
-        into them and saves one full copy of the weights per version. None when this generation does
+        writable uint8 view per name of ``sizes`` (name -> bytes), at the offsets
+        ``weight_layout.layout`` will give a payload with those arrays. A payload whose arrays ARE
+        these views is sent without writing it (``weight_layout.fill`` skips an array already in
+        place): learner rank 0 exports straight into them and saves one full copy of the weights per
+        version. None when this generation does
         not share memory, or the segment cannot be made. The views are valid until the next
         :meth:`arena` or :meth:`send` of a different payload, which may rewrite the segment; keeping
         the payload readable that long (Ray's copy of it into the object store, for one) is the
@@ -378,29 +354,6 @@ class WeightBroadcast:
         self._store = None
         self._drop_segment()
         self._buffers = []
-
-
-def fill(dst: np.ndarray, header: dict, payload: WeightPayload) -> int:
-    """Write ``payload``'s arrays into the flat ``dst`` (uint8, ``header["nbytes"]``) at the header's
-    offsets (``shared_segment.copy_pieces``), the alignment gaps zeroed. An array that already is
-    its place in ``dst`` (exported into :meth:`WeightBroadcast.arena`) is not copied. Returns the
-    bytes of the arrays it copied."""
-    end, pairs = 0, []
-    for e in header["arrays"]:
-        dst[end:e["offset"]] = 0
-        raw = np.ascontiguousarray(payload.arrays[e["name"]]).reshape(-1).view(np.uint8)
-        place = dst[e["offset"]:e["offset"] + e["nbytes"]]
-        if not _same_bytes(place, raw):
-            pairs.append((place, raw))
-        end = e["offset"] + e["nbytes"]
-    dst[end:] = 0
-    shared_segment.copy_pieces(pairs)
-    return sum(raw.size for _, raw in pairs)
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two flat uint8 arrays are the same memory (start and length)."""
-    return a.size == b.size and (a.size == 0 or a.ctypes.data == b.ctypes.data)
 
 
 def host_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:

@@ -130,9 +130,7 @@ class BroadcastSender:
         self._settle()
         join_failed, self._join_failed = self._join_failed, 0
         if self._group is None:
-            return {"broadcast_receivers": 0, "broadcast_bytes": 0, "broadcast_seconds": 0.0,
-                    "broadcast_failed": join_failed, "broadcast_shared_memory": 0, "broadcast_in_place": 0,
-                    "broadcast_segment_moves": self.moved_segments, "broadcast_generation": self._number}
+            return self._metrics(failed=join_failed)
         if self._lent is not None and self._lent != payload.policy_version and self._group.shared:
             self._before_rewrite()  # this payload is not in the segment: writing it there must wait
             # (over the sockets, after a fallback, the segment is gone and nothing is rewritten)
@@ -144,19 +142,11 @@ class BroadcastSender:
         except BroadcastFailed:
             shared = int(self._group.shared)
             self.close()
-            return {"broadcast_receivers": receivers, "broadcast_bytes": 0,
-                    "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 1,
-                    "broadcast_shared_memory": shared, "broadcast_in_place": 0,
-                    "broadcast_segment_moves": self.moved_segments, "broadcast_generation": self._number}
+            return self._metrics(receivers, seconds=time.perf_counter() - started, failed=1, shared=shared)
         shared = int(self._group.shared)  # 0 when this version fell back to gloo
-        metrics = {"broadcast_receivers": receivers, "broadcast_bytes": sent * receivers,
-                   "broadcast_seconds": time.perf_counter() - started, "broadcast_failed": 0,
-                   "broadcast_shared_memory": shared, "broadcast_generation": self._number,
-                   # the version was exported into the segment: the send copied none of it
-                   "broadcast_in_place": int(bool(shared) and sent > 0 and self._group.copied_bytes == 0),
-                   # times a lent version was still unreleased after ``lend_wait_s`` (so far): each one
-                   # waited that long and moved to a new segment (Ray's copy of a version lagging)
-                   "broadcast_segment_moves": self.moved_segments}
+        # in place: the version was exported into the segment, the send copied none of it
+        metrics = self._metrics(receivers, sent * receivers, time.perf_counter() - started, shared=shared,
+                                in_place=int(bool(shared) and sent > 0 and self._group.copied_bytes == 0))
         if self.encoder is not None:
             # the payload's bytes over those one receiver got (the broadcast's layout, alignment
             # included): payload_bytes * receivers / broadcast_bytes (a probe found the ratio taken
@@ -164,6 +154,14 @@ class BroadcastSender:
             metrics |= {"compression_ratio": payload.num_bytes / max(sent, 1),
                         "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error}
         return metrics
+
+    def _metrics(self, receivers: int = 0, sent: int = 0, seconds: float = 0.0, failed: int = 0,
+                 shared: int = 0, in_place: int = 0) -> dict:
+        """A step's ``weight_sync/broadcast_*`` metrics (``segment_moves``: times so far a lent version was
+        still unreleased after ``lend_wait_s``, so the next one waited that long and took a new segment)."""
+        return {"broadcast_receivers": receivers, "broadcast_bytes": sent, "broadcast_seconds": seconds,
+                "broadcast_failed": failed, "broadcast_shared_memory": shared, "broadcast_in_place": in_place,
+                "broadcast_segment_moves": self.moved_segments, "broadcast_generation": self._number}
 
     def close(self) -> None:
         if self._group is not None:

@@ -35,8 +35,8 @@ def test_export_is_bf16_state_dict_with_head(tie):
 
 def _arena():
     """An ``into`` for ``export_weights`` over one flat buffer laid out as the broadcast lays out a
-    payload (``weight_broadcast.offsets``). Returns ``(into, {"buffer": ...}, the sizes asked for)``."""
-    from system.weight_broadcast import offsets
+    payload (``weight_layout.offsets``). Returns ``(into, {"buffer": ...}, the sizes asked for)``."""
+    from system.weight_layout import offsets
 
     asked, held = {}, {}
 
