@@ -107,7 +107,8 @@ def new_name(kind: str = "") -> str:
 
 def remove_orphans() -> list[str]:
     """Unlink the segments whose creator no longer runs, among those made in this pid namespace (a
-    pid of another one says nothing here); the names removed."""
+    pid of another one says nothing here); the names removed. Never raises: a segment this process
+    may not unlink (another user's, in the sticky ``/dev/shm``) is left where it is."""
     removed, namespace = [], pid_namespace()
     for path in SHM_DIR.glob("aisrl-*") if available() and namespace != "0" else []:
         match = OWN.fullmatch(path.name)
@@ -116,7 +117,10 @@ def remove_orphans() -> list[str]:
         try:
             os.kill(int(match.group(1)), 0)
         except ProcessLookupError:  # gone: nobody will unlink it
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # another user's, in a sticky /dev/shm: theirs to remove, not a reason to fail
+                continue
             removed.append(path.name)
         except PermissionError:  # alive, another user's
             pass

@@ -88,6 +88,35 @@ def test_orphans_of_processes_that_no_longer_run_are_removed_and_nothing_else():
         mine.close()
 
 
+def test_an_orphan_this_process_may_not_unlink_is_left_and_the_others_still_go(monkeypatch):
+    """In a sticky /dev/shm another user's orphan cannot be unlinked (PermissionError, as a probe saw):
+    it stays, the call returns (a raise here stopped every broadcast generation from forming), and an
+    orphan that can be unlinked is still removed."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    ns = shared_segment.pid_namespace()
+    theirs = shared_segment.SHM_DIR / f"aisrl-{int(dead.stdout)}-n{ns}-0ther0"
+    ours = shared_segment.SHM_DIR / f"aisrl-{int(dead.stdout)}-n{ns}-0ur50"
+    theirs.write_bytes(b"t")
+    ours.write_bytes(b"o")
+    real_unlink = type(theirs).unlink
+
+    def unlink(path, missing_ok=False):
+        if path.name == theirs.name:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        return real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(type(theirs), "unlink", unlink)
+    try:
+        removed = shared_segment.remove_orphans()
+        assert removed.count(ours.name) == 1 and not ours.exists()
+        assert theirs.name not in removed and theirs.exists()
+    finally:
+        monkeypatch.undo()
+        theirs.unlink(missing_ok=True)
+        ours.unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_copy_pieces_copies_every_pair_whole_however_the_spans_cut_them(threads):
     """Pairs of 0, 1, 7, 1000 and 33 bytes (1041 in all): with 2 threads the spans are bytes [0, 521) and
