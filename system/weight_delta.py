@@ -16,7 +16,8 @@ Codec per tensor (``E = W - R`` in float32):
 * any other floating tensor: int8 with one float32 scale per row (last dimension),
   ``s = max|E_row| / 127``, ``D = round(E / s) * s``;
 * a tensor that is not floating point (an integer buffer) goes exactly, as it is, every version
-  (float32 would round integers above 2**24, and a quantized delta would be off by some units).
+  (float32 would round integers above 2**24, and a quantized delta would be off by some units);
+  so does a tensor without elements (``[4, 0]``: there are no rows to quantize, and it costs nothing).
 
 On the wire a delta is a ``WeightPayload`` whose dtypes say ``delta/lowrank`` or ``delta/int8``
 per tensor (arrays ``name::p``, ``name::q`` or ``name::q8``, ``name::scale``), and a full
@@ -83,7 +84,7 @@ class DeltaEncoder:
         arrays, dtypes = {}, {}
         residual_sq, weight_sq = 0.0, 0.0
         for name, w in state.items():
-            if not w.is_floating_point():  # exactly, as the full payload carries it
+            if not w.is_floating_point() or w.numel() == 0:  # exactly, as the full payload carries it
                 arrays[name], dtypes[name] = payload.arrays[name], payload.dtypes[name]
                 self.reference[name] = w.clone()
                 continue

@@ -126,3 +126,19 @@ def test_integer_tensors_go_exactly_in_every_delta_version():
         got = dict(decode_weights(dec.decode(wire)))
         assert got["counts"].dtype == torch.int64 and torch.equal(got["counts"], counts), version
         assert got["w"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("shape", [(0,), (4, 0), (0, 4), (2, 0, 3)])
+def test_a_tensor_without_elements_goes_through_every_delta_version(shape):
+    """Found by a review: a ``[4, 0]`` or ``[0]`` float tensor (the export path allows them) made the
+    second version's int8 coding raise ("cannot reshape tensor of 0 elements"), which stopped the run.
+    It now goes as it is; the other tensor still goes as a delta."""
+    enc, dec = DeltaEncoder(rank=2, full_every=100), DeltaDecoder()
+    w = torch.randn(8, 16)
+    for version in range(3):
+        state = {"w": (w + 0.01 * version).to(torch.bfloat16), "empty": torch.zeros(shape, dtype=torch.bfloat16)}
+        wire = enc.encode(encode_weights(state, version))
+        assert is_delta(wire) == (version > 0)
+        got = dict(decode_weights(dec.decode(wire)))
+        assert got["empty"].shape == shape and got["empty"].dtype == torch.bfloat16
+        assert got["w"].shape == (8, 16)
