@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -283,8 +284,9 @@ class WeightBroadcast:
             self._segment.close()
             self._segment = None
 
-    def receive(self) -> WeightPayload:
-        """The payload member 0 sends next (its arrays are views of one flat buffer)."""
+    def receive(self, on_header: Callable[[int], None] | None = None) -> WeightPayload:
+        """The payload member 0 sends next (its arrays are views of one flat buffer); ``on_header`` is
+        called with its policy version as soon as its header arrived (before its data)."""
         if self.rank == 0:
             raise ValueError("member 0 sends, it does not receive")
         size = torch.zeros(1, dtype=torch.int64)
@@ -295,8 +297,10 @@ class WeightBroadcast:
         encoded = torch.empty(int(size.item()), dtype=torch.uint8)
         self._broadcast(encoded)
         header = json.loads(bytes(encoded.numpy()).decode())
+        if on_header is not None:
+            on_header(int(header["policy_version"]))
         if "shm" in header:
-            return self._receive_shared(header)
+            return self._receive_shared(header, on_header)
         if self.shared:  # member 0 stopped sharing (it could not write a segment): the sockets from now on
             self._stop_sharing("member 0 sent over gloo")
         data, flat = self._buffer(int(header["nbytes"]))
@@ -331,7 +335,7 @@ class WeightBroadcast:
         self._buffers = held[-2:] + [pair]  # at most two older ones kept for reuse, none still held
         return pair
 
-    def _receive_shared(self, header: dict) -> WeightPayload:
+    def _receive_shared(self, header: dict, on_header: Callable[[int], None] | None = None) -> WeightPayload:
         """Copy the data out of member 0's segment, then tell it (the all-reduce) whether that worked;
         if any member failed, member 0 sends this version again over gloo, and every later one."""
         error = None
@@ -346,7 +350,7 @@ class WeightBroadcast:
         if self._all_ok(error is None):
             return unpack(header, data)
         self._stop_sharing(f"reading {header['shm']} failed: {error or 'on another worker'}")
-        return self.receive()
+        return self.receive(on_header)
 
     def close(self) -> None:
         """Drop the group (a dead peer's group is dropped the same way) and its shared segment."""

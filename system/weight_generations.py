@@ -16,6 +16,9 @@ from system.weight_broadcast import BroadcastFailed, GroupAddress, WeightBroadca
 from system.weight_delta import DeltaDecoder, DeltaEncoder, is_delta
 from system.weight_payload import WeightPayload
 
+TAKE_GRACE_S = 0.05
+"""How long :meth:`BroadcastReceiver.take` waits for a version whose header has not arrived (see there)."""
+
 ELSEWHERE_POLL_S = 0.005
 """How often :meth:`BroadcastReceiver.exists` asks the other source while it waits for a broadcast."""
 
@@ -181,6 +184,12 @@ class BroadcastReceiver:
         self._alive = False
         self._connected = False  # the current generation's group is up (its versions can arrive)
         self.latest: WeightPayload | None = None
+        """The newest version received and not yet taken (:meth:`take` drops it: its buffer is then free
+        for the next version, instead of one more full copy of the weights held per worker)."""
+        self.newest = -1
+        """The newest version received (taken or not)."""
+        self.incoming: int | None = None
+        """The version whose header arrived and whose data is being received (or decoded), if any."""
         self.error: str | None = None
 
     def join(self, address: GroupAddress, rank: int, timeout_s: float = 60.0, delta: bool = False) -> None:
@@ -199,7 +208,7 @@ class BroadcastReceiver:
                         self._connected = True
                 decoder = DeltaDecoder() if delta else None
                 while True:
-                    payload = group.receive()
+                    payload = group.receive(on_header=lambda version: self._incoming(generation, version))
                     if decoder is not None:
                         payload = decoder.decode(payload)
                     if not self._arrived(generation, payload):
@@ -208,6 +217,7 @@ class BroadcastReceiver:
                 with self._cond:
                     if generation == self._generation:
                         self._alive, self.error = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+                        self.incoming = None
                         self._cond.notify_all()
             finally:
                 if group is not None:  # its shared segment's mapping and spare buffers
@@ -215,13 +225,21 @@ class BroadcastReceiver:
 
         threading.Thread(target=loop, name=f"weights-receive-{generation}", daemon=True).start()
 
+    def _incoming(self, generation: int, version: int) -> None:
+        """Generation ``generation``'s thread is receiving ``version`` (its header arrived)."""
+        with self._cond:
+            if generation == self._generation:
+                self.incoming = version
+                self._cond.notify_all()
+
     def _arrived(self, generation: int, payload: WeightPayload) -> bool:
         """Generation ``generation``'s thread received ``payload``: it is ``latest`` unless a newer
         generation took over (False: that thread ends)."""
         with self._cond:
             if generation != self._generation:
                 return False
-            self.latest = payload
+            self.latest, self.incoming = payload, None
+            self.newest = max(self.newest, payload.policy_version)
             self._cond.notify_all()
             return True
 
@@ -239,8 +257,7 @@ class BroadcastReceiver:
                 if self.latest is not None and self.latest.policy_version == version:
                     return True
                 # a newer version arrived: this one's broadcast copy is gone, only the object store has it
-                listening = self._alive and self._connected and (self.latest is None
-                                                                 or self.latest.policy_version < version)
+                listening = self._alive and self._connected and self.newest < version
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not listening:
                 return elsewhere(remaining)
@@ -252,18 +269,29 @@ class BroadcastReceiver:
                 if self.latest is None or self.latest.policy_version != version:
                     self._cond.wait(ELSEWHERE_POLL_S if remaining is None else min(ELSEWHERE_POLL_S, remaining))
 
-    def take(self, version: int, wait_s: float = 5.0) -> WeightPayload | None:
-        """The payload of ``version`` if it arrived (waiting up to ``wait_s`` while the generation is
-        connected and only older versions arrived; not while it forms: the sender skips the versions
-        exported before every member joined); None if it did not (load it another way)."""
-        deadline = time.monotonic() + wait_s
+    def take(self, version: int, wait_s: float = 5.0, grace_s: float = TAKE_GRACE_S) -> WeightPayload | None:
+        """The payload of ``version`` if it arrived; None if it did not (load it another way).
+
+        Called once ``version`` exists (:meth:`exists`), so the sender has broadcast it if it ever will
+        (it broadcasts before it writes the object-store copy). While the generation is connected and
+        only older versions arrived, the wait lasts up to ``wait_s`` while ``version`` (or an older one)
+        is being received or decoded here, and only ``grace_s`` while nothing is (its header still in
+        the sockets). A version the sender skipped (exported before every member joined a new
+        generation) so costs ``grace_s``, not ``wait_s`` with the engine held (a review found 5 s per
+        worker at every re-form); none at all while the generation forms."""
+        now = time.monotonic()
+        deadline, grace = now + wait_s, now + min(grace_s, wait_s)
         with self._cond:
             while True:
                 if self.latest is not None and self.latest.policy_version == version:
-                    return self.latest
-                if self.latest is not None and self.latest.policy_version > version:
+                    payload, self.latest = self.latest, None
+                    return payload
+                if self.newest >= version:  # taken already, or a newer one arrived: this copy is gone
                     return None
-                remaining = deadline - time.monotonic()
+                if self.incoming is not None and self.incoming > version:
+                    return None  # a newer one is coming: this one was skipped
+                receiving = self.incoming is not None  # this version, or an older one it may follow
+                remaining = (deadline if receiving else grace) - time.monotonic()
                 if not (self._alive and self._connected) or remaining <= 0:
                     return None
                 self._cond.wait(remaining)

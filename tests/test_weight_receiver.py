@@ -82,3 +82,46 @@ def test_an_idle_worker_loads_a_broadcast_version_the_object_store_does_not_hold
     shell.offer_weights(2, ["a reference never resolved"])
     assert loaded == [2] and shell.weight_sources == {"broadcast": 1, "object_store": 0}
     assert shell.mailbox.held_version == 2
+
+
+def test_a_version_the_sender_skipped_costs_the_grace_not_the_whole_wait():
+    """Found by a review: a version exported before a re-formed generation settled is never broadcast,
+    yet ``take`` (after the object store said it exists) waited its full ``wait_s`` (5 s) with the
+    engine held, once per worker at every re-form. Nothing is being received: None after
+    ``grace_s``; and at once when a newer version's header is already in."""
+    receiver = _connected_receiver()
+    receiver._arrived(1, version(1))
+    assert receiver.take(1).policy_version == 1
+    started = time.monotonic()
+    assert receiver.take(2, wait_s=5.0, grace_s=0.1) is None
+    assert 0.09 <= time.monotonic() - started < 2.0  # the grace (a busy machine's margin), not wait_s
+    receiver._incoming(1, 4)  # version 4's header arrived: 3 was skipped
+    started = time.monotonic()
+    assert receiver.take(3, wait_s=5.0, grace_s=5.0) is None and time.monotonic() - started < 1.0
+
+
+def test_a_version_being_received_is_waited_for_beyond_the_grace():
+    """Version 2's header is in (its data still copying, or a delta decoding) when the object store
+    already holds it: ``take`` waits for the arrival (0.3 s here, past the 0.05 s grace) and returns
+    the broadcast copy."""
+    receiver = _connected_receiver()
+    receiver._incoming(1, 2)
+    threading.Timer(0.3, receiver._arrived, (1, version(2))).start()
+    started = time.monotonic()
+    got = receiver.take(2, wait_s=5.0, grace_s=0.05)
+    assert got is not None and got.policy_version == 2 and 0.29 <= time.monotonic() - started < 3.0
+
+
+def test_a_taken_version_is_not_held_by_the_receiver():
+    """Found by a review: the receiver kept the last version it received after the engine loaded it, one
+    more full copy of the weights per worker (and its buffer could not be reused for the next one).
+    ``take`` hands it over and drops it; the version still counts as received (a second ``take`` and
+    ``exists`` do not wait for another broadcast of it)."""
+    receiver = _connected_receiver()
+    receiver._arrived(1, version(3))
+    assert receiver.take(3).policy_version == 3
+    assert receiver.latest is None and receiver.newest == 3
+    started = time.monotonic()
+    assert receiver.take(3, wait_s=5.0, grace_s=5.0) is None and time.monotonic() - started < 1.0
+    seen = []
+    assert receiver.exists(3, lambda t: seen.append(t) or True, None) and seen == [None]  # the object store alone
