@@ -236,3 +236,23 @@ def test_valid_tokens_is_one_definition_for_numpy_and_torch():
     assert got.dtype == torch.bool and got.numpy().tolist() == want.tolist()
     # and compute_log_ratios counts the same tokens
     assert compute_log_ratios(torch.from_numpy(mu), torch.from_numpy(old), torch.from_numpy(mask)).num_tokens == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compute_log_ratios_keeps_exactly_the_tokens_valid_tokens_keeps(dtype):
+    """``compute_log_ratios`` finds the valid tokens in its one pass over ``d`` (finite ``d`` in float64
+    iff both log-probs are finite); it must select the very tokens ``valid_tokens`` selects, token for
+    token, with NaN, +inf and -inf sprinkled over either input and the mask."""
+    from system.correction.ratios import valid_tokens
+
+    rng = np.random.default_rng(7)
+    mu, old = (rng.normal(-1.0, 1.0, (16, 40)).astype(dtype) for _ in range(2))
+    for x in (mu, old):
+        x[rng.random(x.shape) < 0.05] = np.nan
+        x[rng.random(x.shape) < 0.03] = np.inf
+        x[rng.random(x.shape) < 0.03] = -np.inf
+    mask = (rng.random((16, 40)) < 0.8).astype(np.uint8)
+    want = valid_tokens(mask, mu, old)
+    got = compute_log_ratios(torch.from_numpy(mu), torch.from_numpy(old), torch.from_numpy(mask)).valid_BT
+    assert 0 < want.sum() < mask.sum()  # some excluded, some kept
+    np.testing.assert_array_equal(got.numpy(), want)

@@ -66,6 +66,7 @@ def test_log_probs_above_zero_stay_valid_tokens_and_are_counted_and_said(tmp_pat
     summary, _, page = _outputs(out)
     assert summary["logp_above_zero"] == {"rollout_logp": 2, "train_logp": 1}
     assert "2 masked-in rollout_logp value(s) above 0" in said(result) and "Log-probabilities above 0" in page
+    assert "2 masked-in rollout and\n1 trainer log-probs exceed 0" in page  # each key's own count, in its place
     # the numbers are the spec's: d = old - mu over every finite masked-in token, positive ones included
     mu, old = arrays["rollout_logp"][m].astype(np.float64), arrays["train_logp"][m].astype(np.float64)
     assert summary["kl_k1"] == pytest.approx(float(np.mean(mu - old)), rel=1e-5)

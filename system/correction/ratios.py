@@ -122,7 +122,8 @@ def compute_log_ratios(behaviour_logp_BT, proximal_logp_BT, mask_BT) -> LogRatio
     proximal64_BT = proximal_BT.to(torch.float64, copy=True)
     in_mask_BT = mask_BT if mask_BT.dtype == torch.bool else mask_BT != 0
     # In float64 the difference of two finite float32 log-probs is finite, and it is non-finite
-    # whenever either operand is: one pass over it finds every excluded token.
+    # whenever either operand is: one pass over it finds every excluded token. (The rule is
+    # ``valid_tokens``'s, found without its two isfinite passes; a test holds the two token for token.)
     d_BT = proximal64_BT - behaviour64_BT
     finite_BT = d_BT.abs() < float("inf")  # False for NaN and +-inf
     valid_BT = in_mask_BT & finite_BT

@@ -111,4 +111,13 @@ def render_page(source: str, summary: dict, samples: dict, figures: dict[str, st
         worst_k=len(samples["worst"]),
         n_rows=samples["n_rows"],
         max_tokens=MAX_TOKENS,
+        above_zero=_above_zero(summary),
     )
+
+
+def _above_zero(summary: dict) -> dict | None:
+    """Masked-in log-probs above 0, as ``{"behaviour": n, "proximal": n}`` (summary.json counts them by
+    dump key); None when the summary has no such count or both are 0."""
+    counts = summary.get("logp_above_zero") or {}
+    found = {"behaviour": counts.get(BEHAVIOUR_KEY, 0), "proximal": counts.get(PROXIMAL_KEY, 0)}
+    return found if any(found.values()) else None
