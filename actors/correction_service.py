@@ -46,15 +46,14 @@ class CorrectionService:
         return self.logger.wandb_run_id
 
     def process(self, step: int, holder: list, proximal_BT: np.ndarray, learner_version: int) -> tuple[np.ndarray, dict]:
-        """Weights for the global batch (AIS's omega when on) and the correction's metrics, streamed now;
-        a dump every ``report.dump_every`` steps. Called by learner rank 0 once per step; the batch
+        """Weights for the global batch (AIS's omega when on) and the correction's metrics (they reach the
+        sinks with the step's record, ``finish_step``); a dump every ``report.dump_every`` steps. Called by learner rank 0 once per step; the batch
         itself is read here from the object store (``holder`` = [its reference]), never re-sent."""
         started = time.perf_counter()
         batch = ray.get(holder[0]).correction_input(proximal_BT, learner_version)
         result = self.core.process(batch.behaviour_BT, batch.proximal_BT, batch.mask_BT, batch.lag_B, batch.advantage_B)
         # the service's own share of rank 0's time/correction (the rest is the call's round trip)
         result.metrics["time/correction_service"] = time.perf_counter() - started
-        self.logger.stream(step, result.metrics)
         if result.alarm:  # drift alarm (correction.alarm): one console line, a W&B alert rate-limited per cause
             logging.getLogger(__name__).warning("step %d: %s", step, result.alarm)
             self.logger.alert(f"aisrl drift alarm: {result.alarm_cause}", result.alarm, step)

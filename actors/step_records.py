@@ -13,7 +13,7 @@ from actors.learner_worker import PendingStep
 from actors.remote_errors import remote_error
 from actors.runtime import RAY
 from system.learner.batch import LearnerBatch
-from system.types import RolloutGroup, StepRecord
+from system.types import RolloutGroup, StepRecord, StepSeconds
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,9 @@ def step_record(sub: SubmittedStep, outcome, ledger: dict, rollout: RolloutSince
     ``step_s``: the wall seconds since the previous step completed."""
     batch = sub.batch
     lags = batch.lag_B(sub.step - 1)
-    seconds = {"wait_rollout": sub.waited, "proximal": outcome.seconds["proximal"],
-               "correction": outcome.seconds["correction"], "update": outcome.seconds["update"],
-               "sync": outcome.seconds["export"], "step": step_s,
-               "rollout_idle": rollout.idle_s(len(pool.ready()))}
+    seconds = StepSeconds(wait_rollout=sub.waited, proximal=outcome.seconds["proximal"],
+                          correction=outcome.seconds["correction"], update=outcome.seconds["update"],
+                          sync=outcome.seconds["export"], step=step_s, rollout_idle=rollout.idle_s(len(pool.ready())))
     return StepRecord(
         step=sub.step, policy_version=sub.step, reward_mean=float(batch.rewards_B.mean()),
         reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),

@@ -37,7 +37,7 @@ from system.config.run import RunConfig  # noqa: E402
 from system.learner.collate import collate_groups  # noqa: E402
 from system.learner.distributed import find_free_port  # noqa: E402
 from system.learner.flops import matmul_parameters, peak_tflops, step_flops  # noqa: E402
-from system.learner.step import loss_normalisers  # noqa: E402
+from system.losses.aggregation import loss_normalisers  # noqa: E402
 from system.types import Completion, Prompt, RolloutGroup  # noqa: E402
 
 SIZES = {

@@ -4,7 +4,7 @@ Token sequences are stored as read-only numpy arrays, which travel through Ray's
 without a copy; every completion carries the ``policy_version`` of the weights that produced it.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import accumulate
 
 import numpy as np
@@ -232,6 +232,23 @@ class CorrectionInput:
 
 
 @dataclass(frozen=True)
+class StepSeconds:
+    """Where one step's wall time went (``time/<field>`` in the record), seconds."""
+
+    wait_rollout: float = 0.0
+    """The learner's pause: waiting for the step's batch."""
+    proximal: float = 0.0
+    correction: float = 0.0
+    update: float = 0.0
+    sync: float = 0.0
+    """Rank 0's export of the new weights (and their broadcast with ``weight_sync.type`` collective or delta)."""
+    step: float = 0.0
+    """The driver's wall time from the previous step's completion to this one's."""
+    rollout_idle: float = 0.0
+    """The rollout side's pause: seconds a ready worker sat idle since the previous step, mean over workers."""
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """What one learner step reports, from the driver to the sinks (``metrics.jsonl``, W&B, console).
 
@@ -250,10 +267,7 @@ class StepRecord:
     learner: dict = field(default_factory=dict)
     correction: dict = field(default_factory=dict)
     ledger: dict = field(default_factory=dict)
-    seconds: dict = field(default_factory=dict)
-    """``wait_rollout`` (the learner's pause), ``proximal``, ``correction``, ``update``, ``sync`` (export),
-    ``step`` (the driver's wall time from the previous step's completion to this one's), ``rollout_idle`` (the rollout side's pause: seconds a ready worker sat idle since the
-    previous step, mean over workers)."""
+    seconds: StepSeconds = field(default_factory=StepSeconds)
     rollout_tokens_per_s: float = 0.0
     weight_sync: dict = field(default_factory=dict)
     """How the step's new weights travelled (``weight_sync/<key>``: payload and broadcast bytes, seconds)."""
@@ -267,7 +281,7 @@ class StepRecord:
     worker_failures: int = 0
 
     def metrics(self) -> dict:
-        step_s = self.seconds.get("step", 0.0)
+        step_s = self.seconds.step
         return {
             "policy_version": self.policy_version, "reward/mean": self.reward_mean, "reward/std": self.reward_std,
             "staleness/lag_mean": self.lag_mean, "staleness/lag_max": self.lag_max,
@@ -276,7 +290,7 @@ class StepRecord:
             **{f"learner/{k}": v for k, v in self.learner.items()},
             **{f"ledger/{k}": v for k, v in self.ledger.items()},
             **{f"weight_sync/{k}": v for k, v in self.weight_sync.items()},
-            **{f"time/{k}": v for k, v in self.seconds.items()},
+            **{f"time/{k}": v for k, v in asdict(self.seconds).items()},
             "throughput/learner_tokens_per_s": self.tokens_trained / max(step_s, 1e-9),
             "throughput/rollout_tokens_per_s": self.rollout_tokens_per_s,
             "tokens/trained": self.tokens_trained,

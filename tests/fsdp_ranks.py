@@ -18,7 +18,7 @@ from system.config.rollout import RolloutConfig
 from system.config.run import RunConfig
 from system.learner.batch import shard_batch
 from system.learner.distributed import find_free_port
-from system.learner.step import loss_normalisers
+from system.losses.aggregation import loss_normalisers
 from system.weight_payload import decode_weights
 
 LR, GRAD_CLIP, MICRO_BATCH = 1e-2, 0.5, 4

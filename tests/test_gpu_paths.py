@@ -90,7 +90,7 @@ def test_learner_rank_on_cuda_matches_naive_cpu_reference(tmp_path):
     from system.config.run import RunConfig
     from system.learner.core import LearnerCore
     from system.learner.distributed import find_free_port
-    from system.learner.step import loss_normalisers
+    from system.losses.aggregation import loss_normalisers
     from system.weight_payload import decode_weights
 
     torch.backends.cuda.matmul.allow_tf32 = False

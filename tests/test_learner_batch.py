@@ -14,7 +14,7 @@ from system.learner.batch import (
     shard_rows,
 )
 from system.learner.collate import collate_groups
-from system.learner.step import loss_normalisers
+from system.losses.aggregation import loss_normalisers
 from system.types import Completion, Prompt, RolloutGroup
 
 

@@ -34,15 +34,9 @@ from system.learner.batch import mini_batch_slices, shard_batch, update_micro_sl
 from system.learner.collate import collate_groups
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import build_optimizer, build_scheduler
-from system.learner.step import (
-    LossNormalisers,
-    Trainee,
-    loss_normalisers,
-    mini_batch_normalisers,
-    train_step,
-    train_updates,
-)
+from system.learner.step import Trainee, mini_batch_normalisers, train_step, train_updates
 from system.learner.step_metrics import combine_updates
+from system.losses.aggregation import LossNormalisers, loss_normalisers
 from system.types import Completion, Prompt, RolloutGroup
 
 LR = 1e-2  # see the module docstring: moves |log r| past log 1.28 after one Adam step

@@ -14,7 +14,8 @@ from system.config.learner import CTPOLossConfig, LearnerConfig, PPOLossConfig
 from system.learner.collate import collate_groups
 from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.optim import LinearWarmup, build_optimizer, build_scheduler
-from system.learner.step import Trainee, loss_normalisers, train_step
+from system.learner.step import Trainee, train_step
+from system.losses.aggregation import loss_normalisers
 from system.types import Completion, Prompt, RolloutGroup
 
 TEMPERATURE = 0.7

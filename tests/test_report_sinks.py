@@ -59,11 +59,10 @@ def test_jsonl_sink_refuses_to_write_on_once_its_file_is_removed_or_replaced(tmp
     replaced.close()
 
 
-def test_run_logger_merges_streamed_and_final_metrics_into_one_record(tmp_path):
+def test_run_logger_writes_each_step_record_as_one_line(tmp_path):
     cfg = ReportConfig(dump_every=2, wandb=WandbConfig(mode="disabled"))
     logger = RunLogger(tmp_path, cfg, {"seed": 0})
-    logger.stream(1, {"mismatch/kl_k1": 0.01})
-    record = logger.finish_step(1, {"reward/mean": 0.5})
+    record = logger.finish_step(1, {"mismatch/kl_k1": 0.01, "reward/mean": 0.5})
     logger.finish_step(2, {"reward/mean": 0.6})
     logger.close()
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -213,12 +212,10 @@ def test_live_sinks_receive_each_step_once_in_the_order_steps_finish(tmp_path):
         mask_BT=np.ones((2, 2), bool), lag_B=np.zeros(2, np.int32), advantage_B=np.zeros(2, np.float32),
         reward_B=np.zeros(2, np.float32), response_ids_BT=np.zeros((2, 2), np.int32), uids=("a", "b"),
         prompt_texts=("", ""), response_texts=("x", "y"))
-    logger.stream(1, {"mismatch/kl_k1": 0.1})
-    logger.stream(2, {"mismatch/kl_k1": 0.2})  # the next step's correction, queued ahead
-    logger.dump(2, batch, np.ones(4))
+    logger.dump(2, batch, np.ones(4))  # the next step's correction and dump, queued ahead
     assert sink.calls == []  # nothing live before its step finishes
-    logger.finish_step(1, {"reward/mean": 0.5})
-    logger.finish_step(2, {"reward/mean": 0.6})
+    logger.finish_step(1, {"mismatch/kl_k1": 0.1, "reward/mean": 0.5})
+    logger.finish_step(2, {"mismatch/kl_k1": 0.2, "reward/mean": 0.6})
     logger.close()
     assert sink.calls == [("log", 1, {"mismatch/kl_k1": 0.1, "reward/mean": 0.5}),
                           ("log", 2, {"mismatch/kl_k1": 0.2, "reward/mean": 0.6}),

@@ -14,7 +14,7 @@ from system.data.arithmetic import ArithmeticPrompts
 from system.learner.collate import collate_groups
 from system.learner.core import LearnerCore
 from system.learner.distributed import find_free_port
-from system.learner.step import loss_normalisers
+from system.losses.aggregation import loss_normalisers
 from system.models.tiny import build_tiny_model
 from system.rollout.worker import RolloutWorkerCore
 

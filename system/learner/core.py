@@ -39,7 +39,8 @@ from system.learner.forward import proximal_logprobs, shard_tensors
 from system.learner.logprobs import Sampling
 from system.learner.model import build_fsdp_model
 from system.learner.optim import build_optimizer, build_scheduler
-from system.learner.step import LossNormalisers, Trainee, train_updates
+from system.learner.step import Trainee, train_updates
+from system.losses.aggregation import LossNormalisers
 from system.weight_payload import WeightPayload
 
 

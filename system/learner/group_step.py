@@ -33,8 +33,8 @@ from system.correction.ratios import valid_tokens
 from system.learner import distributed
 from system.learner.batch import LearnerBatch, rows_in_rank_order, shard_batch, shard_rows
 from system.learner.export import ExportInto
-from system.learner.step import LossNormalisers, loss_normalisers
 from system.learner.step_outcome import StepOutcome
+from system.losses.aggregation import LossNormalisers, loss_normalisers
 
 Correct = Callable[[np.ndarray], Callable[[], tuple[np.ndarray, dict]]]
 """``proximal_BT -> wait``: starts the correction of the global batch (rank 0 only) and returns the

@@ -30,7 +30,6 @@ reaches it at the same point of the same schedule.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -42,7 +41,7 @@ from system.learner.batch import micro_batch_slices, mini_batch_slices
 from system.learner.forward import ShardTensors, response_logprobs
 from system.learner.logprobs import Sampling
 from system.learner.step_metrics import MetricSums, combine_updates
-from system.losses.aggregation import aggregate
+from system.losses.aggregation import LossNormalisers, aggregate
 from system.losses.registry import policy_token_loss
 
 
@@ -59,27 +58,6 @@ class Trainee:
     sampling: float | Sampling
 
 
-@dataclass(frozen=True)
-class LossNormalisers:
-    """Global counts the aggregation divides by, computed once per batch over all ranks."""
-
-    num_valid_tokens: int
-    num_sequences: int
-
-
-def loss_normalisers(
-    response_mask_BT: np.ndarray, behaviour_logp_BT: np.ndarray, proximal_logp_BT: np.ndarray
-) -> LossNormalisers:
-    """Valid tokens and sequences with at least one valid token, over the GLOBAL ``[B, T]`` batch."""
-    if not response_mask_BT.shape == behaviour_logp_BT.shape == proximal_logp_BT.shape:
-        raise ValueError(
-            f"response_mask {response_mask_BT.shape}, behaviour_logp {behaviour_logp_BT.shape} and "
-            f"proximal_logp {proximal_logp_BT.shape} must have one [B, T] shape"
-        )
-    valid_BT = valid_tokens(response_mask_BT, behaviour_logp_BT, proximal_logp_BT)
-    return LossNormalisers(int(valid_BT.sum()), int((valid_BT.sum(axis=1) >= 1).sum()))
-
-
 def mini_batch_normalisers(
     shard: ShardTensors, proximal_logp_BT: torch.Tensor, slices: list[slice]
 ) -> list[LossNormalisers]:
@@ -88,12 +66,12 @@ def mini_batch_normalisers(
     all-reduce; collective: call on every rank with the same number of slices). The valid
     tokens are counted before any weight masks a token, as ``loss_normalisers`` does."""
     valid_BT = valid_tokens(shard.response_mask_BT, shard.behaviour_logp_BT, proximal_logp_BT)
-    counts_K2 = torch.stack([
+    counts_K = torch.stack([  # [K, 2]: valid tokens, sequences
         torch.stack([valid_BT[rows].sum(), (valid_BT[rows].sum(dim=1) >= 1).sum()]) for rows in slices
     ]).to(torch.int64)
     if dist.is_initialized():
-        dist.all_reduce(counts_K2, op=dist.ReduceOp.SUM)
-    return [LossNormalisers(int(tok), int(seq)) for tok, seq in counts_K2.tolist()]
+        dist.all_reduce(counts_K, op=dist.ReduceOp.SUM)
+    return [LossNormalisers(int(tok), int(seq)) for tok, seq in counts_K.tolist()]
 
 
 Weights = torch.Tensor | Callable[[], torch.Tensor]

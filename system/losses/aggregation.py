@@ -16,11 +16,35 @@ Shapes: B = responses in the batch, T = padded response length.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from system.config.learner import LearnerConfig
+from system.correction.ratios import valid_tokens
 from system.registry import Registry, config_types
+
+
+@dataclass(frozen=True)
+class LossNormalisers:
+    """Global counts the aggregation divides by, computed once per batch over all ranks."""
+
+    num_valid_tokens: int
+    num_sequences: int
+
+
+def loss_normalisers(
+    response_mask_BT: np.ndarray, behaviour_logp_BT: np.ndarray, proximal_logp_BT: np.ndarray
+) -> LossNormalisers:
+    """Valid tokens and sequences with at least one valid token, over the GLOBAL ``[B, T]`` batch."""
+    if not response_mask_BT.shape == behaviour_logp_BT.shape == proximal_logp_BT.shape:
+        raise ValueError(
+            f"response_mask {response_mask_BT.shape}, behaviour_logp {behaviour_logp_BT.shape} and "
+            f"proximal_logp {proximal_logp_BT.shape} must have one [B, T] shape"
+        )
+    valid_BT = valid_tokens(response_mask_BT, behaviour_logp_BT, proximal_logp_BT)
+    return LossNormalisers(int(valid_BT.sum()), int((valid_BT.sum(axis=1) >= 1).sum()))
 
 
 def _denominator(global_count: float | None, local_count: torch.Tensor, name: str):

@@ -41,7 +41,6 @@ class RunLogger:
         self.live = FanOutSink([self.wandb, *extra_sinks])
         self._live_skip_through = live_sent_through if wandb_run_id is not None else 0
         self._finished_through = 0  # the last step whose record was sent
-        self._pending: dict[int, dict] = {}
         self._media: dict[int, list] = {}  # step -> [(sink method name, args), ...]
         self.last_dump: Path | None = None
 
@@ -49,13 +48,9 @@ class RunLogger:
     def wandb_run_id(self) -> str | None:
         return self.wandb.run_id
 
-    def stream(self, step: int, metrics: dict) -> None:
-        self._pending.setdefault(step, {}).update(metrics)
-
     def finish_step(self, step: int, metrics: dict) -> dict:
-        """Send the step's metrics (streamed + these) and media to the live sinks, write its JSONL
-        record; return the record."""
-        record = {**self._pending.pop(step, {}), **metrics}
+        """Send the step's metrics and media to the live sinks, write its JSONL record; return the record."""
+        record = dict(metrics)
         media = self._media.pop(step, [])
         if step > self._live_skip_through:
             self.live.log(step, record)
