@@ -35,7 +35,7 @@ says. With ``per_lag`` the same rule runs within each lag bucket (the sequences 
 sequence is mixed with its bucket's alpha; a lag absent from a batch leaves its EMA as it
 is. The batch-wide EMA is advanced and logged either way.
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import math

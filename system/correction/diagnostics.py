@@ -16,7 +16,7 @@ sequences and few temporaries. ``rho - 1`` is evaluated as ``expm1(dc)`` (no rou
 (``reductions.kth_smallest``). An empty batch gives counts 0 and ``None`` for every float
 statistic, never NaN.
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import math

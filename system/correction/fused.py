@@ -23,7 +23,7 @@ statistics (``method_statistics``' keys) come from the per-response sums. Agreem
 path is to summation order (``tests/test_correction_fused.py``: 1e-12 relative).
 When the library is not built, ``available()`` is False and callers use the torch path.
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import ctypes

@@ -11,7 +11,7 @@ Over the n valid tokens and the n_seq non-empty responses:
 
 An empty batch gives ``None`` for every value (and for every bucket).
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import torch

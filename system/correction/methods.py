@@ -13,7 +13,7 @@ valid tokens the method did not reject (seq-mis / icepop / geo-rs outside their 
 and the veto). It is the method's decision, not ``w > 0``: none and token-tis / seq-tis keep
 every valid token. AIS (section 3) mixes only where ``k`` is 1.
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 from collections.abc import Callable

@@ -10,7 +10,7 @@ float64 inputs beyond +-1e308, counts as non-finite too.) Everything here is det
 dtype); weights built from it are handed back in ``weight_dtype``. A threshold ``log x`` (a method's
 band, the veto, the diagnostics' 2x / 5x) is compared at the inputs' precision (``log_threshold``).
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import math

@@ -11,7 +11,7 @@ rho_seq_i, so the ±20 clamp never changes a decision; the thresholds are at the
 precision (``log_threshold``). Each function returns one float64 weight per response ([B]);
 empty responses get 0. Every token of response i carries w_i.
 
-Shapes: B = responses in the batch.
+Shapes: the README's suffix legend (B responses).
 """
 
 import torch

@@ -10,7 +10,7 @@ clamp never changes a decision; ``log lo`` and ``log hi`` are at the inputs' pre
 icepop's decision is ``icepop_keep_BT`` (bool [B, T]), the keep mask ``k`` of AIS (section 3).
 none and token-tis reject nothing.
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import torch

@@ -8,7 +8,7 @@ where g is the group (prompt) of response i and std_g is the POPULATION standard
 single-response group is defined (A = 0). Computed in float64 without a loop over groups;
 returned in the rewards' floating dtype (at least float32).
 
-Shapes: B = responses in the batch.
+Shapes: the README's suffix legend (B responses).
 """
 
 import torch

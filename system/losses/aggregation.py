@@ -12,7 +12,7 @@ per-micro-batch results sum to the global mean; without them the local counts ar
 A batch with no valid token gives 0 with the graph intact, never NaN: non-valid positions
 are replaced by 0 (not multiplied by 0) and every divisor is at least 1.
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 from collections.abc import Callable

@@ -15,7 +15,7 @@ bound), ``low`` (A < 0, lr below its bound), ``dual`` (A < 0, the dual bound sel
 each overall and by position bucket (t <= 128, <= 512, <= 2048, > 2048). A token with a
 non-finite ``cur`` or ``old`` is treated as not valid.
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import torch

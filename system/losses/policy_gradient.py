@@ -10,7 +10,7 @@ so neither the loss nor its gradient can carry a NaN. Statistics over the valid 
 ``clip_frac_high``, or A < 0 and r < 1 - eps_lo, in ``clip_frac_low``), ``ratio_mean``,
 ``approx_kl_k1`` = mean(old - cur) and ``approx_kl`` = mean(r - 1 - log r) (k3).
 
-Shapes: B = responses in the batch, T = padded response length.
+Shapes: the README's suffix legend (B responses, T response positions).
 """
 
 import torch
