@@ -5,7 +5,9 @@ for each new version ``W`` sends only a compressed ``D ~ W - R``; sender and rec
 apply ``R <- R + D``. Because the next delta is taken against ``R`` (not against the previous
 ``W``), whatever a delta failed to carry is carried by the next ones: the error does not
 accumulate (error feedback), it stays about one step's coding error. Every ``full_every``
-versions, and for the first version a group of receivers sees, the full weights go instead
+versions, for the first version a group of receivers sees, and for a version whose delta would
+leave ``||W - R|| / ||W||`` above ``full_above_error`` (the codec's own measure of the mismatch it
+adds: a change too large or of too high a rank for the factors), the full weights go instead
 (``R <- W``).
 
 Codec per tensor (``E = W - R`` in float32):
@@ -59,10 +61,16 @@ def lowrank_step(e: torch.Tensor, q_prev: torch.Tensor) -> tuple[torch.Tensor, t
 class DeltaEncoder:
     """The sender's side: ``encode(W)`` returns what to send and advances ``R``."""
 
-    def __init__(self, rank: int = 4, full_every: int = 20, seed: int = 0) -> None:
+    def __init__(self, rank: int = 4, full_every: int = 20, seed: int = 0, full_above_error: float = 0.05) -> None:
         if rank < 1 or full_every < 1:
             raise ValueError(f"rank and full_every must be >= 1, got {rank}, {full_every}")
+        if not full_above_error > 0:
+            raise ValueError(f"full_above_error must be > 0, got {full_above_error}")
         self.rank, self.full_every, self.seed = rank, full_every, seed
+        self.full_above_error = full_above_error
+        self.full_for_error = False
+        """Whether the last ``encode`` sent the full weights because its delta would have left the
+        reconstruction more than ``full_above_error`` from them (``||W - R|| / ||W||``)."""
         self.reference: dict[str, torch.Tensor] | None = None
         self._q: dict[str, torch.Tensor] = {}
         self._since_full = 0
@@ -75,11 +83,13 @@ class DeltaEncoder:
         self.reference = None
 
     def encode(self, payload: WeightPayload) -> WeightPayload:
+        """What to send for ``payload`` (version W): the full weights for the first version, every
+        ``full_every``-th, and whenever the delta would leave ``||W - R|| / ||W||`` above
+        ``full_above_error`` (the codec cannot keep up: a large or full-rank change); else the delta."""
         state = dict(decode_weights(payload))
+        self.full_for_error = False
         if self.reference is None or self._since_full + 1 >= self.full_every:
-            self.reference = {k: _reference_copy(v) for k, v in state.items()}
-            self._since_full, self.rel_error = 0, 0.0
-            return payload
+            return self._full(payload, state)
         self._since_full += 1
         arrays, dtypes = {}, {}
         residual_sq, weight_sq = 0.0, 0.0
@@ -112,7 +122,16 @@ class DeltaEncoder:
             residual_sq += float(torch.linalg.vector_norm(e.sub_(d), dtype=torch.float64)) ** 2
             weight_sq += float(torch.linalg.vector_norm(w32, dtype=torch.float64)) ** 2
         self.rel_error = (residual_sq / weight_sq) ** 0.5 if weight_sq > 0 else 0.0
+        if self.rel_error > self.full_above_error:
+            self.full_for_error = True
+            return self._full(payload, state)
         return WeightPayload(policy_version=payload.policy_version, arrays=arrays, dtypes=dtypes)
+
+    def _full(self, payload: WeightPayload, state: dict[str, torch.Tensor]) -> WeightPayload:
+        """Send ``payload`` as it is: the reconstruction becomes the weights themselves."""
+        self.reference = {k: _reference_copy(v) for k, v in state.items()}
+        self._since_full, self.rel_error = 0, 0.0
+        return payload
 
 
 class DeltaDecoder:

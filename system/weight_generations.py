@@ -155,7 +155,8 @@ class BroadcastSender:
             # included): payload_bytes * receivers / broadcast_bytes (a probe found the ratio taken
             # over the encoded arrays alone, 3 % above what the byte counts beside it said)
             metrics |= {"compression_ratio": payload.num_bytes / max(sent, 1),
-                        "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error}
+                        "full_version": int(not is_delta(wire)), "codec_rel_error": self.encoder.rel_error,
+                        "full_for_error": int(self.encoder.full_for_error)}
         return metrics
 
     def _metrics(self, receivers: int = 0, sent: int = 0, seconds: float = 0.0, failed: int = 0,

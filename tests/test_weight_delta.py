@@ -71,7 +71,7 @@ def test_error_feedback_delivers_what_one_delta_could_not():
     g = torch.Generator().manual_seed(0)
     before, jump = torch.randn(96, 128, generator=g), 0.1 * torch.randn(96, 128, generator=g)
     after = {"m": (before + jump).to(torch.bfloat16)}
-    enc = DeltaEncoder(rank=4, full_every=1000)
+    enc = DeltaEncoder(rank=4, full_every=1000, full_above_error=10.0)  # never full for its error here
     enc.encode(encode_weights({"m": before.to(torch.bfloat16)}, 1))
     assert enc.rel_error == 0.0  # a full version: the receivers hold the weights
     errors = []
@@ -142,3 +142,32 @@ def test_a_tensor_without_elements_goes_through_every_delta_version(shape):
         got = dict(decode_weights(dec.decode(wire)))
         assert got["empty"].shape == shape and got["empty"].dtype == torch.bfloat16
         assert got["w"].shape == (8, 16)
+
+
+def test_a_delta_that_would_leave_the_reconstruction_too_far_goes_in_full():
+    """A full-rank jump of a [96, 128] matrix: a rank-4 delta carries 4 of its 96 directions, leaving
+    ||W - R|| / ||W|| ~ 0.5 sqrt(92/96) / sqrt(1 + 0.25) ~ 0.44 (the jump is 0.5 of the weights' scale).
+    Above ``full_above_error`` = 0.05 the version goes in full instead (the receivers then hold the
+    weights exactly, ``full_for_error`` set, the error 0); a small rank-1 change after it goes as a
+    delta again. With the threshold at 0.9 the same jump goes as a delta, its error ~0.44."""
+    g = torch.Generator().manual_seed(1)
+    before = torch.randn(96, 128, generator=g)
+    jump = before + 0.5 * torch.randn(96, 128, generator=g)
+    nudge = jump + 1e-3 * torch.outer(torch.randn(96, generator=g), torch.randn(128, generator=g))
+    versions = [{"m": x.to(torch.bfloat16)} for x in (before, jump, nudge)]
+    enc, dec = DeltaEncoder(rank=4, full_every=100, full_above_error=0.05), DeltaDecoder()
+    sent = []
+    for v, state in enumerate(versions, start=1):
+        wire = enc.encode(encode_weights(state, v))
+        got = dict(decode_weights(dec.decode(wire)))
+        sent.append((is_delta(wire), enc.full_for_error))
+        if v == 2:
+            assert torch.equal(got["m"], state["m"]) and enc.rel_error == 0.0
+    assert sent == [(False, False), (False, True), (True, False)]
+    assert torch.equal(got["m"], enc.reference["m"].to(torch.bfloat16))  # receivers hold the reconstruction
+    loose = DeltaEncoder(rank=4, full_every=100, full_above_error=0.9)
+    loose.encode(encode_weights(versions[0], 1))
+    assert is_delta(loose.encode(encode_weights(versions[1], 2))) and not loose.full_for_error
+    assert 0.35 < loose.rel_error < 0.5, loose.rel_error
+    with pytest.raises(ValueError, match="full_above_error"):
+        DeltaEncoder(full_above_error=0.0)

@@ -58,6 +58,11 @@ class DeltaSyncConfig(_GroupSyncConfig):
     """Rank of each matrix's delta (PowerSGD-style, one warm-started power iteration per version)."""
     full_every: int = Field(default=20, ge=1)
     """Send the full weights every this many versions (and to every new generation)."""
+    full_above_error: float = Field(default=0.05, gt=0)
+    """Send the full weights instead of a version's delta when the delta would leave the workers'
+    reconstruction R further than this from the weights W, ``||W - R|| / ||W||`` (what
+    ``weight_sync/codec_rel_error`` reports; 0.6 % on the default run, so the default 5 % fires only
+    when the codec cannot follow a change; ``weight_sync/full_for_error`` counts it)."""
 
 
 WeightSyncConfig = Annotated[ObjectStoreSyncConfig | CollectiveSyncConfig | DeltaSyncConfig,
