@@ -56,6 +56,11 @@ def sync_summary(records: list[dict]) -> dict:
             (sent[delta_steps] / receivers[delta_steps]).mean() / payload[0])
         out["compression_ratio_median"] = float(np.median([r["weight_sync/compression_ratio"]
                                                            for r, d in zip(records, delta_steps, strict=True) if d]))
+    if any("weight_sync/codec_rel_error" in r for r in records):
+        codec = [r["weight_sync/codec_rel_error"] for r in records if "weight_sync/codec_rel_error" in r]
+        out["codec_rel_error_median"], out["codec_rel_error_max"] = float(np.median(codec)), float(np.max(codec))
+        out["full_versions"] = int((reached & full).sum())
+        out["full_for_error_steps"] = int(sum(r.get("weight_sync/full_for_error", 0) for r in records))
     return out
 
 
