@@ -199,6 +199,7 @@ class BroadcastReceiver:
         with self._cond:
             self._generation += 1
             generation, self._alive, self._connected = self._generation, True, False
+            self.incoming = None  # an older generation's version in flight will not arrive any more
 
         def loop() -> None:
             group = None

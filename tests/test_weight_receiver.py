@@ -125,3 +125,30 @@ def test_a_taken_version_is_not_held_by_the_receiver():
     assert receiver.take(3, wait_s=5.0, grace_s=5.0) is None and time.monotonic() - started < 1.0
     seen = []
     assert receiver.exists(3, lambda t: seen.append(t) or True, None) and seen == [None]  # the object store alone
+
+
+def test_a_version_in_flight_in_an_older_generation_is_not_waited_for_after_a_join(monkeypatch):
+    """Generation 1's thread had version 5's header when a new generation was joined (a re-form): its
+    data will never be handed on (``_arrived`` refuses an older generation's), so ``take(5)`` must not
+    wait ``wait_s`` for it. (Generation 2's group is a stand-in that stays forming until the end.)"""
+    import system.weight_generations as wg
+    from system.weight_broadcast import GroupAddress
+
+    release = threading.Event()
+
+    class Forming:
+        def __init__(self, *args, **kwargs):
+            release.wait(10)
+            raise RuntimeError("the test ended")
+
+    monkeypatch.setattr(wg, "WeightBroadcast", Forming)
+    receiver = _connected_receiver()
+    receiver._incoming(1, 5)
+    try:
+        receiver.join(GroupAddress("127.0.0.1", 1, "generation-2", 2), 1, timeout_s=1.0)
+        receiver._connected = True  # as once generation 2's group is up (its versions could arrive)
+        started = time.monotonic()
+        assert receiver.take(5, wait_s=5.0, grace_s=0.05) is None and time.monotonic() - started < 2.0
+        assert receiver.incoming is None
+    finally:
+        release.set()
