@@ -65,11 +65,14 @@ def restore_controller(saved: dict, sampler, buffer) -> None:
     torch.set_rng_state(saved["rng"]["torch"])
 
 
-def controller_snapshot(step: int, sampler, buffer, correction: dict, wandb_run_id: str | None) -> dict:
-    """The controller half of step ``step``'s checkpoint (``system.controller_state.CONTROLLER_KEYS``);
-    taken with the rollout loop held (the sampler and buffer must not move meanwhile)."""
+def controller_snapshot(step: int, sampler, buffer, correction: dict, wandb_run_id: str | None,
+                        guards: dict | None = None) -> dict:
+    """The controller half of step ``step``'s checkpoint (``system.controller_state.CONTROLLER_KEYS``, and
+    ``guards``: the driver's run guards' streaks, ``{"nothing_kept": ...}``; optional, a checkpoint of an
+    earlier version has none); taken with the rollout loop held (the sampler and buffer must not move
+    meanwhile)."""
     return {
         "step": step, "sampler": sampler.state_dict(), "buffer": buffer.groups(),
-        "correction": correction, "wandb_run_id": wandb_run_id,
+        "correction": correction, "wandb_run_id": wandb_run_id, "guards": dict(guards or {}),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
     }

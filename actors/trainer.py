@@ -199,6 +199,7 @@ class Trainer:
         self.ckpt, saved = load_learner_half(self.learners, self.run_dir, self.ckpt, saved)
         self.step = saved["step"]
         restore_controller(saved, self.sampler, self.buffer)
+        self.nothing_kept.load_state_dict(saved.get("guards", {}).get("nothing_kept"))
         return saved
 
     def run(self) -> dict:
@@ -320,7 +321,8 @@ class Trainer:
         correction = ray.get(self.service.state_dict.remote())
         wandb_run_id = ray.get(self.service.wandb_run_id.remote())
         with self.state.cond:
-            state = controller_snapshot(self.step, self.sampler, self.buffer, correction, wandb_run_id)
+            state = controller_snapshot(self.step, self.sampler, self.buffer, correction, wandb_run_id,
+                                        guards={"nothing_kept": self.nothing_kept.state_dict()})
         controller_state.save_controller_state(ckpt, state)
         self._saved_step = self.step
         return ckpt

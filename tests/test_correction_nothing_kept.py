@@ -57,3 +57,30 @@ def test_the_method_label_names_the_type_and_every_set_field():
     cfg = resolve_config([], ["correction.method.type=icepop", "correction.method.lo=0.4"])
     assert cfg.correction.method.label() == "icepop self_normalize=False lo=0.4 hi=5.0"
     assert RunConfig().correction.method.label() == "seq-mis self_normalize=False hi=3.0"  # lo, veto unset
+
+
+def test_a_streak_survives_a_resume_so_a_run_checkpointed_often_still_stops():
+    """Found by a review: the streak was not in the checkpoint, so a run resumed every 2 steps with
+    limit 3 never stopped however long nothing was kept. Restored from ``state_dict`` at each
+    "resume", the 4th nothing-kept step in a row raises, naming the step the streak began."""
+    guard = NothingKeptGuard(limit=3, method="seq-mis")
+    with pytest.raises(NothingKeptError, match=r"4 consecutive steps \(steps 1-4"):
+        for step in range(1, 13):
+            guard.observe(step, NOTHING)
+            if step % 2 == 0:  # a checkpoint, then a resume into a new driver
+                saved = guard.state_dict()
+                guard = NothingKeptGuard(limit=3, method="seq-mis")
+                guard.load_state_dict(saved)
+    fresh = NothingKeptGuard(limit=3)
+    fresh.load_state_dict(None)  # a checkpoint written before the streak was saved: no streak
+    assert (fresh.streak, fresh.first_step) == (0, None)
+
+
+def test_the_controller_snapshot_carries_the_guards():
+    from types import SimpleNamespace
+
+    from actors.run_checkpoint import controller_snapshot
+
+    parts = SimpleNamespace(state_dict=lambda: {}, groups=lambda: [])
+    snap = controller_snapshot(4, parts, parts, {"ais": {}}, None, guards={"nothing_kept": {"streak": 2, "first_step": 3}})
+    assert snap["guards"] == {"nothing_kept": {"streak": 2, "first_step": 3}}

@@ -27,6 +27,16 @@ class NothingKeptGuard:
         self.first_step: int | None = None
         """The step the streak began at (a batch without a valid token in it is skipped, not counted)."""
 
+    def state_dict(self) -> dict:
+        """The streak, for a checkpoint: a run resumed in the middle of a streak goes on counting it (a
+        fresh guard at every resume could never stop a run checkpointed more often than ``limit``)."""
+        return {"streak": self.streak, "first_step": self.first_step}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore :meth:`state_dict`'s streak (None: a checkpoint of a run before it was saved; no streak)."""
+        state = state or {}
+        self.streak, self.first_step = int(state.get("streak", 0)), state.get("first_step")
+
     def observe(self, step: int, correction_metrics: dict) -> None:
         keep = correction_metrics.get("correction/keep_token_frac")
         if keep is None:
