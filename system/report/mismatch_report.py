@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import system.report.dump as dump_files
 from system.report import plots, strict_json
-from system.report.dump import OPTIONAL_GRID, OPTIONAL_ROW, load_dump
+from system.report.dump import OPTIONAL_GRID, OPTIONAL_ROW, DumpError, load_dump
 from system.report.html_page import render_page
 from system.report.samples import DEFAULT_WORST_K, build_samples
 from system.report.summary import build_summary, dump_ratios
@@ -74,6 +75,7 @@ def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFA
     undefined). ``worst_k``: responses whose full token tables go into samples.json. Raises
     DumpError on bad input."""
     dump = load_dump(dump_path)
+    _check_report_fits_memory(dump.mask_BT.size, dump_path)
     with _torch_threads(REPORT_THREADS), torch.no_grad():
         ratios = dump_ratios(dump)
         samples = build_samples(dump, ratios, worst_k=worst_k)
@@ -87,6 +89,24 @@ def write_report(dump_path: str | Path, out_dir: str | Path, worst_k: int = DEFA
                                     render_page(str(dump_path), summary, samples, figures)), strict=True))
     write_all_or_none(Path(out_dir), texts)
     return summary
+
+
+REPORT_BYTES_PER_POSITION = 100
+"""What the report adds to the loaded dump at its peak, per token position of the ``[B, T]`` grid: 85 bytes
+measured at 10 M positions (``benchmarks/results/report_scaling_cpu_amx.json``: 1.22 GB peak against 0.33 GB
+for a 64 k one), with a margin."""
+
+
+def _check_report_fits_memory(positions: int, dump_path) -> None:
+    """Refuse, by name, a dump whose report would need more memory than is available now (a review found
+    the load's check, on the arrays alone, passing dumps whose report then ran the machine out of
+    memory, which kills the process without a message)."""
+    need = REPORT_BYTES_PER_POSITION * positions
+    available = dump_files.available_memory_bytes()
+    if available is not None and need > available:
+        raise DumpError(f"{dump_path}: its report needs about {need / 2**30:.3g} GiB ({positions} token positions, "
+                        f"~{REPORT_BYTES_PER_POSITION} bytes each), more than the {available / 2**30:.3g} GiB of "
+                        "memory available now: report it on a machine with more memory")
 
 
 def write_all_or_none(out: Path, texts: dict[str, str]) -> None:

@@ -35,11 +35,27 @@ WORST_BY = "mean_abs_diff"
 _DIGITS = 6
 
 
+def round_significant(values: np.ndarray, digits: int = _DIGITS) -> np.ndarray:
+    """``values`` (float64) rounded to ``digits`` decimal places, or to ``digits`` significant digits where
+    that keeps more (below 1: a ratio of 3e-7 or a probability of 1.5e-8 must not become 0, which a
+    review found written as 0.0). Zeros, non-finite values and magnitudes beyond 1e+-290 are left as
+    they are."""
+    out = np.array(values, dtype=np.float64)
+    flat = out.reshape(-1)
+    idx = np.flatnonzero(np.isfinite(flat) & (flat != 0))
+    exponent = np.floor(np.log10(np.abs(flat[idx])))
+    keep = np.abs(exponent) < 290
+    idx, exponent = idx[keep], exponent[keep]
+    scale = 10.0 ** np.maximum(digits, digits - 1 - exponent)
+    flat[idx] = np.round(flat[idx] * scale) / scale
+    return out
+
+
 def _col(values: np.ndarray) -> list:
-    """Rounded floats as a list, non-finite values as None (JSON has no NaN)."""
+    """Floats rounded to ``_DIGITS`` significant digits, as a list; non-finite values as None (JSON has no NaN)."""
     values = np.asarray(values, dtype=np.float64)
     finite = np.isfinite(values)
-    out = np.round(np.where(finite, values, 0.0), _DIGITS).tolist()
+    out = round_significant(np.where(finite, values, 0.0)).tolist()
     if not finite.all():
         out = [v if ok else None for v, ok in zip(out, finite.tolist(), strict=True)]
     return out
