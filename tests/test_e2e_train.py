@@ -178,6 +178,9 @@ def check_export(run: Path, out: Path, cache: Path) -> None:
     assert torch.equal(model.lm_head.weight, reference["lm_head.weight"].to(torch.bfloat16))  # loads as trained
     again = runner.invoke(app, ["export", str(run), "--out", str(out)], env=env)
     assert again.exit_code == 2 and "pass --overwrite" in " ".join(again.output.split())
+    clobber = runner.invoke(app, ["export", str(run), "--out", str(run), "--overwrite"], env=env)  # (a review's)
+    assert clobber.exit_code == 2 and "is the run directory" in " ".join(clobber.output.split()), clobber.output
+    assert (run / "config.json").is_file() and (run / "checkpoints").is_dir()
     older = runner.invoke(app, ["export", str(run), "--out", str(out), "--step", "2", "--overwrite", "--dtype",
                                 "float32"], env=env)
     assert older.exit_code == 0 and json.loads((out / "aisrl_export.json").read_text())["step"] == 2, older.output

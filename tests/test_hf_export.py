@@ -56,3 +56,25 @@ def test_an_untied_parameter_missing_or_of_another_shape_or_not_finite_is_refuse
     model_dir, learner, _ = save(tmp_path / "c", tiny(tied=False), change=nan)
     with pytest.raises(ExportError, match="parameter model.norm.weight holds non-finite values"):
         load_policy(model_dir, learner)
+
+
+def test_an_out_that_is_holds_or_lies_in_the_run_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """Found by a review: ``aisrl export RUN --out RUN --overwrite`` replaced the run directory with the
+    exported model (checkpoints, metrics and config gone). ``--out`` must lie outside the run; ``/`` has
+    no name to put a new directory beside."""
+    from system.learner.hf_export import check_out_path
+
+    run = tmp_path / "runs" / "r1"
+    (run / "checkpoints").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "runs")
+    for out, why in ((run, "is the run"), (tmp_path / "runs" / "r1" / "." , "is the run"),
+                     (run / "checkpoints", "is inside the run"), (run / "hf", "is inside the run"),
+                     (tmp_path / "runs", "holds the run"), (tmp_path, "holds the run")):
+        with pytest.raises(ExportError, match=why):
+            check_out_path(run, out)
+    with pytest.raises(ExportError, match="holds the run"):  # "." here is the runs' folder
+        check_out_path(run, tmp_path / "runs" / ".")
+    with pytest.raises(ExportError, match="not a directory that can be replaced"):
+        check_out_path(run, tmp_path / "/")
+    check_out_path(run, tmp_path / "hf")  # beside the runs: fine
+    check_out_path(run, tmp_path / "runs" / "r1-hf")  # a sibling whose name starts like the run's: fine

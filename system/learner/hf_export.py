@@ -98,6 +98,18 @@ def load_policy(model_dir: str, learner: str, trust_remote_code: bool = False) -
     return model
 
 
+def check_out_path(run_dir: Path, out: Path) -> None:
+    """Refuse an ``--out`` that is the run directory, lies inside it or holds it (``--overwrite`` replaces
+    ``--out`` whole: a review's ``aisrl export RUN --out RUN --overwrite`` deleted the run), or that has
+    no name of its own (``/``: nothing to put the new directory beside)."""
+    run, target = run_dir.resolve(), out.resolve()
+    if not target.name:
+        raise ExportError(f"--out {out}: not a directory that can be replaced (give a new directory's path)")
+    if target == run or run in target.parents or target in run.parents:
+        where = "is" if target == run else "is inside" if run in target.parents else "holds"
+        raise ExportError(f"--out {out} {where} the run directory {run_dir}: export to a directory outside the run")
+
+
 def export_policy(run_dir: str | Path, out: str | Path, step: int | None = None, dtype: str = "bfloat16",
                   overwrite: bool = False) -> dict:
     """Write the policy of ``run_dir``'s checkpoint (newest, or ``step``'s) to ``out`` as a Hugging Face
@@ -105,10 +117,12 @@ def export_policy(run_dir: str | Path, out: str | Path, step: int | None = None,
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.json").is_file():
         raise ExportError(f"{run_dir}: no config.json there (not a run directory)")
+    check_out_path(run_dir, out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not an empty directory: pass --overwrite to replace it")
     check_saved_config(run_dir / "config.json", f"export {run_dir}")
-    cfg = resolve_config([str(run_dir / "config.json")], [f"output_dir={run_dir}"])
+    # the run's directory as a value, not YAML text (a directory named 2024-01-01 read as a date)
+    cfg = resolve_config([str(run_dir / "config.json")], fixed=("export", {"output_dir": str(run_dir)}))
     ckpt, step = choose_checkpoint(run_dir, step)
     learner = learner_dir(ckpt)
     trust = getattr(cfg.model, "trust_remote_code", False)
@@ -121,6 +135,7 @@ def export_policy(run_dir: str | Path, out: str | Path, step: int | None = None,
 
     from transformers import AutoTokenizer
 
+    out = out.resolve()  # ".": its name is the working directory's
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
