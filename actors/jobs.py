@@ -245,7 +245,7 @@ def stage_working_dir(cfg: RunConfig | None, staging: Path, project: Path = PROJ
         raise JobError(f"cannot copy the checkout {project} to ship it with the job ({len(errors)} file(s); "
                        f"first: {what}); remove or fix that file, or add it to .gitignore") from None
     if cfg is not None:
-        (staging / SHIPPED_CONFIG).write_text(dump_config(cfg))
+        (staging / SHIPPED_CONFIG).write_text(dump_config(cfg), encoding="utf-8")
     return staging
 
 
@@ -269,7 +269,7 @@ def build_runtime_env(working_dir: Path, stop_wait_s: int, config_text: str | No
     private cluster); they reach the job's driver and every actor it starts."""
     env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_s), **({} if verbose else QUIET_ENV)}
     env = {"working_dir": str(working_dir), "env_vars": env_vars}
-    check_no_secrets(env, config_text if config_text is not None else (working_dir / SHIPPED_CONFIG).read_text())
+    check_no_secrets(env, config_text if config_text is not None else (working_dir / SHIPPED_CONFIG).read_text(encoding="utf-8"))
     return env
 
 

@@ -127,7 +127,7 @@ class Trainer:
         self._saved_step = saved.get("step")  # the checkpoint on disk for this step (None: none)
         run_state.drop_replaced(self._replaced)  # started: the replaced run goes
         self._replaced = None
-        (self.run_dir / "config.json").write_text(dump_config(cfg))
+        run_state.write_text_whole(self.run_dir / "config.json", dump_config(cfg))  # a kill mid-write keeps the old one
 
     def _build(self, saved: dict) -> dict:
         """Start every role; returns the controller state restored (``saved``, or an older checkpoint's

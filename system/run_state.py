@@ -362,7 +362,7 @@ def write_text_whole(path: Path, text: str) -> None:
     """``path`` holds ``text`` or its old contents, never a part: written beside it, then renamed."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)  # a full disk: no half-written temp file left beside it

@@ -122,6 +122,34 @@ def test_resolved_dump_round_trips_with_user_spelling(tmp_path):
     assert resolve_config([path]) == cfg  # a run's config.json is the preset of its --resume
 
 
+def test_a_dump_with_characters_outside_the_bmp_round_trips_and_json_presets_read_as_json(tmp_path):
+    """Found by a review: config.json escaped an emoji as a surrogate pair, which the YAML reader turned
+    into two lone surrogates (the resumed run then failed encoding its prompts), and a JSON preset
+    indented with tabs was refused as invalid YAML. A ``.json`` preset is now read as JSON (a key given
+    twice refused, as in YAML), and the dump keeps the characters as they are."""
+    cfg = resolve_config([], ["data.task.type=gsm8k", "data.task.path=train.jsonl", "data.reward.type=math-answer",
+                              "data.task.prompt_template=\U0001f914 {question} \u00e9\u4e2d"])
+    path = tmp_path / "config.json"
+    path.write_text(dump_config(cfg), encoding="utf-8")
+    assert "🤔" in path.read_text(encoding="utf-8")
+    back = resolve_config([path])
+    assert back == cfg and back.data.task.prompt_template.encode("utf-8")  # no lone surrogate
+    tabbed = tmp_path / "tabbed.json"
+    tabbed.write_text(json.dumps({"max_steps": 7, "async": {"max_lag": 0}}, indent="\t"), encoding="utf-8")
+    assert (resolve_config([tabbed]).max_steps, resolve_config([tabbed]).async_.max_lag) == (7, 0)
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"max_steps": 7, "max_steps": 8}', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"twice\.json.*invalid JSON: key 'max_steps' appears twice"):
+        resolve_config([twice])
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"max_steps": ', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"broken\.json.*invalid JSON"):
+        resolve_config([broken])
+    empty = tmp_path / "empty.json"
+    empty.write_text("", encoding="utf-8")
+    assert read_preset(empty) == {}
+
+
 def test_configs_are_frozen():
     cfg = RunConfig()
     with pytest.raises(Exception, match="frozen"):

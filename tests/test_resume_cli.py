@@ -95,7 +95,7 @@ def test_a_saved_config_read_as_the_preset_names_the_file(tmp_path):
     with pytest.raises(ConfigError, match="adir.yaml'?: a directory"):
         resolve_config([tmp_path / "adir.yaml"])
     bad.write_text("{")
-    with pytest.raises(ConfigError, match="bad.json'?: invalid YAML"):
+    with pytest.raises(ConfigError, match="bad.json'?: invalid JSON"):
         resolve_config([bad])
     good = tmp_path / "good.json"
     good.write_text(dump_config(RunConfig(seed=7)))

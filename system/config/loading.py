@@ -99,6 +99,16 @@ def _load_yaml(text: str):
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (as the YAML loader does)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ConfigError(f"key {key!r} appears twice in one object")
+        seen[key] = value
+    return seen
+
+
 def read_preset(path: str | Path) -> dict[str, Any]:
     """Load one YAML preset as a mapping, naming the file on any error."""
     p = Path(path)
@@ -106,15 +116,22 @@ def read_preset(path: str | Path) -> dict[str, Any]:
         if not p.is_file():
             what = "a directory" if p.is_dir() else "not a regular file" if p.exists() else "no such file"
             raise ConfigError(f"preset {str(p)!r}: {what}")
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except (OSError, ValueError) as exc:  # unreadable, a name too long, not UTF-8
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"preset {str(p)!r}: cannot read it: {exc}") from None
-    try:
-        data = _load_yaml(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"preset {str(p)!r}: invalid YAML: {exc}") from exc
+    if p.suffix.lower() == ".json":  # a run's config.json, or a user's JSON: read as JSON (YAML reads a
+        # JSON escape outside the BMP as two lone surrogates, and refuses JSON indented with tabs)
+        try:
+            data = json.loads(text, object_pairs_hook=_unique_json_keys) if text.strip() else None
+        except (json.JSONDecodeError, ConfigError) as exc:
+            raise ConfigError(f"preset {str(p)!r}: invalid JSON: {exc}") from None
+    else:
+        try:
+            data = _load_yaml(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"preset {str(p)!r}: invalid YAML: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -330,4 +347,4 @@ def type_switch_notes(presets: list[str | Path] = (), overrides: list[str] = (),
 
 def dump_config(config: RunConfig) -> str:
     """The resolved config as indented JSON, keys as users write them (``async``, not ``async_``)."""
-    return json.dumps(config.model_dump(mode="json", by_alias=True), indent=2)
+    return json.dumps(config.model_dump(mode="json", by_alias=True), indent=2, ensure_ascii=False)
