@@ -230,3 +230,15 @@ def test_sizes_no_run_could_hold_are_refused_before_anything_starts():
     with pytest.raises(ConfigError, match=r"about 6.1e\+13 parameters, above the 2e\+09"):
         resolve_config([], ["model.num_layers=1000000000"])
     assert resolve_config([], []).model.approx_params() == 2 * 61_440  # the default's two layers
+
+
+@pytest.mark.parametrize("value", ["CPU", "GPU", "memory", "object_store_memory", "node:10.0.0.1",
+                                   "accelerator_type:A100", " "])
+@pytest.mark.parametrize("field", ["rollout_resource", "learner_resource"])
+def test_a_role_resource_must_be_a_custom_one(field, value):
+    """Found by a review: ``ray.rollout_resource=CPU`` passed validation and --dry-run, and Ray refused
+    it only after the cluster started ("Use the 'num_cpus' and 'num_gpus' keyword instead"), without
+    naming the field. Custom names pass."""
+    with pytest.raises(ConfigError, match=rf"ray\.{field}"):
+        resolve_config([], [f"ray.{field}={value}"] if value.strip() else [f"ray.{field}=' '"])
+    assert getattr(resolve_config([], [f"ray.{field}=gpu_node"]).ray, field) == "gpu_node"

@@ -22,6 +22,10 @@ class AsyncConfig(StrictModel):
     about 2 % with it). Off by default, so runs keep the freshness the measured results had."""
 
 
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "TPU", "memory", "object_store_memory", "accelerator_type")
+"""Resource names Ray defines itself (``node:<ip>`` and ``accelerator_type:<type>`` too), refused as a role's marker resource."""
+
+
 class RayConfig(StrictModel):
     address: str | None = None
     """Cluster to join (``auto`` or ``ray://...``); unset = start a private local cluster bound to 127.0.0.1."""
@@ -39,6 +43,21 @@ class RayConfig(StrictModel):
     """GPUs each rollout worker reserves (1 on GPU clusters)."""
     learner_gpus: float = Field(default=0.0, ge=0.0)
     """GPUs each learner rank reserves (1 on GPU clusters)."""
+
+    @field_validator("rollout_resource", "learner_resource")
+    @classmethod
+    def _a_custom_resource(cls, value: str, info) -> str:
+        """Ray's own resources cannot be requested by name (``CPU`` and ``GPU`` go as ``num_cpus`` /
+        ``num_gpus``, a node's ``node:<ip>`` pins one node): Ray refused them only once the cluster had
+        started, without naming the field (a review's find)."""
+        if not value.strip():
+            raise ValueError(f"ray.{info.field_name} must name a custom resource, got an empty name")
+        if value in RAY_BUILTIN_RESOURCES or value.startswith(("node:", "accelerator_type:")):
+            raise ValueError(f"ray.{info.field_name}={value!r} is one of Ray's own resources, which an actor "
+                             "cannot request by name: give the custom resource that marks the nodes (e.g. "
+                             f"{cls.model_fields[info.field_name].default!r}); the CPUs and GPUs are reserved "
+                             "by num_cpus and ray.rollout_gpus / ray.learner_gpus")
+        return value
 
     @field_validator("address")
     @classmethod
