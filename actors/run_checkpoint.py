@@ -65,6 +65,20 @@ def restore_controller(saved: dict, sampler, buffer) -> None:
     torch.set_rng_state(saved["rng"]["torch"])
 
 
+def drop_other_group_sizes(sampler, buffer, group_size: int) -> int:
+    """Drop (reason ``group_size_changed``) the buffered groups of a size other than ``group_size``: a
+    resume that changed ``rollout.group_size`` would otherwise train batches mixing both sizes, whose
+    sequence count the ranks may not divide (a review found the odd total refused on the cluster with a
+    misleading message). How many were dropped."""
+    groups = buffer.groups()
+    other = [g for g in groups if len(g.completions) != group_size]
+    if other:
+        for g in other:
+            sampler.mark_dropped(g.prompt.prompt_id, "group_size_changed")
+        buffer.restore([g for g in groups if len(g.completions) == group_size])
+    return len(other)
+
+
 def controller_snapshot(step: int, sampler, buffer, correction: dict, wandb_run_id: str | None,
                         guards: dict | None = None) -> dict:
     """The controller half of step ``step``'s checkpoint (``system.controller_state.CONTROLLER_KEYS``, and

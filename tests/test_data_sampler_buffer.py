@@ -169,3 +169,25 @@ def test_finished_epochs_are_folded_into_counts_and_the_ledger_stays_one_epoch_l
     old = {k: v for k, v in s.state_dict().items() if k != "folded"}
     b.load_state_dict(old)
     assert b.counts()["issued"] == len(s.state)
+
+
+def test_a_resume_that_changed_the_group_size_drops_the_buffered_groups_of_the_old_size():
+    """Found by a review: a resume with another ``rollout.group_size`` trained batches mixing both sizes
+    (the checkpoint keeps its buffered groups), whose sequence count the ranks might not divide. The
+    old-size groups are dropped with a reason, the ledger still balances, the new-size ones stay."""
+    from actors.run_checkpoint import drop_other_group_sizes
+
+    sampler, buf = PromptSampler(ListSource(6), seed=0), TrajectoryBuffer(max_lag=1)
+    prompts = sampler.next_prompts(4)
+    for i, p in enumerate(prompts):
+        c = Completion(p.prompt_id, 0, np.array([1], np.int32), np.array([2], np.int32), np.array([-0.1], np.float32),
+                       "x", 0.0, 0)
+        g = RolloutGroup(p, (c, c) if i < 3 else (c,), 0)  # three groups of 2 (the old size), one of 1
+        assert sampler.mark_generated(p.prompt_id)
+        buf.add(g)
+    assert drop_other_group_sizes(sampler, buf, group_size=1) == 3
+    assert [g.prompt.prompt_id for g in buf.groups()] == [prompts[3].prompt_id]
+    counts = sampler.counts()
+    assert counts["dropped/group_size_changed"] == 3 and counts["buffered"] == 1
+    assert counts["issued"] == counts["trained"] + counts["dropped"] + counts["in_flight"] + counts["buffered"]
+    assert drop_other_group_sizes(sampler, buf, group_size=1) == 0  # nothing else to drop
