@@ -201,7 +201,24 @@ def placement_warnings(cfg: RunConfig, project: Path = PROJECT_ROOT) -> list[str
             + ("this checkout's copy, uploaded with the job" if shipped else
                "a copy of this checkout, which has no such file, so the job will fail to find it")
             + f"; to read the cluster's data volume give an absolute path, e.g. data.task.path=/app/{data_path}")
+    warnings += home_path_warnings(cfg)
     return warnings
+
+
+def home_path_warnings(cfg: RunConfig, home: Path | None = None) -> list[str]:
+    """A path under this machine's home directory (``~`` is expanded here, at validation) is shipped as
+    that absolute path, which the cluster's nodes, whose home is usually another, may not have (a
+    review's find: ``output_dir=~/runs/x`` became ``/root/runs/x`` with no word said)."""
+    home = (home or Path.home()).resolve()
+    if home == Path(home.anchor):  # a home at the root would flag every path
+        return []
+    said = []
+    for field, value in (("output_dir", cfg.output_dir), ("data.task.path", getattr(cfg.data.task, "path", None))):
+        if value is not None and Path(value).is_absolute() and Path(value).resolve().is_relative_to(home):
+            said.append(f"{field} {value!r} is under this machine's home directory ({home}; a '~' is expanded here): "
+                        "the job uses that same path on the cluster, whose home may be another; give the "
+                        "cluster's path")
+    return said
 
 
 def is_shipped(project: Path, relative: str) -> bool:

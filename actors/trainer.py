@@ -27,7 +27,12 @@ from actors.learner_worker import LearnerGroup, LearnerRank, gather
 from actors.placement import check_placeable, gpu_shared, plan_placement, required_cpus
 from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
-from actors.run_checkpoint import controller_snapshot, drop_other_group_sizes, load_learner_half, restore_controller
+from actors.run_checkpoint import (
+    controller_snapshot,
+    drop_other_group_sizes,
+    load_learner_half,
+    restore_controller,
+)
 from actors.run_temp import make_run_temp, remove_run_temp
 from actors.step_records import RecordsInFlight, RolloutSince, SubmittedStep, step_record
 from actors.stop_signals import as_terminated, defer_signals, stop_on_signals, terminate_raises

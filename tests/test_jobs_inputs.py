@@ -322,3 +322,23 @@ def test_a_relative_data_path_is_flagged_with_where_it_would_be_read(tmp_path):
     absolute = jobs.resolve_for_cluster(preset, ["output_dir=/app/runs/q", "data.task.path=/app/data/gsm8k/train.jsonl"])
     assert jobs.placement_warnings(absolute) == []
 
+
+
+def test_a_path_under_this_machines_home_is_said_before_it_ships(tmp_path, monkeypatch):
+    """Found by a review: ``output_dir=~/runs/x`` is expanded here, at validation, and the job got this
+    machine's ``/root/runs/x`` with no word said. A path under the home directory is now named; one
+    elsewhere (shared storage) is not."""
+    from system.config import resolve_config
+
+    home = tmp_path / "home" / "me"
+    home.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    cfg = resolve_config([], ["output_dir=~/runs/x", "data.task.type=gsm8k", "data.task.path=~/data/train.jsonl",
+                              "data.reward.type=math-answer"])
+    assert cfg.output_dir == str(home / "runs" / "x")
+    said = jobs.home_path_warnings(cfg, home=home)
+    assert [s.split(" is under")[0] for s in said] == [f"output_dir {str(home / 'runs' / 'x')!r}",
+                                                        f"data.task.path {str(home / 'data' / 'train.jsonl')!r}"]
+    shared = resolve_config([], [f"output_dir={tmp_path / 'shared' / 'runs'}"])
+    assert jobs.home_path_warnings(shared, home=home) == []
+    assert jobs.home_path_warnings(cfg, home=Path("/")) == []  # a home at the root would flag everything
