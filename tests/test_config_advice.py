@@ -38,3 +38,14 @@ def test_more_than_twice_as_many_processes_as_cores_on_a_private_cluster_is_said
     assert warnings_for("learner.num_ranks=8", "prompts_per_step=8", cores=8) == []
     # a cluster joined at run time places them on its own nodes: not this machine's matter
     assert warnings_for("learner.num_ranks=8", "prompts_per_step=8", "ray.address=auto", cores=2) == []
+
+
+def test_settings_with_no_effect_are_said():
+    """Found by a review: both passed without a word. ``queue_ahead`` with ``max_lag=0`` cannot queue
+    (the next batch needs this step's weights); ``fp8_kernel`` applies to FP8 rollouts only."""
+    [queue] = warnings_for("async.queue_ahead=true", "async.max_lag=0")
+    assert queue.startswith("async.queue_ahead has no effect with async.max_lag=0")
+    assert warnings_for("async.queue_ahead=true", "async.max_lag=1") == []
+    [kernel] = warnings_for("rollout.fp8_kernel=upcast", "rollout.quantization=bf16")
+    assert kernel.startswith("rollout.fp8_kernel=upcast has no effect with rollout.quantization=bf16")
+    assert warnings_for("rollout.fp8_kernel=rowwise") == []  # FP8 rollouts (the default): it applies

@@ -30,6 +30,12 @@ def config_warnings(cfg: RunConfig, cores: int | None = None) -> list[str]:
         out.append("correction.method geo-rs at its BF16 band [0.999, 1.001] with FP8 rollouts rejects nearly every "
                    "sequence (0.2 % kept on the default run): set correction.method.lo / hi for FP8 "
                    "(configs/correction/geo-rs.yaml)")
+    if cfg.async_.queue_ahead and cfg.async_.max_lag == 0:
+        out.append("async.queue_ahead has no effect with async.max_lag=0: a synchronous step's batch needs the "
+                   "weights the step before it produces, so no step can wait in the learners' queue")
+    if cfg.rollout.fp8_kernel != "auto" and cfg.rollout.quantization != "fp8":
+        out.append(f"rollout.fp8_kernel={cfg.rollout.fp8_kernel} has no effect with rollout.quantization="
+                   f"{cfg.rollout.quantization}: it picks the kernel of FP8 rollouts only")
     if cfg.rollout.num_workers == 0:
         out.append(f"rollout.num_workers=0: nothing generates until workers are added (aisrl scale {cfg.output_dir} "
                    f"--workers N{'' if cfg.rollout.follow_cluster else '; or rollout.follow_cluster on a cluster'})")
