@@ -16,6 +16,8 @@ from test_run_state import make_checkpoint  # the real file layout, built by han
 
 from actors.trainer import Trainer
 from system import run_state
+from system.config import RunConfig
+from system.correction.nothing_kept import NothingKeptGuard
 from system.learner.checkpoint import CheckpointContentError
 
 
@@ -51,8 +53,13 @@ class Sampler:
 
 
 class Buffer:
+    restored: list = []
+
     def restore(self, groups):
-        self.groups = groups
+        self.restored = groups
+
+    def groups(self):
+        return list(self.restored)
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +80,8 @@ def keep_global_rng():
 def restoring(run_dir, learners) -> Trainer:
     trainer = Trainer.__new__(Trainer)
     trainer.run_dir, trainer.learners, trainer.sampler, trainer.buffer = Path(run_dir), learners, Sampler(), Buffer()
+    trainer.cfg = RunConfig()
+    trainer.nothing_kept = NothingKeptGuard(trainer.cfg.correction.max_nothing_kept_steps)
     trainer.ckpt, saved, _ = run_state.checkpoint_to_resume(run_dir, max_steps=100)
     trainer.step = saved["step"]
     return trainer, saved
