@@ -91,10 +91,11 @@ class CorrectionService:
         """The state a checkpoint keeps; the metrics written so far (every record up to the checkpoint's
         step: the driver's calls arrive in order) are made durable first."""
         self.logger.jsonl.sync()
-        return self.core.state_dict()
+        return {**self.core.state_dict(), "wandb_alerts": self.logger.wandb.alert_state()}
 
     def load_state_dict(self, sd: dict) -> None:
         self.core.load_state_dict(sd)
+        self.logger.wandb.load_alert_state(sd.get("wandb_alerts"))  # absent in checkpoints before it existed
 
     def close(self) -> None:
         """The run's sinks closed; this process logs no more, so wandb's temporary directories go too."""

@@ -148,6 +148,22 @@ def test_wandb_alert_is_rate_limited_per_title_and_never_raises(tmp_path, caplog
     assert sink.run is run and not sink.failed  # the run keeps logging
 
 
+def test_the_alert_rate_limit_survives_a_resume(tmp_path):
+    """Found by a review: the steps of the last alerts were not checkpointed, so a resumed run could
+    alert a second time for one cause within 10 steps. The state goes with the checkpoint and back."""
+    sink = WandbSink("disabled", "aisrl-test", tmp_path, {})
+    sink.run = _AlertRun()
+    assert sink.alert("drift: staleness", "x", step=30)
+    saved = sink.alert_state()
+    assert saved == {"drift: staleness": 30}
+    resumed = WandbSink("disabled", "aisrl-test", tmp_path, {})
+    resumed.run = _AlertRun()
+    resumed.load_alert_state(saved)
+    assert [resumed.alert("drift: staleness", "y", step=s) for s in (32, 39, 40)] == [False, False, True]
+    resumed.load_alert_state(None)  # a checkpoint from before: no limit carried
+    assert resumed.alert_state() == {}
+
+
 _TEMP_DIRS_PROBE = """
 import json, os, sys, tempfile
 tempfile.tempdir = sys.argv[2]  # this process's system temp dir: the test's own

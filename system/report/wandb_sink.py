@@ -119,6 +119,14 @@ class WandbSink(NullSink):
     def log_table(self, step, name, columns, rows):
         self._call("log a table", lambda: {name: _wandb().Table(columns=columns, data=rows)}, step)
 
+    def alert_state(self) -> dict[str, int]:
+        """``{title: step of its last alert}``, for a checkpoint: a resumed run keeps the rate limit (a
+        review found a second alert for one cause within ``ALERT_EVERY_STEPS`` after a resume)."""
+        return dict(self._alerted)
+
+    def load_alert_state(self, state: dict | None) -> None:
+        self._alerted = {str(k): int(v) for k, v in (state or {}).items()}
+
     def alert(self, title: str, text: str, step: int | None = None, min_steps: int = ALERT_EVERY_STEPS) -> bool:
         """A W&B alert (``wandb.alert`` on this run, level WARN); True when sent. Rate limit: one per
         ``title`` (use one title per cause) within ``min_steps`` steps. Never raises: a failure is
