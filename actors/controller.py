@@ -176,7 +176,8 @@ class RolloutLoop:
         for slot in [s for s in self.pool.slots_now() if s.retiring and not s.calls
                      and self.transport.releases(s.worker_id)]:
             self.pool.remove(slot)
-        if self.pool.ready() or not self._lost_since_ready:
+        if self.pool.ready() or not self._lost_since_ready or self.target_workers == 0:
+            # scaled to 0 (``aisrl scale --workers 0``): no worker is expected, so none is missed
             self._last_alive = time.monotonic()
             self._lost_since_ready = False
         elif time.monotonic() - self._last_alive > self.cfg.rollout.worker_timeout_s:
@@ -285,7 +286,9 @@ class RolloutLoop:
             self.sampler.requeue([p.prompt_id for c in failed for p in c.prompts])
 
     def _worker_lost(self, slot: WorkerSlot, exc: BaseException) -> None:
-        if slot.starting is not None:  # it never became ready
+        if slot.starting is not None and not self.stop.is_set():  # it never became ready (while the run
+            # ends, a worker that could not start fails nothing: a review found the drain raising here,
+            # which cost the run its final checkpoint and report)
             self._start_failures += 1
             limit = self.cfg.rollout.max_start_failures
             if self._start_failures >= limit:
