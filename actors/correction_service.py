@@ -47,7 +47,8 @@ class CorrectionService:
 
     def process(self, step: int, holder: list, proximal_BT: np.ndarray, learner_version: int) -> tuple[np.ndarray, dict]:
         """Weights for the global batch (AIS's omega when on) and the correction's metrics (they reach the
-        sinks with the step's record, ``finish_step``); a dump every ``report.dump_every`` steps. Called by learner rank 0 once per step; the batch
+        sinks with the step's record, ``finish_step``); a dump every ``report.dump_every`` steps. Called by
+        learner rank 0 once per step; the batch
         itself is read here from the object store (``holder`` = [its reference]), never re-sent."""
         started = time.perf_counter()
         batch = ray.get(holder[0]).correction_input(proximal_BT, learner_version)

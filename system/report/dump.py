@@ -103,11 +103,17 @@ def _check_fits_memory(zf: zipfile.ZipFile, p: str) -> None:
     read whole, and a few MB of compressed zeros can stand for many GB (a zip bomb would otherwise run
     the machine out of memory instead of failing with a message)."""
     total = sum(info.file_size for info in zf.infolist())
+    packed = sum(info.compress_size for info in zf.infolist())
+    require_memory(total, p, f"its arrays hold {total / 2**30:.3g} GiB uncompressed ({packed / 2**20:.3g} MiB in "
+                             "the file)")
+
+
+def require_memory(need_bytes: int, p, what: str) -> None:
+    """Raise ``DumpError`` naming ``p`` (and ``what`` needs the memory) when ``need_bytes`` exceed the memory
+    available now; nothing when that cannot be read."""
     available = available_memory_bytes()
-    if available is not None and total > available:
-        packed = sum(info.compress_size for info in zf.infolist())
-        raise DumpError(f"{p}: its arrays hold {total / 2**30:.3g} GiB uncompressed ({packed / 2**20:.3g} MiB in "
-                        f"the file), more than the {available / 2**30:.3g} GiB of memory available now: "
+    if available is not None and need_bytes > available:
+        raise DumpError(f"{p}: {what}, more than the {available / 2**30:.3g} GiB of memory available now: "
                         "report it on a machine with more memory")
 
 

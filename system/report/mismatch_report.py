@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import system.report.dump as dump_files
 from system.report import plots, strict_json
-from system.report.dump import OPTIONAL_GRID, OPTIONAL_ROW, DumpError, load_dump
+from system.report.dump import OPTIONAL_GRID, OPTIONAL_ROW, load_dump, require_memory
 from system.report.html_page import render_page
 from system.report.samples import DEFAULT_WORST_K, build_samples
 from system.report.summary import build_summary, dump_ratios
@@ -102,11 +101,8 @@ def _check_report_fits_memory(positions: int, dump_path) -> None:
     the load's check, on the arrays alone, passing dumps whose report then ran the machine out of
     memory, which kills the process without a message)."""
     need = REPORT_BYTES_PER_POSITION * positions
-    available = dump_files.available_memory_bytes()
-    if available is not None and need > available:
-        raise DumpError(f"{dump_path}: its report needs about {need / 2**30:.3g} GiB ({positions} token positions, "
-                        f"~{REPORT_BYTES_PER_POSITION} bytes each), more than the {available / 2**30:.3g} GiB of "
-                        "memory available now: report it on a machine with more memory")
+    require_memory(need, dump_path, f"its report needs about {need / 2**30:.3g} GiB ({positions} token positions, "
+                                    f"~{REPORT_BYTES_PER_POSITION} bytes each)")
 
 
 def write_all_or_none(out: Path, texts: dict[str, str]) -> None:
