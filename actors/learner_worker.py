@@ -78,7 +78,7 @@ class LearnerRank:
             if fd is not None:  # the store listens on a duplicate of it
                 os.close(fd)
         sync = cfg.weight_sync
-        encoder = (DeltaEncoder(sync.rank, sync.full_every, cfg.seed, sync.full_above_error)
+        encoder = (DeltaEncoder(sync.rank, sync.full_every, cfg.seed, sync.full_above_error, sync.factors)
                    if sync.type == "delta" else None)
         self.sender = (BroadcastSender(sync.timeout_s, sync.chunk_mb << 20, encoder, sync.shared_memory)
                        if sync.type in ("collective", "delta") and self.rank == 0 else None)

@@ -1,7 +1,7 @@
 """The default run with each weight transport, same seeds: does a lossy ``delta`` cost reward or mismatch?
 
 Runs ``aisrl train`` (the tiny CPU default plus any overrides) once per transport and seed
-(``object_store``, ``collective``, ``delta``) in subprocesses, and reduces each run's
+(``object_store``, ``collective``, ``delta``; ``delta_float16`` on request) in subprocesses, and reduces each run's
 ``metrics.jsonl`` like ``bench_default_run.py``, adding per run: the broadcast bytes per step
 against the full payload (delta steps only, and over all steps), the compression ratio, the
 versions the workers received by broadcast, and ``kl_k1`` over the last 50 steps (the delta's
@@ -32,6 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_default_run import run_train, summarise  # noqa: E402
 from harness import SEED, emit, result_name  # noqa: E402
 
+ARMS = {"object_store": ["weight_sync.type=object_store"], "collective": ["weight_sync.type=collective"],
+        "delta": ["weight_sync.type=delta"],  # int8 factors, the default
+        "delta_float16": ["weight_sync.type=delta", "weight_sync.factors=float16"]}
+"""Each arm's overrides: the transports, and ``delta`` with the float16 factors it sent before
+``weight_sync.factors`` (int8 by default) existed, for a side-by-side run."""
 TRANSPORTS = ("object_store", "collective", "delta")
 
 
@@ -124,7 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides of the default")
     parser.add_argument("--seeds", type=SEED, nargs="+", default=[0])
-    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=list(ARMS))
     parser.add_argument("--name", type=result_name, default="weight_sync_run_cpu")
     parser.add_argument("--split", action="store_true", help="the FP8 / codec / staleness split of the mismatch")
     args = parser.parse_args()
@@ -134,7 +139,7 @@ def main() -> None:
     runs = {}
     for seed in args.seeds:
         for transport in args.transports:
-            records, wall = run_once(seed, [f"weight_sync.type={transport}", *args.overrides])
+            records, wall = run_once(seed, [*ARMS[transport], *args.overrides])
             key = f"{transport}/seed{seed}"
             runs[key] = {"wall_seconds_incl_startup": wall, **summarise(records), **sync_summary(records)}
             r = runs[key]

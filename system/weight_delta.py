@@ -13,16 +13,21 @@ adds: a change too large or of too high a rank for the factors), the full weight
 Codec per tensor (``E = W - R`` in float32):
 
 * 2-D ``[m, n]`` with ``rank * (m + n) < m * n``: one power iteration warm-started from the
-  previous ``Q`` (PowerSGD): ``P = orth(E Q)``, ``Q = E^T P``, ``D = P Q^T``; ``P`` and ``Q`` go
-  as float16 (``2 r (m + n)`` bytes instead of ``2 m n`` for bf16);
+  previous ``Q`` (PowerSGD): ``P = orth(E Q)``, ``Q = E^T P``, ``D = P' Q'^T`` where ``P'`` and
+  ``Q'`` are the factors as they travel: with ``factors="int8"`` (the default) int8 with one float32
+  scale per column, ``s_j = max_i |P_ij| / 127`` (``r (m + n) + 8 r`` bytes instead of ``2 m n`` for
+  bf16), with ``factors="float16"`` float16 (``2 r (m + n)`` bytes). The sender applies the same
+  ``D`` to ``R`` as the receivers, so the factors' rounding is one more part of what error feedback
+  carries to the next version;
 * any other floating tensor: int8 with one float32 scale per row (last dimension),
   ``s = max|E_row| / 127``, ``D = round(E / s) * s``;
 * a tensor that is not floating point (an integer buffer) goes exactly, as it is, every version
   (float32 would round integers above 2**24, and a quantized delta would be off by some units);
   so does a tensor without elements (``[4, 0]``: there are no rows to quantize, and it costs nothing).
 
-On the wire a delta is a ``WeightPayload`` whose dtypes say ``delta/lowrank`` or ``delta/int8``
-per tensor (arrays ``name::p``, ``name::q`` or ``name::q8``, ``name::scale``), and a full
+On the wire a delta is a ``WeightPayload`` whose dtypes say ``delta/lowrank`` (float16 factors),
+``delta/lowrank-int8`` or ``delta/int8`` per tensor (arrays ``name::p``, ``name::q``, for int8 factors
+also ``name::p_scale``, ``name::q_scale``; or ``name::q8``, ``name::scale``), and a full
 version is an ordinary payload. Receivers decode into a full bf16 payload for their engine.
 """
 
@@ -31,7 +36,8 @@ import torch
 
 from system.weight_payload import WeightPayload, decode_weights, encode_weights
 
-LOWRANK, INT8 = "delta/lowrank", "delta/int8"
+LOWRANK, LOWRANK_INT8, INT8 = "delta/lowrank", "delta/lowrank-int8", "delta/int8"
+FACTOR_CODES = ("int8", "float16")
 
 
 def _reference_copy(t: torch.Tensor) -> torch.Tensor:
@@ -51,19 +57,46 @@ def int8_rows(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q8, scale.to(torch.float32)
 
 
+def int8_columns(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q8, scale)``: a ``[m, r]`` factor (float32) quantized per column, ``x ~ q8 * scale`` with
+    ``scale`` of shape ``[1, r]`` (``int8_rows`` of ``x^T``)."""
+    q8t, scale = int8_rows(x.T.contiguous())
+    return q8t.T.contiguous(), scale.reshape(1, -1)
+
+
 def lowrank_step(e: torch.Tensor, q_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One warm-started power iteration: ``P = orth(e q_prev)``, ``Q = e^T P`` (``e ~ P Q^T``), float16."""
+    """One warm-started power iteration: ``P = orth(e q_prev)``, ``Q = e^T P`` (``e ~ P Q^T``), float32."""
     p = torch.linalg.qr(e @ q_prev).Q
-    q = e.T @ p
-    return p.to(torch.float16), q.to(torch.float16)
+    return p, e.T @ p
+
+
+def code_factors(p: torch.Tensor, q: torch.Tensor, factors: str, name: str,
+                 arrays: dict, dtypes: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Put the factors of tensor ``name`` into ``arrays``/``dtypes`` as they travel (``factors``: int8
+    per column or float16) and return them as a receiver decodes them (float32)."""
+    if factors == "float16":
+        p16, q16 = p.to(torch.float16), q.to(torch.float16)
+        arrays[f"{name}::p"], arrays[f"{name}::q"] = p16.numpy(), q16.numpy()
+        dtypes[f"{name}::p"] = dtypes[f"{name}::q"] = LOWRANK
+        return p16.to(torch.float32), q16.to(torch.float32)
+    (p8, ps), (q8, qs) = int8_columns(p), int8_columns(q)
+    arrays.update({f"{name}::p": p8.numpy(), f"{name}::q": q8.numpy(),
+                   f"{name}::p_scale": ps.numpy(), f"{name}::q_scale": qs.numpy()})
+    for key in ("p", "q", "p_scale", "q_scale"):
+        dtypes[f"{name}::{key}"] = LOWRANK_INT8
+    return p8.to(torch.float32) * ps, q8.to(torch.float32) * qs
 
 
 class DeltaEncoder:
     """The sender's side: ``encode(W)`` returns what to send and advances ``R``."""
 
-    def __init__(self, rank: int = 4, full_every: int = 20, seed: int = 0, full_above_error: float = 0.05) -> None:
+    def __init__(self, rank: int = 4, full_every: int = 20, seed: int = 0, full_above_error: float = 0.05,
+                 factors: str = "int8") -> None:
         if rank < 1 or full_every < 1:
             raise ValueError(f"rank and full_every must be >= 1, got {rank}, {full_every}")
+        if factors not in FACTOR_CODES:
+            raise ValueError(f"factors must be one of {FACTOR_CODES}, got {factors!r}")
+        self.factors = factors
         if not full_above_error > 0:
             raise ValueError(f"full_above_error must be > 0, got {full_above_error}")
         self.rank, self.full_every, self.seed = rank, full_every, seed
@@ -107,11 +140,9 @@ class DeltaEncoder:
                 if q_prev is None or not bool((q_prev.norm(dim=0) > 0).all()):
                     gen = torch.Generator().manual_seed(self.seed)
                     q_prev = torch.randn(e.shape[1], self.rank, generator=gen)
-                p, q = lowrank_step(e, q_prev)
-                self._q[name] = q.to(torch.float32)
-                d = p.to(torch.float32) @ q.to(torch.float32).T
-                arrays[f"{name}::p"], arrays[f"{name}::q"] = p.numpy(), q.numpy()
-                dtypes[f"{name}::p"] = dtypes[f"{name}::q"] = LOWRANK
+                p, q = code_factors(*lowrank_step(e, q_prev), self.factors, name, arrays, dtypes)
+                self._q[name] = q
+                d = p @ q.T
             else:
                 q8, scale = int8_rows(e)
                 d = (q8.to(torch.float32) * scale).reshape(e.shape)
@@ -154,8 +185,10 @@ class DeltaDecoder:
                 exact = WeightPayload(wire.policy_version, {name: wire.arrays[name]}, {name: wire.dtypes[name]})
                 self.reference[name] = dict(decode_weights(exact))[name].clone()
             elif f"{name}::p" in wire.arrays:
-                p = torch.from_numpy(np.asarray(wire.arrays[f"{name}::p"])).to(torch.float32)
-                q = torch.from_numpy(np.asarray(wire.arrays[f"{name}::q"])).to(torch.float32)
+                p, q = (torch.from_numpy(np.asarray(wire.arrays[f"{name}::{k}"])).to(torch.float32) for k in "pq")
+                if wire.dtypes[f"{name}::p"] == LOWRANK_INT8:
+                    p = p * torch.from_numpy(np.asarray(wire.arrays[f"{name}::p_scale"]))
+                    q = q * torch.from_numpy(np.asarray(wire.arrays[f"{name}::q_scale"]))
                 self.reference[name] += p @ q.T
             else:
                 q8 = torch.from_numpy(np.asarray(wire.arrays[f"{name}::q8"])).to(torch.float32)

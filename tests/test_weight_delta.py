@@ -5,7 +5,7 @@ accumulating (against a second, feedback-free implementation)."""
 import pytest
 import torch
 
-from system.weight_delta import DeltaDecoder, DeltaEncoder, int8_rows, is_delta, lowrank_step
+from system.weight_delta import DeltaDecoder, DeltaEncoder, code_factors, int8_rows, is_delta, lowrank_step
 from system.weight_payload import decode_weights, encode_weights
 
 
@@ -16,13 +16,33 @@ def test_int8_rows_by_hand():
 
 
 def test_one_power_iteration_recovers_a_rank_one_change():
-    # E = u v^T: P = orth(E Q) spans u, Q = E^T P, so P Q^T = P P^T E = E (up to float16 rounding)
+    # E = u v^T: P = orth(E Q) spans u, Q = E^T P, so P Q^T = P P^T E = E (float32 rounding; as the
+    # factors travel: int8 per column ~1/254 of a column's largest entry, float16 ~1e-3 relative)
     g = torch.Generator().manual_seed(0)
     u, v = torch.randn(64, 1, generator=g), torch.randn(48, 1, generator=g)
     e = u @ v.T
     p, q = lowrank_step(e, torch.randn(48, 4, generator=g))
-    err = (p.float() @ q.float().T - e).norm() / e.norm()
-    assert p.dtype == torch.float16 and err < 2e-3
+    assert p.dtype == torch.float32 and (p @ q.T - e).norm() / e.norm() < 1e-5
+    for factors, bound in (("int8", 1e-2), ("float16", 2e-3)):
+        pd, qd = code_factors(p, q, factors, "m", {}, {})
+        assert (pd @ qd.T - e).norm() / e.norm() < bound, factors
+
+
+def test_int8_factors_by_hand():
+    # P [3, 2]: column 0 max |.| 1.27 -> scale 0.01, codes [127, -50, 0]; column 1 all zero -> scale 0
+    # Q [2, 2]: column 0 max 2.54 -> scale 0.02, [127, 25] (0.5 / 0.02 = 25); column 1 max 0.127 -> 0.001
+    p = torch.tensor([[1.27, 0.0], [-0.5, 0.0], [0.0, 0.0]])
+    q = torch.tensor([[2.54, 0.127], [0.5, -0.05]])
+    arrays, dtypes = {}, {}
+    pd, qd = code_factors(p, q, "int8", "w", arrays, dtypes)
+    assert arrays["w::p"].tolist() == [[127, 0], [-50, 0], [0, 0]] and arrays["w::p"].dtype == "int8"
+    assert arrays["w::p_scale"].flatten().tolist() == pytest.approx([0.01, 0.0])
+    assert arrays["w::q"].tolist() == [[127, 127], [25, -50]]
+    assert arrays["w::q_scale"].flatten().tolist() == pytest.approx([0.02, 0.001])
+    assert set(dtypes.values()) == {"delta/lowrank-int8"}
+    assert torch.allclose(pd, p, atol=1e-6) and torch.allclose(qd, q, atol=1e-6)  # every code exact here
+    with pytest.raises(ValueError, match="factors must be one of"):
+        DeltaEncoder(factors="int4")
 
 
 def walk(steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -36,9 +56,10 @@ def walk(steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def test_receivers_hold_the_senders_reconstruction_and_deltas_are_small():
+@pytest.mark.parametrize("factors", ["int8", "float16"])
+def test_receivers_hold_the_senders_reconstruction_and_deltas_are_small(factors):
     versions = walk(12)
-    enc, dec = DeltaEncoder(rank=4, full_every=10), DeltaDecoder()
+    enc, dec = DeltaEncoder(rank=4, full_every=10, factors=factors), DeltaDecoder()
     full_bytes = encode_weights(versions[0], 1).num_bytes
     for v, state in enumerate(versions, start=1):
         before = {k: r.clone() for k, r in enc.reference.items()} if v > 1 else None
@@ -57,21 +78,24 @@ def test_receivers_hold_the_senders_reconstruction_and_deltas_are_small():
             off = (enc.reference["layer.bias"] - w).abs()
             assert (off <= e.abs().max() / 254 * (1 + 1e-5) + w.abs() * 2**-23).all(), v
             assert off.max() < 0.1 * e.abs().max(), v  # far below what was missing: the bias moved
-        if is_delta(wire):  # float16 P [96, 4] and Q [128, 4]; int8 bias [96] + one float32 scale
-            assert wire.num_bytes == 2 * 4 * (96 + 128) + 96 + 4 == 1892
+        if is_delta(wire):  # P [96, 4] and Q [128, 4]: int8 + 4 float32 scales each, or float16;
+            # the int8 bias [96] + one float32 scale
+            factor_bytes = 4 * (96 + 128) + 2 * 4 * 4 if factors == "int8" else 2 * 4 * (96 + 128)
+            assert wire.num_bytes == factor_bytes + 96 + 4 == {"int8": 1028, "float16": 1892}[factors]
             assert full_bytes == 2 * 96 * (128 + 1) and wire.num_bytes <= full_bytes / 8
 
 
-def test_error_feedback_delivers_what_one_delta_could_not():
+@pytest.mark.parametrize("factors", ["int8", "float16"])
+def test_error_feedback_delivers_what_one_delta_could_not(factors):
     """One full-rank jump of a [96, 128] matrix, then no change. Rank-4 deltas carry 4 directions
     each; with error feedback every delta codes what is still missing, so after ~96 / 4 = 24
-    versions the receivers hold the jump (float16 factors: ~1e-3 relative). Without feedback (each
+    versions the receivers hold the jump (to the factors' rounding). Without feedback (each
     version's own change coded alone) only the first delta carries anything: the rest of the jump
     (all but its top 4 of 96 directions, most of its norm) is never delivered."""
     g = torch.Generator().manual_seed(0)
     before, jump = torch.randn(96, 128, generator=g), 0.1 * torch.randn(96, 128, generator=g)
     after = {"m": (before + jump).to(torch.bfloat16)}
-    enc = DeltaEncoder(rank=4, full_every=1000, full_above_error=10.0)  # never full for its error here
+    enc = DeltaEncoder(rank=4, full_every=1000, full_above_error=10.0, factors=factors)  # never full for its error
     enc.encode(encode_weights({"m": before.to(torch.bfloat16)}, 1))
     assert enc.rel_error == 0.0  # a full version: the receivers hold the weights
     errors = []

@@ -48,14 +48,17 @@ class CollectiveSyncConfig(_GroupSyncConfig):
 
 class DeltaSyncConfig(_GroupSyncConfig):
     """``collective``, but each version after the first of a generation travels as a lossy delta with
-    error feedback (``system.weight_delta``: rank-``rank`` float16 factors per matrix, int8 rows for
-    the rest), and in full every ``full_every`` versions. The workers run on the reconstruction: its
+    error feedback (``system.weight_delta``: rank-``rank`` factors per matrix, int8 per column by
+    default, int8 rows for the rest), and in full every ``full_every`` versions. The workers run on the reconstruction: its
     error shows up in the mismatch the correction service measures."""
 
     type: Literal["delta"] = "delta"
     """Selects this transport."""
     rank: int = Field(default=4, ge=1)
     """Rank of each matrix's delta (PowerSGD-style, one warm-started power iteration per version)."""
+    factors: Literal["int8", "float16"] = "int8"
+    """How a matrix's two factors travel: int8 with one float32 scale per column (half the bytes), or
+    float16. Their rounding joins the codec error that error feedback carries to the next version."""
     full_every: int = Field(default=20, ge=1)
     """Send the full weights every this many versions (and to every new generation)."""
     full_above_error: float = Field(default=0.05, gt=0)
