@@ -5,7 +5,14 @@ accumulating (against a second, feedback-free implementation)."""
 import pytest
 import torch
 
-from system.weight_delta import DeltaDecoder, DeltaEncoder, code_factors, int8_rows, is_delta, lowrank_step
+from system.weight_delta import (
+    DeltaDecoder,
+    DeltaEncoder,
+    code_factors,
+    int8_rows,
+    is_delta,
+    lowrank_step,
+)
 from system.weight_payload import decode_weights, encode_weights
 
 
