@@ -175,6 +175,10 @@ class RolloutLoop:
             self.pool.retire(live - self.target_workers, starting_only=self.cfg.rollout.follow_cluster)
         for slot in [s for s in self.pool.slots_now() if s.retiring and not s.calls
                      and self.transport.releases(s.worker_id)]:
+            with self.state.cond:  # its pause so far still counts (``RolloutSince.idle_s``)
+                if slot.idle_since is not None:
+                    self.state.rollout_idle_s += time.monotonic() - slot.idle_since
+                    slot.idle_since = None
             self.pool.remove(slot)
         if self.pool.ready() or not self._lost_since_ready or self.target_workers == 0:
             # scaled to 0 (``aisrl scale --workers 0``): no worker is expected, so none is missed
@@ -259,7 +263,8 @@ class RolloutLoop:
                 continue
             slot.calls = [c for c in slot.calls if c.ref != ref]
             if not slot.calls:
-                slot.idle_since = time.monotonic()
+                with self.state.cond:  # the step record reads it (``RolloutSince.idle_s``)
+                    slot.idle_since = time.monotonic()
             self._accept(result)
 
     def _accept(self, groups: list[RolloutGroup]) -> None:

@@ -71,13 +71,22 @@ class RolloutSince:
         self._idle_mark = 0.0
         self._rate_mark = (time.perf_counter(), state.generated_tokens)
 
-    def idle_s(self, ready_workers: int) -> float:
-        """Seconds a ready rollout worker sat idle (mean over the ``ready_workers``): the rollout side's
-        pause, waiting for newer weights under the staleness bound."""
+    def idle_s(self, pool) -> float:
+        """Seconds a ready rollout worker sat idle (mean over the ``pool``'s ready workers): the rollout
+        side's pause, waiting for newer weights under the staleness bound.
+
+        A worker idle right now counts up to now (``idle_since``): its pause is closed into
+        ``rollout_idle_s`` only when it is dispatched again, which for a pause that the step's new weights
+        end comes after this record, so the step that caused the pause reported it one step late. The
+        part counted here is not counted again (the mark includes it); a worker scaled down while idle
+        has its pause closed into the total as it leaves (``RolloutLoop``); the mark never goes back, so
+        no step's figure is negative."""
         with self.state.cond:
-            total = self.state.rollout_idle_s
-        idle, self._idle_mark = total - self._idle_mark, total
-        return idle / max(ready_workers, 1)
+            now, ready = time.monotonic(), pool.ready()
+            total = self.state.rollout_idle_s + sum(now - s.idle_since for s in ready if s.idle_since is not None)
+        idle = max(total - self._idle_mark, 0.0)
+        self._idle_mark = max(self._idle_mark, total)
+        return idle / max(len(ready), 1)
 
     def tokens_per_s(self) -> float:
         """Generated tokens per second."""
@@ -95,7 +104,7 @@ def step_record(sub: SubmittedStep, outcome, ledger: dict, rollout: RolloutSince
     lags = batch.lag_B(sub.step - 1)
     seconds = StepSeconds(wait_rollout=sub.waited, proximal=outcome.seconds["proximal"],
                           correction=outcome.seconds["correction"], update=outcome.seconds["update"],
-                          sync=outcome.seconds["export"], step=step_s, rollout_idle=rollout.idle_s(len(pool.ready())))
+                          sync=outcome.seconds["export"], step=step_s, rollout_idle=rollout.idle_s(pool))
     return StepRecord(
         step=sub.step, policy_version=sub.step, reward_mean=float(batch.rewards_B.mean()),
         reward_std=float(batch.rewards_B.std()), lag_mean=float(lags.mean()), lag_max=int(lags.max()),
