@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.learner_worker import PendingStep
-from actors.remote_errors import remote_error
+from actors.remote_errors import process_death, remote_error
 from actors.runtime import RAY
 from system.learner.batch import LearnerBatch
 from system.types import RolloutGroup, StepRecord, StepSeconds
@@ -59,6 +59,10 @@ class RecordsInFlight:
                 except self.runtime.task_failed as exc:
                     raise RecordsLostError(f"the record of step {step} could not be written ({remote_error(exc)}); "
                                            "the run stops") from None
+                except self.runtime.actor_died as exc:  # found by a review: Ray's whole actor-death text
+                    death = process_death(str(exc)) or " ".join(str(exc).split())[:300]
+                    raise RecordsLostError(f"the record of step {step} could not be written: the correction "
+                                           f"service is gone ({death}); the run stops") from None
         self._sent = [(step, ref) for step, ref in self._sent if ref not in finished]
 
 

@@ -4,7 +4,7 @@ released), through the same runtime interface as Ray's (``actors.runtime``). The
 version of the first case, with a real actor, is in ``tests/test_run_lifecycle.py``."""
 
 import pytest
-from controller_fakes import CallFailed, InProcessRuntime, Ref
+from controller_fakes import CallFailed, InProcessRuntime, Ref, WorkerDied
 
 from actors.step_records import RecordsInFlight, RecordsLostError
 
@@ -45,3 +45,16 @@ def test_a_record_that_fails_while_it_is_waited_for_stops_the_run():
     records.check()  # 5 written, 6 still writing: kept, not taken for written
     with pytest.raises(RecordsLostError, match=r"the record of step 6 could not be written \(no space left"):
         records.check(wait=True)  # the wait sees it end, failed
+
+
+def test_a_record_lost_with_the_service_names_the_service_not_rays_whole_text():
+    """Found by a review: a correction service that died (its process killed) made the check raise Ray's
+    actor-death error as it is (its ids and a paragraph of causes); it now says the service is gone."""
+    records = RecordsInFlight(InProcessRuntime())
+    text = ("The actor died unexpectedly before finishing this task. class_name: CorrectionServiceActor "
+            "actor_id: 3f pid: 4242 namespace: x ip: 127.0.0.1 Worker exit type: SYSTEM_ERROR Worker exit detail: "
+            "The leased worker has unrecoverable failure. Worker is requested to be destroyed. More text.")
+    records.sent(7, Ref(error=WorkerDied(text)))
+    with pytest.raises(RecordsLostError, match=r"the record of step 7 could not be written: the correction "
+                       r"service is gone \(its process \(pid 4242 on 127\.0\.0\.1\) died: SYSTEM_ERROR"):
+        records.check()
