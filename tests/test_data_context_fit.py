@@ -29,8 +29,6 @@ def test_context_length_as_vllm_derives_it():
     cfg = Qwen2Config(max_position_embeddings=4096)
     cfg.seq_length = 2048  # the smallest of the length keys wins
     assert context_length(cfg) == 2048
-    assert context_length(cfg, tokenizer_max_length=1000) == 1000  # and the tokenizer's model_max_length
-    assert context_length(cfg, tokenizer_max_length=int(1e30)) == 2048  # transformers' "unset"
     cfg.model_max_length = 3000  # set in the model's config, it overrides the keys
     assert context_length(cfg) == 3000
     assert context_length(object()) is None
@@ -140,3 +138,24 @@ def test_a_dataset_prompt_must_leave_room_for_max_new_tokens(tmp_path):
     assert fitted.skipped == (("d-line2", 9), ("d-line3", 12))
     with pytest.raises(ValueError, match="every prompt is too long"):
         run(14, "skip")  # 3 + 14 > 16
+
+
+def test_the_tokenizers_model_max_length_does_not_bound_the_context(tmp_path):
+    """Found by a review: the check capped the context at the tokenizer's ``model_max_length``, which
+    vLLM 0.32 reads only for pooling models, so a model of 64 positions whose tokenizer says 16 had
+    every prompt that vLLM would take refused. The context is the model config's; vLLM's own
+    derivation (``_get_and_verify_max_len`` without a tokenizer config, as a generating model gets it)
+    agrees."""
+    model_dir = tmp_path / "m"
+    tok = train_char_tokenizer(["0123456789+="], 16)
+    tok.model_max_length = 16
+    tok.save_pretrained(model_dir)
+    hf = Qwen2Config(max_position_embeddings=64, vocab_size=len(tok))
+    hf.save_pretrained(model_dir)
+    _, context = token_counter(str(model_dir), chat_template=False)
+    assert context == 64
+    from vllm.config.model import _get_and_verify_max_len
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+
+    arch = ModelArchConfigConvertorBase(hf, hf).convert()
+    assert _get_and_verify_max_len(hf, arch, None, None, False, None) == 64

@@ -45,17 +45,18 @@ def _rope_parameter_sets(hf_config) -> list[dict]:
     return nested if nested and len(nested) == len(params) else [params]
 
 
-def context_length(hf_config, tokenizer_max_length: int | None = None) -> int | None:
-    """``max_model_len`` as vLLM 0.32 derives it when none is given (``_get_and_verify_max_len``), None
-    when the config names no length: the smallest of ``LENGTH_KEYS`` (``model_max_length`` overriding),
-    at most the tokenizer's ``model_max_length``, times the RoPE ``factor`` unless the kind already
-    counts it (``UNSCALED_ROPE``; none for Gemma 3), and for LongRoPE ``original_max_position_embeddings``."""
+def context_length(hf_config) -> int | None:
+    """``max_model_len`` as vLLM 0.32 derives it for a generating model when none is given
+    (``ModelConfig.get_and_verify_max_len`` -> ``_get_and_verify_max_len``), None when the config names
+    no length: the smallest of ``LENGTH_KEYS`` (``model_max_length`` overriding), times the RoPE
+    ``factor`` unless the kind already counts it (``UNSCALED_ROPE``; none for Gemma 3), and for LongRoPE
+    ``original_max_position_embeddings``. The tokenizer's ``model_max_length`` does not bound it: vLLM
+    reads the tokenizer's config only for pooling models with absolute position embeddings (a review
+    found the check refusing prompts vLLM takes, e.g. a 131 072-position model whose tokenizer says 16 384)."""
     found = [v for k in LENGTH_KEYS if isinstance(v := getattr(hf_config, k, None), int | float) and v > 0]
     if not found:
         return None
     length = getattr(hf_config, "model_max_length", None) or min(found)
-    if tokenizer_max_length:
-        length = min(length, tokenizer_max_length)
     rope = _rope_parameter_sets(hf_config)
     if rope and "gemma3" not in str(getattr(hf_config, "model_type", "")):
         factor = 1.0
@@ -134,8 +135,7 @@ def token_counter(model_dir: str, chat_template: bool, trust_remote_code: bool =
 
     tokenizer = load_tokenizer(model_dir, trust_remote_code)
     hf_config = load_config(model_dir, trust_remote_code)
-    context = context_length(getattr(hf_config, "text_config", None) or hf_config,
-                             getattr(tokenizer, "model_max_length", None))
+    context = context_length(getattr(hf_config, "text_config", None) or hf_config)
 
     def count_tokens(prompts: list[Prompt]) -> list[int]:
         if chat_template:
