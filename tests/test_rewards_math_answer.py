@@ -116,6 +116,12 @@ HEADINGS = ("#### Step 1: Cost of the apples\n3 apples x $4 = $12\n#### Step 2: 
     ("#### The answer is $1,234.", "1234", 1.0), ("#### \\boxed{18}", "18", 1.0),
     # still read: spaces and a dollar sign between the marker and its number, no space at all
     ("#### $1,234", "1234", 1.0), ("####42", "42", 1.0), ("  #### 18\n", "18", 1.0),
+    # a review: LaTeX's usual order, math delimiters, an escaped dollar, a colon, '=' or '(' before it
+    ("#### $\\boxed{18}$", "18", 1.0), ("#### \\(\\boxed{18}\\)", "18", 1.0), ("#### \\(18\\)", "18", 1.0),
+    ("#### \\[18\\]", "18", 1.0), ("#### \\$18", "18", 1.0), ("#### **\\$18.00**", "18", 1.0),
+    ("####: 18", "18", 1.0), ("#### = 18", "18", 1.0), ("#### (18)", "18", 1.0), ("#### \u00a018", "18", 1.0),
+    ("#### $\\boxed{17}$", "18", 0.0),  # read, and wrong
+    ("#### (Step 1) add\n3 + 4 = 7", "7", 1.0),  # still a heading: no number after its '('
 ])
 def test_the_answer_is_the_number_right_after_the_last_marker(completion, reference, expected):
     assert math_answer(completion, reference) == expected

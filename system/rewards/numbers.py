@@ -50,10 +50,13 @@ def normalise_number(text: str) -> str | None:
 _MARKS = re.compile(r"(?<!#)####(?!#)")
 """Exactly four ``#``: five or more open a deeper markdown heading, never an answer."""
 
-_BEFORE_NUMBER = re.compile(r"[ \t]*(?:(?:the[ \t]+)?(?:final[ \t]+)?answer(?:[ \t]+is)?[ \t]*[:=]?[ \t]*)?"
-                            r"\*{0,2}[ \t]*(?:\\boxed\{)?[ \t]*\$?[ \t]*", re.IGNORECASE)
-"""What may stand between the marker and its number: spaces, an answer label (``Final Answer:``), bold
-``**``, ``\\boxed{`` and a dollar sign (``#### $1,234``, ``#### Final Answer: **18**``)."""
+_BEFORE_NUMBER = re.compile(r"(?:[ \t\u00a0]+|(?:the[ \t]+)?(?:final[ \t]+)?answer(?:[ \t]+is)?|[:=(]|\*{1,2}"
+                            r"|\\boxed\{|\\?\$|\\[(\[])*", re.IGNORECASE)
+"""What may stand between the marker and its number, in any order on the marker's line: spaces (a
+no-break one too), an answer label (``Final Answer``), ``:``, ``=``, ``(``, bold ``**``, ``\\boxed{``, a
+dollar sign (``$`` or ``\\$``) and LaTeX's ``\\(`` or ``\\[`` (``#### $1,234``, ``#### Final Answer: **18**``,
+``#### $\\boxed{18}$``, ``#### \\(18\\)``, ``#### (18)``). Found by a review: only the order ``\\boxed{``
+then ``$`` was read, so the usual ``$\\boxed{18}$`` (and ``\\(18\\)``, ``\\$18``, ``####: 18``) scored 0."""
 
 _NUMBERED_PREFIX = re.compile(r"(?m)^[ ]{0,3}####[ \t]+\d+[.)]")
 """A numbered title's ``#### 2.``, whose number is not an answer."""
