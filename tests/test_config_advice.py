@@ -49,3 +49,19 @@ def test_settings_with_no_effect_are_said():
     [kernel] = warnings_for("rollout.fp8_kernel=upcast", "rollout.quantization=bf16")
     assert kernel.startswith("rollout.fp8_kernel=upcast has no effect with rollout.quantization=bf16")
     assert warnings_for("rollout.fp8_kernel=rowwise") == []  # FP8 rollouts (the default): it applies
+
+
+def test_a_base_model_on_the_gsm8k_template_without_a_stop_is_said(tmp_path):
+    """Found by a review: a base model prompted 'Question: ...\\nAnswer:' writes new questions after its
+    answer, and the reward scored the last '####' (a made-up question's). The advice names the fix, and
+    the override it prints gives the stop string with its newline."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    task = [f"data.task={{type: gsm8k, path: {data}}}", "data.reward.type=math-answer", "model={type: pretrained, path: x}"]
+    [said] = warnings_for(*task)
+    assert said.startswith("data.task: a base model prompted 'Question: ...\\nAnswer:'")
+    override = said.split("set '")[1].split("'")[0]
+    assert override == 'rollout.stop=["\\nQuestion:"]'
+    assert resolve_config([], [*task, override]).rollout.stop == ["\nQuestion:"]
+    assert warnings_for(*task, override) == []
+    assert warnings_for(*task, "data.task.chat_template=true") == []

@@ -236,3 +236,23 @@ def test_a_payload_with_renamed_weights_is_refused_before_the_engine_loads_it(bf
     state = {(k if k == "lm_head.weight" else f"_orig_mod.{k}"): v for k, v in hf_model.state_dict().items()}
     with pytest.raises(ValueError, match=r"policy version 5: 26 of the model's tensors missing"):
         bf16_engine.load_weights(encode_weights(state, policy_version=5))
+
+
+def test_a_stop_string_ends_the_text_and_keeps_the_sampled_tokens(bf16_engine):
+    """``rollout.stop`` (vLLM's ``stop``): with the same seed the response is the one sampled without it,
+    cut where its text first holds the string: the text ends before it, finish_reason says "stop", and the
+    token ids (the string's own tokens too) stay a prefix of the unstopped ones, one log-prob each."""
+    args = dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=6, seed=11)
+    [free] = bf16_engine.generate([PROMPTS[0].text], **args)
+    cut = next(r for r in free.responses if len(r.text) >= 2)
+    stop = cut.text[1]
+    [stopped] = bf16_engine.generate([PROMPTS[0].text], stop=[stop], **args)
+    for before, after in zip(free.responses, stopped.responses, strict=True):
+        if stop not in before.text:
+            assert after.response_token_ids.tolist() == before.response_token_ids.tolist()
+            continue
+        assert after.text == before.text[:before.text.index(stop)]
+        assert after.finish_reason == "stop"
+        ids = after.response_token_ids.tolist()
+        assert ids == before.response_token_ids.tolist()[:len(ids)] and len(after.behaviour_logprobs) == len(ids)
+        assert len(ids) >= 1

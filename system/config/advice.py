@@ -36,6 +36,12 @@ def config_warnings(cfg: RunConfig, cores: int | None = None) -> list[str]:
     if cfg.rollout.fp8_kernel != "auto" and cfg.rollout.quantization != "fp8":
         out.append(f"rollout.fp8_kernel={cfg.rollout.fp8_kernel} has no effect with rollout.quantization="
                    f"{cfg.rollout.quantization}: it picks the kernel of FP8 rollouts only")
+    task = cfg.data.task
+    if (task.type == "gsm8k" and not task.chat_template and not cfg.rollout.stop
+            and task.prompt_template.lstrip().startswith("Question:")):
+        out.append("data.task: a base model prompted 'Question: ...\\nAnswer:' without its chat template goes on "
+                   "writing new questions and their '####' answers, and the reward reads the last marker: set "
+                   "'rollout.stop=[\"\\nQuestion:\"]' (or data.task.chat_template=true for an instruct model)")
     if cfg.rollout.num_workers == 0:
         out.append(f"rollout.num_workers=0: nothing generates until workers are added (aisrl scale {cfg.output_dir} "
                    f"--workers N{'' if cfg.rollout.follow_cluster else '; or rollout.follow_cluster on a cluster'})")

@@ -67,6 +67,12 @@ class RolloutConfig(StrictModel):
     log-probs apply the same truncation (before top-p, as vLLM does)."""
     max_new_tokens: int = Field(default=6, ge=1)
     """Longest response, in tokens (the tiny task's answers take at most ``num_digits + 2``)."""
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Strings that end a response (vLLM's ``stop``): the reward sees the text before the first one; the
+    tokens sampled, the string's own included, are trained as sampled. A base model prompted with the
+    GSM8K template (``Question: ...\nAnswer:``) goes on writing new questions and their ``####``
+    answers, and the reward reads the last marker: ``["\nQuestion:"]`` ends the response where lm-eval
+    does."""
     prompts_per_call: int = Field(default=32, ge=1)
     """Prompts a worker generates for in one call."""
     calls_per_worker: int = Field(default=2, ge=1, le=8)

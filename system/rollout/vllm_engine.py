@@ -318,11 +318,14 @@ class VLLMEngine:
         max_new_tokens: int,
         seed: int | Sequence[int] | None = None,
         top_k: int = 0,
+        stop: Sequence[str] = (),
     ) -> list[PromptSamples]:
         """``n`` samples for each prompt (a string, or token ids used as they are), in prompt order;
         ``seed`` makes the call reproducible.
 
-        ``top_k`` 0 is off (vLLM's ``SamplingParams`` convention; it also takes -1).
+        ``top_k`` 0 is off (vLLM's ``SamplingParams`` convention; it also takes -1). ``stop``: strings that
+        end a response (its text then ends before the string; its token ids and log-probs keep every
+        token sampled, the string's too, so the learner trains exactly what was sampled).
 
         ``seed`` is one int for the call (prompt ``i`` then samples with ``seed + i * n``, so
         repeated prompts in one call still get independent samples) or one seed per prompt
@@ -337,7 +340,7 @@ class VLLMEngine:
                 raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         params = [
             SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                           max_tokens=max_new_tokens, logprobs=0, seed=s)
+                           max_tokens=max_new_tokens, logprobs=0, seed=s, stop=list(stop) or None)
             for s in seeds
         ]
         with eager_sampling(self.eager):  # vLLM's sampler compiles an op even when eager (see that module)

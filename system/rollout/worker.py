@@ -100,7 +100,7 @@ class RolloutWorkerCore:
                   else [chat_prompt_ids(self._chat_tokenizer, p.text) for p in prompts])
         samples = self.engine.generate(
             inputs, n=r.group_size, temperature=r.temperature, top_p=r.top_p,
-            max_new_tokens=r.max_new_tokens, top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens, top_k=r.top_k, stop=r.stop,
             seed=[prompt_seed(self.cfg.seed, p.prompt_id, self._policy_version) for p in prompts],
         )
         generated = time.perf_counter()
