@@ -175,6 +175,20 @@ def test_normalisers_of_another_batch_are_refused(tmp_path):
         train_updates(Trainee(model, opt, sched, cfg, TEMPERATURE), shard, old_BT, w_BT[:-1], norms)
 
 
+def test_normalisers_below_the_shards_own_counts_are_refused_with_one_mini_batch(tmp_path):
+    """Found by a review: with one mini-batch the counts were used as given, so (0, 0) or negative ones
+    turned the token mean into a sum (24x the loss and gradient on its batch) and (1e6, 1e6) into 0,
+    without a word; with several mini-batches the same counts were refused. A single rank's shard is the
+    whole batch here, so its own counts are the global ones: fewer is impossible."""
+    cfg, model, opt, sched, _, shard, old_BT, w_BT, norms = _setup(tmp_path, mini_batches=1)
+    trainee = Trainee(model, opt, sched, cfg, TEMPERATURE)
+    for wrong in (LossNormalisers(0, 0), LossNormalisers(-7, -1), LossNormalisers(norms.num_valid_tokens - 1,
+                                                                                  norms.num_sequences)):
+        with pytest.raises(ValueError, match=r"fewer than this shard's own \d+ in \d+: they were not computed"):
+            train_updates(trainee, shard, old_BT, w_BT, wrong)
+    train_updates(trainee, shard, old_BT, w_BT, norms)  # its own counts: accepted
+
+
 @pytest.mark.parametrize("loss_cfg, clip_keys", [
     (PPOLossConfig(), ("clip_frac_low", "clip_frac_high")),
     (CTPOLossConfig(), ("clip_frac_low", "clip_frac_high", "clip_frac_dual")),

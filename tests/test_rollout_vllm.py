@@ -159,6 +159,16 @@ def test_worker_groups_are_scored_stamped_and_typed(fp8_worker, model_dir):
     assert after["generate_seconds"] > before["generate_seconds"]
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_reward_that_is_not_finite_is_refused_naming_the_reward_and_the_sample(fp8_worker, monkeypatch, bad):
+    """Found by a review: one NaN reward made its group's advantages NaN, the step's loss and gradient
+    NaN, and the whole step was skipped (its other groups lost too), with advice to lower learner.lr."""
+    monkeypatch.setattr(fp8_worker, "reward", lambda text, reference: bad)
+    with pytest.raises(ValueError, match=rf"data.reward \(digit-match\) gave {bad} for sample 0 of prompt "
+                                         rf"{PROMPTS[0].prompt_id} \(response .*\): rewards must be finite"):
+        fp8_worker.generate_groups(PROMPTS[:1], policy_version=fp8_worker.policy_version)
+
+
 def test_worker_adopts_the_payload_version(fp8_worker, hf_model):
     fp8_worker.update_weights(encode_weights(hf_model.state_dict(), policy_version=5))
     assert fp8_worker.policy_version == 5

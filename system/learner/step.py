@@ -167,7 +167,8 @@ def train_updates(
     steps on consecutive row slices of this shard (the same slices in every epoch, mini-batch k
     being slice k of every rank's shard). Collective: call on every rank.
 
-    ``normalisers`` are the global batch's counts. With one mini-batch they are used as given;
+    ``normalisers`` are the global batch's counts. With one mini-batch they are used as given (counts
+    below this shard's own, negative ones included, raise ValueError);
     with several, each mini-batch's are counted over its own global rows
     (``mini_batch_normalisers``) and must add up to ``normalisers`` (else ValueError: the counts
     do not belong to this batch). Every update uses the same proximal log-probs and weights, so
@@ -183,7 +184,14 @@ def train_updates(
     if not callable(weights_BT):
         weights.get()  # a tensor: its shape is checked now, a call in flight's when it returns
     slices = mini_batch_slices(shard.num_sequences, cfg.mini_batches)
-    if len(slices) == 1:
+    if len(slices) == 1:  # global counts: no rank can check them whole, but none may be below its own
+        valid_BT = valid_tokens(shard.response_mask_BT, shard.behaviour_logp_BT, proximal_logp_BT)
+        own = (int(valid_BT.sum()), int((valid_BT.sum(dim=1) >= 1).sum()))
+        if normalisers.num_valid_tokens < own[0] or normalisers.num_sequences < own[1]:
+            raise ValueError(
+                f"the batch's normalisers say {normalisers.num_valid_tokens} valid tokens in "
+                f"{normalisers.num_sequences} sequences, fewer than this shard's own {own[0]} in {own[1]}: "
+                "they were not computed from this batch and these proximal log-probs")
         norms = [normalisers]
     else:
         norms = mini_batch_normalisers(shard, proximal_logp_BT, slices)

@@ -13,6 +13,7 @@ the uninterrupted one's randomness with nothing to save.
 """
 
 import hashlib
+import math
 import time
 from pathlib import Path
 
@@ -118,7 +119,7 @@ class RolloutWorkerCore:
                 response_token_ids=s.response_token_ids,
                 behaviour_logprobs=s.behaviour_logprobs,
                 response_text=s.text,
-                reward=float(self.reward(s.text, prompt.reference)),
+                reward=self._reward(s.text, prompt, j),
                 policy_version=self._policy_version,
                 finish_reason=s.finish_reason,
                 worker_id=self.worker_id,
@@ -130,6 +131,16 @@ class RolloutWorkerCore:
         self._stats["num_response_tokens"] += num_tokens
         return RolloutGroup(prompt=prompt, completions=completions, policy_version=self._policy_version,
                             worker_id=self.worker_id)
+
+    def _reward(self, text: str, prompt: Prompt, sample_index: int) -> float:
+        """The reward of one response, refused unless finite: one NaN reward made its group's advantages NaN
+        and the step's loss and gradient NaN, so the whole step was skipped (a review; the learner then
+        blamed ``learner.lr``)."""
+        reward = float(self.reward(text, prompt.reference))
+        if not math.isfinite(reward):
+            raise ValueError(f"data.reward ({self.cfg.data.reward.type}) gave {reward} for sample {sample_index} "
+                             f"of prompt {prompt.prompt_id} (response {text[:80]!r}): rewards must be finite")
+        return reward
 
     def update_weights(self, payload: WeightPayload) -> None:
         """Load ``payload`` into the engine and adopt its ``policy_version``."""
