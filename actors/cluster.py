@@ -181,6 +181,15 @@ def join(address: str, what: str = "ray.address", **init_kwargs) -> None:
     except ray.exceptions.AuthenticationError as exc:  # no token here for a cluster that requires one
         first = " ".join(str(exc).split("\n\n")[0].split())[:200]
         raise ClusterUnreachableError(f"{what}={address}: authentication failed ({first}); {TOKEN_HINT}") from None
+    except RuntimeError as exc:
+        if "when trying to resolve node to connect to" not in str(exc):
+            raise
+        # found by a review: Ray's driver needs a node of the cluster on its own machine (a login node of a
+        # SLURM allocation has none); Ray looks for one for a minute and raises this
+        raise ClusterUnreachableError(
+            f"{what}={address}: this machine runs no node of that cluster, and a Ray driver must run on one; run "
+            "the command on a node of the cluster (SLURM: srun --jobid=<job> --overlap -w <head node> ...; "
+            "deploy/README.md)") from None
     except ConnectionError as exc:  # "auto" with no cluster running here, or a token the cluster refused
         said = " ".join(str(exc).split())[:300]
         target = _target(address)

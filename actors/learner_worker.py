@@ -207,8 +207,20 @@ def _lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> 
                             "the sharded learner cannot continue without it, so the run stops")
 
 
+def ranks_placement_hint(options, cluster: dict[str, float]) -> str:
+    """``options`` (the ranks' ``RoleOptions``) against ``cluster`` (``ray.cluster_resources()``): what every
+    rank reserves and how much of each the cluster has in all, and what to do when it is too little."""
+    need = {"CPU": options.num_cpus, "GPU": options.num_gpus, **options.resources}
+    parts = [f"{options.count} x {amount:g} {key} (the cluster has {cluster.get(key, 0.0):g} in all)"
+             for key, amount in need.items() if amount > 0]
+    short = any(options.count * amount > cluster.get(key, 0.0) + 1e-9 for key, amount in need.items() if amount > 0)
+    advice = ("too little: lower learner.num_ranks or add learner nodes" if short else
+              "enough in all, unless other actors hold it; or a rank is slow to start (a model download)")
+    return f"the ranks reserve {', '.join(parts) or 'nothing'}: {advice}"
+
+
 def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0, stall_warning_s: float | None = None,
-           what: str = "the learner ranks' call") -> list:
+           what: str = "the learner ranks' call", hint=None) -> list:
     """``ray.get`` of every rank's result that fails as soon as ONE rank fails: the surviving ranks
     would otherwise wait in a collective for the dead one until the process-group timeout.
 
@@ -217,15 +229,16 @@ def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0, stall_warning_s: fl
     that actor's death raises :class:`StepPartLostError` naming that actor. A rank's death can surface first as its peer's collective error
     (gloo fails at once), so on any error the other ranks get ``settle_s`` to show a death
     before the error is re-raised as it came. With ``stall_warning_s``, a console warning says when
-    ``what`` has run that long (and again every that long): a hung rank or service is otherwise silent.
+    ``what`` has run that long (and again every that long): a hung rank or service is otherwise silent;
+    ``hint``: a callable giving the warning's likely cause instead of the default one.
     """
     pending, started = list(refs), time.monotonic()
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=stall_warning_s)
         if not done:
-            log.warning("%s has run for %.0f s; %d of %d learner rank(s) not done (a hung rank, or the "
-                        "correction service rank 0 waits for)", what, time.monotonic() - started, len(pending),
-                        len(refs))
+            cause = hint() if hint is not None else "a hung rank, or the correction service rank 0 waits for"
+            log.warning("%s has run for %.0f s; %d of %d learner rank(s) not done (%s)", what,
+                        time.monotonic() - started, len(pending), len(refs), cause)
             continue
         try:
             ray.get(done)
@@ -299,6 +312,7 @@ class LearnerGroup:
         ``meet`` False: the ranks are requested only, :meth:`meet` waits for them (the trainer launches
         the rollout workers in between, so they start while the ranks do, and after them in Ray's queue)."""
         world = cfg.learner.num_ranks
+        self.options, self.stall_warning_s = options, cfg.report.stall_warning_s
         opts = {**options.actor_options(), "runtime_env": actor_env()}
         self.ranks = [actor_cls.options(**opts).remote(cfg, model_dir, r, world) for r in range(world)]
         self.met = False
@@ -306,11 +320,20 @@ class LearnerGroup:
             self.meet()
 
     def meet(self) -> None:
-        """Wait for every rank to start and join the process group."""
+        """Wait for every rank to start and join the process group; every ``report.stall_warning_s`` the
+        console says what the ranks reserve against what the cluster has (found by a review: a joined
+        cluster too small for ``learner.num_ranks`` waited without a word, e.g. for its whole SLURM limit)."""
         # rank 0's node hosts the rendezvous: the ranks may be spread over several nodes
-        master_addr, master_port = gather([self.ranks[0].rendezvous_address.remote()])[0]
-        gather([r.connect.remote(master_addr, master_port) for r in self.ranks])
+        what = f"the start of the {len(self.ranks)} learner rank(s)"
+        master_addr, master_port = gather([self.ranks[0].rendezvous_address.remote()], stall_warning_s=self.stall_warning_s,
+                                          what=what, hint=self._placement_hint)[0]
+        gather([r.connect.remote(master_addr, master_port) for r in self.ranks], stall_warning_s=self.stall_warning_s,
+               what=what, hint=self._placement_hint)
         self.met = True
+
+    def _placement_hint(self) -> str:
+        """What the ranks reserve, and what the cluster has in all (of which other actors hold some)."""
+        return ranks_placement_hint(self.options, ray.cluster_resources())
 
     def use_service(self, service: ray.actor.ActorHandle) -> ray.ObjectRef:
         """Hand rank 0 the correction service it calls in every step (``LearnerRank.use_service``);

@@ -88,3 +88,24 @@ def test_an_ipv6_address_in_brackets_is_reachable():
         server.listen()
         port = server.getsockname()[1]
         assert check_address(f"[::1]:{port}") == f"[::1]:{port}"
+
+
+def test_a_machine_without_a_node_of_the_cluster_is_told_where_to_run(monkeypatch):
+    """Found by a review: ``aisrl scale`` on a SLURM login node (the run directory is there, the cluster's
+    nodes are not) ended in Ray's RuntimeError after a minute; it now says to run on a node. Ray's own
+    message is what ``ray._private.services`` raises when no node of the cluster runs here."""
+    import ray
+
+    import actors.cluster as cluster
+
+    def no_node(**_):
+        raise RuntimeError("No node info found matching attributes: '10.0.0.9' when trying to resolve node to connect to.")
+
+    monkeypatch.setattr(cluster, "set_local_only", lambda _on: None)
+    monkeypatch.setattr(ray, "init", lambda **kw: no_node(**kw))
+    with pytest.raises(ClusterUnreachableError, match=r"--address=10\.0\.0\.5:6379: this machine runs no node of "
+                                                      r"that cluster.*srun --jobid=<job> --overlap"):
+        cluster.join("10.0.0.5:6379", "--address")
+    monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(RuntimeError("something else")))
+    with pytest.raises(RuntimeError, match="something else"):  # any other error as it came
+        cluster.join("10.0.0.5:6379", "--address")
