@@ -179,6 +179,26 @@ def test_worker_adopts_the_payload_version(fp8_worker, hf_model):
     assert fp8_worker.stats()["num_weight_updates"] == 1
 
 
+def test_a_load_that_fails_part_way_stops_generation_until_one_succeeds(fp8_worker, hf_model, monkeypatch):
+    """Found by a review: a load that raised after some tensors left the engine with two versions' weights
+    under the old stamp, and a later call could sample from them."""
+    state = hf_model.state_dict()
+    version = fp8_worker.policy_version
+
+    def broken(payload):
+        raise RuntimeError("collective_rpc failed after 3 of 12 tensors")
+
+    monkeypatch.setattr(fp8_worker.engine, "load_weights", broken)
+    with pytest.raises(RuntimeError, match="after 3 of 12"):
+        fp8_worker.update_weights(encode_weights(state, policy_version=version + 1))
+    assert fp8_worker.policy_version == version
+    with pytest.raises(RuntimeError, match="its last weight load failed part-way"):
+        fp8_worker.generate_groups(PROMPTS[:1])
+    monkeypatch.undo()
+    fp8_worker.update_weights(encode_weights(state, policy_version=version + 1))  # a load that succeeds
+    assert fp8_worker.generate_groups(PROMPTS[:1], policy_version=version + 1)[0].policy_version == version + 1
+
+
 def test_top_p_top_k_logprobs_match_the_learners_truncated_recompute(bf16_engine, hf_model):
     """Issue 11 (item 2): at top_p < 1 vLLM returns log-probs renormalised over the nucleus; the
     learner's recompute (``system.learner.logprobs``, same temperature, top-p and top-k, on the

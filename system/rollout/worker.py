@@ -59,6 +59,7 @@ class RolloutWorkerCore:
             self._chat_tokenizer = self.engine.tokenizer()
             check_chat_template(self._chat_tokenizer)
         self._policy_version = 0
+        self._half_loaded = False  # a load failed part-way (update_weights)
         self._stats = {"num_sequences": 0, "num_response_tokens": 0, "generate_seconds": 0.0,
                        "reward_seconds": 0.0, "num_weight_updates": 0, "weight_update_seconds": 0.0}
         if self._sigma(0) > 0:  # ablations: version 0 perturbed as well
@@ -92,6 +93,9 @@ class RolloutWorkerCore:
         ``policy_version``, when given, is the version the caller believes the worker holds;
         a different one is a wiring error and raises :class:`ValueError`.
         """
+        if self._half_loaded:
+            raise RuntimeError(f"worker {self.worker_id}: its last weight load failed part-way, so its engine holds "
+                               f"a mix of two versions; it generates again once a load succeeds")
         if policy_version is not None and policy_version != self._policy_version:
             raise ValueError(f"worker {self.worker_id} holds policy version {self._policy_version}, "
                              f"asked to generate with {policy_version}")
@@ -143,8 +147,13 @@ class RolloutWorkerCore:
         return reward
 
     def update_weights(self, payload: WeightPayload) -> None:
-        """Load ``payload`` into the engine and adopt its ``policy_version``."""
+        """Load ``payload`` into the engine and adopt its ``policy_version``. A load that fails part-way
+        leaves the engine with some tensors of the new version and some of the old: until a load
+        succeeds, the worker generates nothing (a review: it would have sampled from that mix under
+        the old version's stamp)."""
+        self._half_loaded = True
         seconds = self.engine.load_weights(self._perturbed(payload))
+        self._half_loaded = False
         self._policy_version = payload.policy_version
         self._stats["num_weight_updates"] += 1
         self._stats["weight_update_seconds"] += seconds
