@@ -80,6 +80,7 @@ def _last_marker(text: str) -> tuple[int, str | None] | None:
     ...``). A ``####`` ending the completion with words after it (``... 27 in all.\n#### unknown``)
     is a marker with no number; ``#### 18. So she pays 18 dollars.`` is the answer 18."""
     numbered_list = len(_NUMBERED_TITLE.findall(text)) >= 2
+    text_end = len(text.rstrip())  # text after position i is not blank iff i < text_end (once, not per marker)
     for match in reversed(list(_MARKS.finditer(text))):
         line_start = text.rfind("\n", 0, match.start()) + 1
         at_line_start = not text[line_start:match.start()].strip(" ") and match.start() - line_start <= 3
@@ -88,7 +89,7 @@ def _last_marker(text: str) -> tuple[int, str | None] | None:
         number = _number_at(text, match.end())
         line_end = text.find("\n", match.end())
         title = text[match.end():line_end if line_end >= 0 else len(text)].strip() != ""
-        more_after = line_end >= 0 and text[line_end:].strip() != ""
+        more_after = 0 <= line_end < text_end
         if at_line_start and number is None and title and more_after:
             continue
         return match.end(), number
