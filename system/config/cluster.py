@@ -6,7 +6,7 @@ from system.config.base import StrictModel
 
 MAX_LAG = 1024
 """The largest staleness bound: every step record counts the samples at each lag from 0 to ``max_lag``
-(``staleness/lag_count/*``), so a probe's ``max_lag=10**18`` passed ``--dry-run`` and would have failed
+(``staleness/sequences_lag_<k>``), so a probe's ``max_lag=10**18`` passed ``--dry-run`` and would have failed
 the first step allocating those counts. AReaL-style off-policy runs use single digits; a large value
 meaning "unbounded" still fits."""
 

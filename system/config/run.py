@@ -45,7 +45,7 @@ class RunConfig(StrictModel):
     ray: RayConfig = Field(default_factory=RayConfig)
     """The Ray cluster."""
     weight_sync: WeightSyncConfig = Field(default_factory=ObjectStoreSyncConfig)
-    """How new weights reach the rollout workers: ``object_store`` or ``collective``."""
+    """How new weights reach the rollout workers: ``object_store``, ``collective`` or ``delta``."""
 
     @field_validator("output_dir")
     @classmethod
