@@ -2,6 +2,7 @@
 an op of its sampler even when the engine runs eager; see the module). The engine-level check
 (a real ``generate`` compiles nothing): ``tests/test_rollout_vllm.py``."""
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -35,9 +36,6 @@ def test_inside_the_block_a_compiled_function_runs_eager_and_is_never_traced():
 
 
 def test_the_switch_is_restored_when_the_block_raises():
-    try:
-        with eager_sampling(True):
-            raise KeyError("x")
-    except KeyError:
-        pass
+    with pytest.raises(KeyError, match="x"), eager_sampling(True):  # the error goes through, not swallowed
+        raise KeyError("x")
     assert torch._dynamo.config.disable is False

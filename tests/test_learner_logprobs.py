@@ -74,11 +74,24 @@ def test_padded_batch_matches_naive_full_log_softmax(temperature):
     assert logp_BS.dtype == torch.float32
 
 
-def test_logprobs_carry_gradient_to_the_weights():
+def test_logprobs_carry_the_gradient_of_the_naive_log_softmax_to_the_weights():
+    """The gradient of the summed log-probs (temperature 0.8) reaches every weight as autograd through the
+    naive full log_softmax gives it, on a copy of the model (a review: the test only checked it was not 0)."""
+    import copy
+
     model = _tiny_model()
+    ref_model = copy.deepcopy(model)
     ids = torch.tensor([[3, 7, 1, 9]])
-    token_logprobs(model, ids, torch.ones_like(ids), 1.0).sum().backward()
-    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+    token_logprobs(model, ids, torch.ones_like(ids), 0.8).sum().backward()
+    logsm = torch.log_softmax(ref_model(input_ids=ids).logits[0].float() / 0.8, dim=-1)
+    sum(logsm[s - 1, ids[0, s]] for s in range(1, ids.shape[1])).backward()
+    grads = dict(ref_model.named_parameters())
+    for name, param in model.named_parameters():
+        if grads[name].grad is None:  # not on the path to the logits (none in this model)
+            assert param.grad is None or not param.grad.any(), name
+            continue
+        torch.testing.assert_close(param.grad, grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+    assert model.lm_head.weight.grad.abs().sum() > 0
 
 
 def test_proximal_recompute_reproduces_behaviour_logprobs_of_the_same_model():

@@ -11,7 +11,8 @@ from system import metrics_file
 def test_resume_trims_records_past_the_checkpoint_and_a_cut_last_line(tmp_path):
     lines = [json.dumps({"step": s, "loss": 0.1 * s}) for s in (1, 2, 3, 4)] + ['{"step": 5, "lo']  # cut by a kill
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    metrics_file.wandb_sent_through(tmp_path)  # a cut last line is what a stop leaves: accepted
+    # a cut last line is what a stop leaves: accepted; no record says W&B took it, so nothing was sent
+    assert metrics_file.wandb_sent_through(tmp_path) == 0
     assert metrics_file.trim_metrics(tmp_path, 2) == 3  # steps 3, 4 and the cut line
     kept = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept == [1, 2]

@@ -134,6 +134,21 @@ def test_the_raylets_own_paragraph_after_a_kill_is_the_one_quieted(loopback_ray,
     assert RAYLET_START in seen  # the text the filter is written for
     latency = time.monotonic() - started
     quiet_worker_deaths()
-    _kill_one()
-    said, seen = _said_within(capfd, 2 * latency + 3)
-    assert not said, seen[-2000:]
+    quiet, arrived = ray_worker.print_to_stdstream, []
+
+    def recording(data, *args, **kwargs):  # what reaches the filter: the test fails if none came
+        if any(WORKER_DIED in line for line in data.get("lines", [])):
+            arrived.append(data)
+        return quiet(data, *args, **kwargs)
+
+    ray_worker.print_to_stdstream = recording
+    try:
+        for _ in range(KILLS):  # under load the raylet may publish nothing for a kill: kill again
+            _kill_one()
+            said, seen = _said_within(capfd, 2 * latency + 3)
+            assert not said, seen[-2000:]
+            if arrived:
+                break
+    finally:
+        ray_worker.print_to_stdstream = quiet
+    assert arrived, f"no worker-death paragraph reached the filter after {KILLS} kills (a review: the test passed then)"

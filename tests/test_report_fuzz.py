@@ -150,7 +150,15 @@ def test_text_under_a_numeric_optional_key_is_an_error_naming_it(key, text):
 
 
 @pytest.mark.parametrize("key", BYTES_DECODED)
-def test_non_ascii_bytes_under_a_text_key_are_reported_or_refused(key):
+def test_non_ascii_bytes_under_a_text_key_are_reported_with_the_replacement_character(key):
+    """A byte that is not UTF-8 under a text key is decoded to U+FFFD (the case is deterministic: a
+    review found the test accepting a refusal as well)."""
     arrays = _small_dump()
     arrays[key] = np.full((2,) if key in ROW_KEYS else (2, 3), b"\xff", dtype="S1")
-    check_report(arrays)
+    with tempfile.TemporaryDirectory(prefix="aisrl-report-fuzz-") as tmp:
+        path = Path(tmp) / "dump.npz"
+        np.savez(path, **arrays)
+        result = runner.invoke(app, ["report", str(path), "--out", str(Path(tmp) / "out")])
+        assert result.exit_code == 0, result.output
+        samples = (Path(tmp) / "out" / "samples.json").read_text(encoding="utf-8")
+    assert "\ufffd" in samples or "\\ufffd" in samples  # as the character, or JSON-escaped

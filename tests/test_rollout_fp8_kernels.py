@@ -177,10 +177,39 @@ def test_widened_weight_is_made_again_for_a_new_tensor_or_a_new_generation():
     assert torch.equal(cache.get(other, generation=1).float(), other.float()) and cache.made == 3
 
 
-def test_probe_times_every_variant_on_this_cpu():
-    p = probe_fp8_matmul(32, 64, 128)
+def test_probe_times_each_product_under_its_own_name(monkeypatch):
+    """Each timing field holds the product it names (``choose_fp8_kernel`` acts on them): the timer is
+    replaced by one that calls each variant once and keeps its output and which product ran; the BF16
+    variant is ``x @ w^T`` exactly, the three FP8 ones ``(x8 s_x) (w8 s_w)^T`` against float64 (a review:
+    swapped fields passed the test that only checked the timings were positive)."""
+    from system.rollout import fp8_kernels
+
+    ran, outputs = [], {}
+    for name in ("channelwise_product", "rowwise_product", "upcast_product"):
+        real = getattr(fp8_kernels, name)
+        monkeypatch.setattr(fp8_kernels, name, lambda *a, _real=real, _name=name: (ran.append(_name), _real(*a))[1])
+
+    def time_once(variants):
+        for key, call in variants.items():
+            before = len(ran)
+            outputs[key] = (call(), ran[before:])
+        return dict.fromkeys(variants, 1.0)
+
+    monkeypatch.setattr(fp8_kernels, "_time_ms", time_once)
+    p = probe_fp8_matmul(32, 64, 128, seed=3)
     assert (p.m, p.k, p.n) == (32, 64, 128)
-    assert p.bf16_ms > 0 and p.channelwise_ms > 0 and p.rowwise_ms > 0 and p.upcast_ms > 0
+    assert {k: names for k, (_, names) in outputs.items()} == {
+        "bf16_ms": [], "channelwise_ms": ["channelwise_product"], "rowwise_ms": ["rowwise_product"],
+        "upcast_ms": ["upcast_product"]}
+    # the probe's inputs, drawn as it draws them
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(128, 64, generator=gen).to(torch.bfloat16)
+    s_x, s_w = torch.rand(32, 1, generator=gen) + 0.5, torch.rand(1, 128, generator=gen) + 0.5
+    assert torch.equal(outputs["bf16_ms"][0], x @ w.t())
+    want = (x.to(torch.float8_e4m3fn).double() * s_x.double()) @ (w.to(torch.float8_e4m3fn).double() * s_w.double().t()).t()
+    for key in ("channelwise_ms", "rowwise_ms", "upcast_ms"):
+        torch.testing.assert_close(outputs[key][0].double(), want, rtol=2e-2, atol=5e-2, msg=key)
 
 
 def test_the_probe_interleaves_the_variants_and_drops_a_pathological_one_after_its_warm_up(monkeypatch):
