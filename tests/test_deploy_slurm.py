@@ -137,10 +137,15 @@ def test_resources_are_json_for_a_two_digit_gpu_count(tmp_path):
 
 
 
-def _cluster_stubs(tmp_path: Path, failing: dict[str, int], probe: str) -> dict:
+def _cluster_stubs(tmp_path: Path, failing: dict[str, int], probe: str, head_answers: bool = True) -> dict:
     """``ray start`` steps that block like ``--block`` does (until TERMed), except on the nodes in ``failing``,
     whose step says ``port in use`` and exits at once with the given status; ``probe`` is the body of the
-    shim run for the script's node probe (``python -``). Sleeps are short."""
+    shim run for the script's probe of every node (``python - 3``); the probe of the head alone
+    (``python - 1``, before the workers start) says it is up when ``head_answers``, else runs ``probe``
+    too. Sleeps are short."""
+    if head_answers:
+        probe = f'if [ "$2" = 1 ]; then echo "ray nodes up: 1/1"; exit 0; fi; {probe}'
+
     fail = "".join(f'if [[ "$*" == *--nodelist={node}\\ *"ray start"* ]]; then echo "{node}: port in use" >&2; '
                    f'exit {status}; fi; ' for node, status in failing.items())
     srun = f'echo "$@" >> {tmp_path}/srun.log; {fail}if [[ "$*" == *"ray start"* ]]; then exec {REAL_SLEEP} 30; fi; '
@@ -183,7 +188,8 @@ def test_the_probes_reason_is_shown_when_it_changes_then_the_run_starts(tmp_path
     proc = run_script(env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("ray nodes up")]
-    assert lines == ["ray nodes up: 0/3 (cannot connect yet: ConnectionError: no GCS yet)", "ray nodes up: 0/3",
+    assert lines == ["ray nodes up: 1/1",  # the head answers; then the workers start
+                     "ray nodes up: 0/3 (cannot connect yet: ConnectionError: no GCS yet)", "ray nodes up: 0/3",
                      "ray nodes up: 0/3 (cannot connect yet: TimeoutError: slow)", "ray nodes up: 3/3"], proc.stdout
     assert "aisrl train" in (tmp_path / "srun.log").read_text()
 
@@ -198,4 +204,19 @@ def test_the_join_wait_times_out_with_the_last_reason(tmp_path, probe, reason):
     assert proc.returncode == 1
     assert f"error: the Ray cluster did not come up in 1 s (last: {reason})" in proc.stderr
     assert f"ray nodes up: 0/3 (cannot connect yet: {reason})" in proc.stdout
+    assert not (tmp_path / "tok" / "ray_token_42").exists()
+
+
+def test_the_workers_start_only_once_the_head_answers(tmp_path):
+    """Found by a review: the workers were started a fixed 10 s after the head, and a worker gives up on a
+    GCS that is not there after ~20 s, so a head slow to start (Ray imported from a shared file system)
+    failed the job. The script now waits for the head itself: a head that never answers times out with
+    the probe's reason, and no worker's ``ray start`` was run."""
+    env = {**_cluster_stubs(tmp_path, {}, NOT_UP, head_answers=False), "AISRL_JOIN_TIMEOUT_S": "1"}
+    proc = run_script(env, tmp_path)
+    assert proc.returncode == 1
+    assert "ray nodes up: 0/1 (cannot connect yet: ConnectionError: GCS at 10.0.0.5:6379 unreachable)" in proc.stdout
+    assert "error: the Ray cluster did not come up in 1 s" in proc.stderr
+    starts = [line for line in (tmp_path / "srun.log").read_text().splitlines() if "ray start" in line]
+    assert len(starts) == 1 and "--head" in starts[0], starts  # the head's only
     assert not (tmp_path / "tok" / "ray_token_42").exists()
