@@ -2,6 +2,7 @@
 
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,7 @@ from system.config import RunConfig, dump_config
 from system.correction.service import CorrectionCore
 from system.models.hf_files import token_names
 from system.report.dump import newest_dump, token_text_grid
+from system.report.dump_in_flight import DumpInFlight
 from system.report.mismatch_report import write_report
 from system.report.run_logger import RunLogger
 from system.report.wandb_sink import remove_process_temp_dirs
@@ -37,6 +39,12 @@ class CorrectionService:
         loader.shutdown(wait=False)
         self.run_dir = Path(run_dir)
         self._undumped: tuple[int, CorrectionInput, np.ndarray] | None = None  # the last batch, until dumped
+        # a step's dump is written beside the learners' update, not before its weights go back (a review: on
+        # a dump step rank 0, and every rank after it, waited for the npz, ~10 us a token); at most one in
+        # flight, and the step's record waits for it (its media go with the record). The lock keeps the
+        # sinks to one thread at a time.
+        self._dumping = DumpInFlight(self._dump)
+        self._sinks = threading.Lock()
 
     def ready(self) -> None:
         """Answers once the service is built (its imports, sinks and W&B run), so a run's start waits
@@ -57,28 +65,38 @@ class CorrectionService:
         result.metrics["time/correction_service"] = time.perf_counter() - started
         if result.alarm:  # drift alarm (correction.alarm): one console line, a W&B alert rate-limited per cause
             logging.getLogger(__name__).warning("step %d: %s", step, result.alarm)
-            self.logger.alert(f"aisrl drift alarm: {result.alarm_cause}", result.alarm, step)
+            with self._sinks:
+                self.logger.alert(f"aisrl drift alarm: {result.alarm_cause}", result.alarm, step)
         self._undumped = (step, batch, result.token_ratios)
         if self.logger.should_dump(step):
-            self._dump_undumped()
+            undumped, self._undumped = self._undumped, None
+            self._dumping.start(*undumped)  # after the previous one: one batch held for a dump at a time
         return result.weights_BT, result.metrics
 
+    def _dump(self, step: int, batch: CorrectionInput, token_ratios: np.ndarray) -> None:
+        token_text = token_text_grid(self._token_names.result(), batch.response_ids_BT, batch.mask_BT)
+        with self._sinks:
+            self.logger.dump(step, batch, token_ratios, token_text)
+
     def _dump_undumped(self) -> None:
+        self._dumping.wait()
         step, batch, token_ratios = self._undumped
-        token_text = token_text_grid(self._token_names.result(), batch.response_ids_BT,
-                                     batch.mask_BT)
-        self.logger.dump(step, batch, token_ratios, token_text)
         self._undumped = None
+        self._dump(step, batch, token_ratios)
 
     def finish_step(self, record: StepRecord) -> None:
-        """Write the step's record (the driver sends it without waiting for this call)."""
-        self.logger.finish_step(record.step, record.metrics())
+        """Write the step's record (the driver sends it without waiting for this call), after the step's dump
+        if it has one (a dump that failed fails this call: the driver's check names it)."""
+        self._dumping.wait(through=record.step)
+        with self._sinks:
+            self.logger.finish_step(record.step, record.metrics())
 
     def write_report(self, step: int | None = None) -> str | None:
         """The HTML report of the last step, into ``<run>/report``: the last step is dumped now if
         ``report.dump_every`` skipped it, so every run that trained a step has a dump and a report.
         A process that dumped nothing (a resumed run already at its last step) reports the newest
         dump up to ``step`` (the run's step: a later one is an abandoned attempt's)."""
+        self._dumping.wait()
         if self._undumped is not None:
             self._dump_undumped()
         if self.logger.last_dump is None:
@@ -90,7 +108,8 @@ class CorrectionService:
 
     def state_dict(self) -> dict:
         """The state a checkpoint keeps; the metrics written so far (every record up to the checkpoint's
-        step: the driver's calls arrive in order) are made durable first."""
+        step: the driver's calls arrive in order) are made durable first, and so is a dump in flight."""
+        self._dumping.wait()
         self.logger.jsonl.sync()
         return {**self.core.state_dict(), "wandb_alerts": self.logger.wandb.alert_state()}
 
@@ -100,5 +119,8 @@ class CorrectionService:
 
     def close(self) -> None:
         """The run's sinks closed; this process logs no more, so wandb's temporary directories go too."""
-        self.logger.close()
+        try:
+            self._dumping.close()
+        finally:
+            self.logger.close()
         remove_process_temp_dirs()

@@ -164,6 +164,22 @@ def test_the_alert_rate_limit_survives_a_resume(tmp_path):
     assert resumed.alert_state() == {}
 
 
+def test_an_alarm_the_stopped_attempt_alerted_counts_for_the_rate_limit_after_a_resume(tmp_path):
+    """Found by a review: checkpoint at step 10, the first attempt alerted an alarm at step 12 and went on
+    to step 14 (W&B holds 1-14); the resumed run re-trains 11-14 without alerting, but its alarm at 15
+    was sent: two alerts for one cause 3 steps apart. The re-trained step 12 now counts (15 - 12 < 10),
+    and 22 is sent (22 - 12 >= 10). A replayed step the first attempt held back (within 10 of its last)
+    does not move the limit."""
+    cfg = ReportConfig(dump_every=0, wandb=WandbConfig(mode="disabled"))
+    logger = RunLogger(tmp_path, cfg, {}, wandb_run_id="abc", live_sent_through=14)
+    logger.wandb.run = run = _AlertRun()
+    logger.wandb.load_alert_state({})  # the checkpoint at 10 held no alert
+    assert [logger.alert("drift: staleness", f"step {s}", s) for s in (12, 13, 15, 22)] == [False, False, False, True]
+    assert [t for _, t in run.alerts] == ["step 22"]
+    assert logger.wandb.alert_state() == {"drift: staleness": 22}
+    logger.close()
+
+
 _TEMP_DIRS_PROBE = """
 import json, os, sys, tempfile
 tempfile.tempdir = sys.argv[2]  # this process's system temp dir: the test's own

@@ -65,7 +65,10 @@ class RunLogger:
     def alert(self, title: str, text: str, step: int) -> bool:
         """A W&B alert for ``step`` (``WandbSink.alert``), unless the W&B run has that step already: a
         resumed run re-training it raised the stopped attempt's alarm a second time."""
-        return step > self._live_skip_through and self.wandb.alert(title, text, step=step)
+        if step <= self._live_skip_through:
+            self.wandb.replay_alert(title, step)
+            return False
+        return self.wandb.alert(title, text, step=step)
 
     def should_dump(self, step: int) -> bool:
         return self.cfg.dump_every > 0 and step % self.cfg.dump_every == 0

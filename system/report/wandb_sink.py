@@ -127,6 +127,15 @@ class WandbSink(NullSink):
     def load_alert_state(self, state: dict | None) -> None:
         self._alerted = {str(k): int(v) for k, v in (state or {}).items()}
 
+    def replay_alert(self, title: str, step: int, min_steps: int = ALERT_EVERY_STEPS) -> None:
+        """An alarm at a ``step`` the W&B run holds already (a resumed run re-training the stopped attempt's
+        steps): nothing is sent, but the rate limit counts it as that attempt did (it sent an alert here
+        unless one for ``title`` came within ``min_steps``). Found by a review: an alarm at step 12 after a
+        checkpoint at 10 was alerted by the first attempt, and the resumed run alerted it again at 15."""
+        last = self._alerted.get(title)
+        if last is None or step - last >= min_steps:
+            self._alerted[title] = step
+
     def alert(self, title: str, text: str, step: int | None = None, min_steps: int = ALERT_EVERY_STEPS) -> bool:
         """A W&B alert (``wandb.alert`` on this run, level WARN); True when sent. Rate limit: one per
         ``title`` (use one title per cause) within ``min_steps`` steps. Never raises: a failure is
