@@ -40,18 +40,21 @@ from actors.weight_sync import build_transport
 from system import controller_state, metrics_file, run_state
 from system.config import RunConfig, dump_config
 from system.config.advice import config_warnings
-from system.correction.nothing_kept import NothingKeptGuard
+from system.correction.nothing_kept import NothingKeptError, NothingKeptGuard
 from system.data.buffer import TrajectoryBuffer
 from system.data.context_fit import fit_dataset_prompts
 from system.data.prompt_source import build_prompt_source
 from system.data.sampler import PromptSampler
 from system.learner.collate import collate_groups
-from system.learner.divergence import DivergenceGuard
+from system.learner.divergence import DivergenceGuard, TrainingDivergedError
 from system.losses.advantages import SCALE_BY_STD
 from system.models.model_dir import resolve_model_dir
 from system.report.console_sink import ConsoleSink
 
 log = logging.getLogger(__name__)
+
+REPORTED_FAILURES = (NothingKeptError, TrainingDivergedError)
+"""The guards' stops: the run still gets its last batch's dump and the report (``Trainer._report_failed_run``)."""
 
 
 class Trainer:
@@ -233,9 +236,11 @@ class Trainer:
                     due = self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0
                     if due or self._checkpoint_owed:  # skipped for a non-finite step: at the next finite one
                         self._checkpoint_owed = self.save_checkpoint() is None
-            except BaseException:
+            except BaseException as exc:
                 self.rollout.stop.set()  # the run failed: no worker is replaced from now on
                 self._write_ledger(failed=True)
+                if isinstance(exc, REPORTED_FAILURES):
+                    self._report_failed_run()
                 raise
             finally:
                 if console:
@@ -351,6 +356,17 @@ class Trainer:
         self.records.check(wait=True)  # the last records too (no checkpoint may have waited for them)
         self.report_path = ray.get(self.service.write_report.remote(self.step))
         self._close_service()
+
+    def _report_failed_run(self) -> None:
+        """The last batch's dump and the report of a run that a guard stopped (nothing kept, diverged): where
+        the report matters most (a review: such a run had none, though every run that trained a step is said
+        to have one). Best effort: a report that fails or hangs is said, and the run's own error stands."""
+        try:
+            self.report_path = ray.get(self.service.write_report.remote(self.step), timeout=120)
+            if self.report_path:
+                log.warning("the mismatch report of the stopped run: %s", self.report_path)
+        except Exception as exc:  # noqa: BLE001 - the guard's error is what the run fails with
+            log.warning("no report for the stopped run (%s: %s)", type(exc).__name__, str(exc)[:200])
 
     def _write_ledger(self, failed: bool = False) -> None:
         with self.state.cond:

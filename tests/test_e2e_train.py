@@ -231,6 +231,9 @@ def test_a_correction_that_keeps_nothing_stops_the_run(tmp_path, cache):
     assert ("the correction kept no token for 2 consecutive steps (steps 1-2; method seq-mis "
             "self_normalize=False hi=1.000001 lo=0.999999") in said, said[-2000:]
     assert [(r["step"], r["correction/keep_token_frac"]) for r in records(run)] == [(1, 0.0), (2, 0.0)]
+    # the stopped run's report (a review: a guard's stop left none), of its last batch, step 2
+    assert (run / "report" / "report.html").is_file()
+    assert sorted(p.name for p in (run / "dumps").glob("step_*.npz")) == ["step_000002.npz"]
     # the last version was broadcast through the segment it was exported into (sockets and a copy where
     # /dev/shm is missing); the first one too, unless the worker's generation formed after its export;
     # no lent version waited out ``lend_wait_s`` (Ray's copy of each was released before the next)
