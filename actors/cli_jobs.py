@@ -138,8 +138,10 @@ def job_status(job_id: str = typer.Argument(..., callback=_job_id), address: str
 def job_stop(
     job_id: str = typer.Argument(..., callback=_job_id),
     address: str = typer.Option(..., "--address", help=ADDRESS_HELP),
-    timeout_s: float = typer.Option(300.0, "--timeout-s", callback=_wait_seconds,
-                                    help="How long to wait for the job to end (the stop is sent either way)."),
+    timeout_s: float = typer.Option(330.0, "--timeout-s", callback=_wait_seconds,
+                                    help="How long to wait for the job to end (the stop is sent either way); "
+                                         "30 s past the default stop wait (submit --stop-wait-s 300), so a job "
+                                         "Ray kills at its stop wait is seen ended, not still RUNNING."),
 ) -> None:
     """Stop the job: SIGTERM (training finishes its step and checkpoints), SIGKILL after the job's stop wait."""
     from actors import jobs
