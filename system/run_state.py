@@ -118,8 +118,9 @@ def set_aside_after(run_dir: str | Path, step: int, now: float | None = None) ->
     checkpoints ``step_N`` (N > step, complete or not: one the resume skipped as damaged, or one
     this attempt will publish again beside the old ``controller.pkl``) are moved to
     ``checkpoints/abandoned/<time>/`` (kept for inspection, never resumed from), its dumps
-    ``dumps/step_N.npz`` are deleted (as its metrics records are, :func:`system.metrics_file.trim_metrics`). Returns the
-    names moved and the number of dumps deleted."""
+    ``dumps/step_N.npz`` are deleted (as its metrics records are, :func:`system.metrics_file.trim_metrics`), and so
+    is the hidden partial file of a dump it was killed writing. Returns the names moved and the number of
+    (complete) dumps deleted."""
     import time
 
     root = Path(run_dir)
@@ -133,7 +134,9 @@ def set_aside_after(run_dir: str | Path, step: int, now: float | None = None) ->
             path.rename(target / path.name)
             moved.append(path.name)
     dumps = [p for n, p in numbered_dumps(root / "dumps") if n > step]
-    for path in dumps:
+    # and a dump the attempt was writing when it was killed (a review: its hidden partial file stayed)
+    partials = list((root / "dumps").glob(".step_*.npz.partial.npz")) if (root / "dumps").is_dir() else []
+    for path in dumps + partials:
         path.unlink()
     return moved, len(dumps)
 

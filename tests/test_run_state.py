@@ -203,6 +203,7 @@ def test_a_resume_sets_aside_what_the_abandoned_attempt_wrote_past_its_checkpoin
     for step in (2, 3, 4):
         save_dump(tmp_path / "dumps" / f"step_{step:06d}.npz", **{BEHAVIOUR_KEY: np.zeros((1, 1), np.float32),
                   PROXIMAL_KEY: np.zeros((1, 1), np.float32), MASK_KEY: np.ones((1, 1), bool)})
+    (tmp_path / "dumps" / ".step_000005.npz.partial.npz").write_bytes(b"PK")  # the attempt killed mid-dump
     moved, dumps = run_state.set_aside_after(tmp_path, 2, now=1234)
     assert moved == ["step_00000004"] and dumps == 2
     assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["step_000002.npz"]
