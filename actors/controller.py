@@ -59,8 +59,8 @@ import time
 import ray
 
 from actors.placement import follow_target, rollout_capacity
-from actors.remote_errors import remote_error
 from actors.rollout_pool import GenerateCall, RolloutPool, WorkerSlot
+from actors.shared_state import SharedState
 from actors.weight_sync import WeightTransport
 from system.config import RunConfig
 from system.data.buffer import TrajectoryBuffer
@@ -84,7 +84,7 @@ class RolloutLoop:
     """
 
     def __init__(self, cfg: RunConfig, pool: RolloutPool, sampler: PromptSampler,
-                 buffer: TrajectoryBuffer, state: "SharedState", transport: WeightTransport) -> None:
+                 buffer: TrajectoryBuffer, state: SharedState, transport: WeightTransport) -> None:
         self.cfg, self.pool, self.sampler, self.buffer, self.state = cfg, pool, sampler, buffer, state
         self.runtime = pool.runtime  # every Ray call goes through it (``actors.runtime``)
         self.transport = transport
@@ -176,9 +176,7 @@ class RolloutLoop:
         for slot in [s for s in self.pool.slots_now() if s.retiring and not s.calls
                      and self.transport.releases(s.worker_id)]:
             with self.state.cond:  # its pause so far still counts (``RolloutSince.idle_s``)
-                if slot.idle_since is not None:
-                    self.state.rollout_idle_s += time.monotonic() - slot.idle_since
-                    slot.idle_since = None
+                self._end_pause(slot)
             self.pool.remove(slot)
         if self.pool.ready() or not self._lost_since_ready or self.target_workers == 0:
             # scaled to 0 (``aisrl scale --workers 0``): no worker is expected, so none is missed
@@ -228,11 +226,15 @@ class RolloutLoop:
                     break
                 with self.state.cond:
                     prompts = self.sampler.next_prompts(min(self.cfg.rollout.prompts_per_call, room))
-                    if slot.idle_since is not None:
-                        self.state.rollout_idle_s += time.monotonic() - slot.idle_since
-                        slot.idle_since = None
+                    self._end_pause(slot)
                 min_version = max(0, consuming_step - max_lag)
                 slot.calls.append(GenerateCall(slot.handle.generate.remote(prompts, min_version), prompts))
+
+    def _end_pause(self, slot: WorkerSlot) -> None:
+        """Add the idle time of ``slot`` (if idle) to ``rollout_idle_s``; called holding ``state.cond``."""
+        if slot.idle_since is not None:
+            self.state.rollout_idle_s += time.monotonic() - slot.idle_since
+            slot.idle_since = None
 
     def _collect(self, timeout: float) -> None:
         refs = self.pool.pending_refs()
@@ -330,73 +332,3 @@ class RolloutLoop:
         with self.state.cond:
             for slot in self.pool.busy():
                 self.sampler.requeue([p.prompt_id for p in slot.inflight_prompts()])
-
-
-class SharedState:
-    """What both loops read: steps started, the weights to offer, counters; one condition."""
-
-    def __init__(self, steps_done: int, initial_weights: tuple[int, ray.ObjectRef | None]) -> None:
-        self.cond = threading.Condition()
-        self.steps_started = steps_done
-        self.generated_tokens = 0
-        self.offers: dict[int, ray.ObjectRef | None] = dict([initial_weights])
-        """The versions to offer: the last finished one and those whose steps were submitted since."""
-        self.rollout_idle_s = 0.0
-        """Seconds ready rollout workers sat idle (held back by the staleness bound, i.e. waiting for
-        newer weights, or with nothing left to generate), summed over workers: counted by the driver
-        when a worker without calls is dispatched again, and reported by a worker for a call that
-        waited inside it for the weights it required (``RolloutGroup.weights_wait_s``)."""
-
-    def wake(self) -> None:
-        """Wake every waiter on the condition (e.g. when a learner step has ended)."""
-        with self.cond:
-            self.cond.notify_all()
-
-    def publish(self, version: int, ref: ray.ObjectRef) -> None:
-        """Version ``version`` will be at ``ref`` (its step may still run)."""
-        with self.cond:
-            self.offers[version] = ref
-            self.cond.notify_all()  # the rollout loop pushes the new weights at once
-
-    def finished(self, version: int) -> None:
-        """Version ``version``'s step has ended: older versions are no longer offered."""
-        with self.cond:
-            for v in [v for v in self.offers if v < version]:
-                del self.offers[v]
-
-
-def take_batch(cfg: RunConfig, buffer: TrajectoryBuffer, sampler: PromptSampler, state: SharedState,
-               learner_version: int, rollout: RolloutLoop, give_up=None,
-               poll_s: float = 1.0, warn: bool = True) -> tuple[list[RolloutGroup], float]:
-    """Block until B admissible groups are buffered; drop stale ones with a reason. (groups, seconds waited).
-
-    With ``give_up`` (a callable, checked whenever the condition is notified, and every ``poll_s``):
-    ``([], seconds)`` as soon as it returns True before the batch is ready
-    (queueing a step ahead stops once the running step has ended; its end notifies the condition,
-    ``SharedState.wake``; a stop request ends the wait for a batch that may never come). ``warn``: say
-    on the console after every ``report.stall_warning_s`` without a batch (off when queueing ahead: the
-    wait then lasts as long as the running step, whose own wait warns)."""
-    started = time.perf_counter()
-    stall_s = cfg.report.stall_warning_s
-    warn_at = started + stall_s if warn else float("inf")
-    with state.cond:
-        while True:
-            if time.perf_counter() >= warn_at:
-                log.warning("no batch for step %d after %.0f s: %d of %d groups buffered, %d rollout worker(s) "
-                            "ready (a worker stuck in a generate call, or too few workers for the batch)",
-                            learner_version + 1, time.perf_counter() - started, len(buffer), cfg.prompts_per_step,
-                            len(rollout.pool.ready()))
-                warn_at += stall_s
-            if rollout.error is not None:
-                # the cause and the actor method in the line (its repr was "RayTaskError(OSError)()")
-                raise RuntimeError(f"the rollout loop failed: {remote_error(rollout.error, with_type=True)}") from rollout.error
-            groups, stale = buffer.take(cfg.prompts_per_step, learner_version)
-            for g in stale:
-                sampler.mark_dropped(g.prompt.prompt_id, "stale")
-            if groups:
-                state.steps_started += 1
-                state.cond.notify_all()  # admission may now let an idle worker generate
-                return groups, time.perf_counter() - started
-            if give_up is not None and give_up():
-                return [], time.perf_counter() - started
-            state.cond.wait(timeout=poll_s)

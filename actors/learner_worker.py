@@ -20,7 +20,7 @@ import torch
 
 from actors.cluster import actor_env
 from actors.export_handoff import ExportHandoff
-from actors.placement import RoleOptions
+from actors.placement import RoleOptions, placement_hint
 from actors.remote_errors import process_death, remote_error
 from system.config import RunConfig
 from system.learner.core import LearnerCore
@@ -207,18 +207,6 @@ def _lost(refs: list[ray.ObjectRef], ref: ray.ObjectRef, exc: BaseException) -> 
                             "the sharded learner cannot continue without it, so the run stops")
 
 
-def ranks_placement_hint(options, cluster: dict[str, float]) -> str:
-    """``options`` (the ranks' ``RoleOptions``) against ``cluster`` (``ray.cluster_resources()``): what every
-    rank reserves and how much of each the cluster has in all, and what to do when it is too little."""
-    need = {"CPU": options.num_cpus, "GPU": options.num_gpus, **options.resources}
-    parts = [f"{options.count} x {amount:g} {key} (the cluster has {cluster.get(key, 0.0):g} in all)"
-             for key, amount in need.items() if amount > 0]
-    short = any(options.count * amount > cluster.get(key, 0.0) + 1e-9 for key, amount in need.items() if amount > 0)
-    advice = ("too little: lower learner.num_ranks or add learner nodes" if short else
-              "enough in all, unless other actors hold it; or a rank is slow to start (a model download)")
-    return f"the ranks reserve {', '.join(parts) or 'nothing'}: {advice}"
-
-
 def gather(refs: list[ray.ObjectRef], settle_s: float = 2.0, stall_warning_s: float | None = None,
            what: str = "the learner ranks' call", hint=None) -> list:
     """``ray.get`` of every rank's result that fails as soon as ONE rank fails: the surviving ranks
@@ -333,7 +321,7 @@ class LearnerGroup:
 
     def _placement_hint(self) -> str:
         """What the ranks reserve, and what the cluster has in all (of which other actors hold some)."""
-        return ranks_placement_hint(self.options, ray.cluster_resources())
+        return placement_hint(self.options, ray.cluster_resources(), "lower learner.num_ranks or add learner nodes")
 
     def use_service(self, service: ray.actor.ActorHandle) -> ray.ObjectRef:
         """Hand rank 0 the correction service it calls in every step (``LearnerRank.use_service``);

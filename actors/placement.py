@@ -48,6 +48,18 @@ def actor_needs(role: RoleOptions) -> dict[str, float]:
     return {k: float(v) for k, v in needs.items() if v > 0}
 
 
+def placement_hint(role: RoleOptions, cluster: dict[str, float], remedy: str) -> str:
+    """What ``role``'s actors reserve (:func:`actor_needs`) against what ``cluster`` (``ray.cluster_resources()``)
+    has in all, and ``remedy`` when that is too little: the likely cause of a start that does not come."""
+    needs = actor_needs(role)
+    parts = [f"{role.count} x {amount:g} {key} (the cluster has {cluster.get(key, 0.0):g} in all)"
+             for key, amount in needs.items()]
+    short = any(role.count * amount > cluster.get(key, 0.0) + 1e-9 for key, amount in needs.items())
+    advice = (f"too little: {remedy}" if short else
+              "enough in all, unless other actors hold it; or a rank is slow to start (a model download)")
+    return f"the ranks reserve {', '.join(parts) or 'nothing'}: {advice}"
+
+
 def room_for(needs: dict[str, float], available: dict[str, float]) -> int | None:
     """How many more actors that each reserve ``needs`` fit in ``available`` now:
     ``min over k of floor(available[k] / needs[k])``; None when they reserve nothing (no limit)."""

@@ -15,7 +15,7 @@ import ray
 import torch
 
 from actors.remote_errors import remote_error
-from system import run_state
+from system import metrics_file, run_state
 from system.learner.checkpoint import CheckpointContentError
 
 log = logging.getLogger(__name__)
@@ -54,12 +54,17 @@ def load_learner_half(learners, run_dir: Path, ckpt: Path, saved: dict) -> tuple
         ckpt, saved = older, older_saved
 
 
-def restore_controller(saved: dict, sampler, buffer) -> None:
+def restore_controller(saved: dict, sampler, buffer, group_size: int) -> None:
     """The controller half into the driver: the sampler (prompts issued but never returned are served
-    again), the buffered groups, and the process's random / numpy / torch generators."""
+    again), the buffered groups (those of another ``group_size`` than this run's dropped:
+    :func:`drop_other_group_sizes`), and the process's random / numpy / torch generators."""
     sampler.load_state_dict(saved["sampler"])
     sampler.requeue([pid for pid, s in sampler.state.items() if s == "issued"])
     buffer.restore(saved["buffer"])
+    dropped = drop_other_group_sizes(sampler, buffer, group_size)
+    if dropped:
+        log.warning("dropped %d buffered groups of another rollout.group_size than %d (the resume changed it)",
+                    dropped, group_size)
     random.setstate(saved["rng"]["python"])
     np.random.set_state(saved["rng"]["numpy"])
     torch.set_rng_state(saved["rng"]["torch"])
@@ -90,3 +95,17 @@ def controller_snapshot(step: int, sampler, buffer, correction: dict, wandb_run_
         "correction": correction, "wandb_run_id": wandb_run_id, "guards": dict(guards or {}),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
     }
+
+
+def set_aside_after_checkpoint(run_dir: Path, step: int, wandb_sent_through: int) -> None:
+    """What a resume from step ``step`` does to the abandoned attempt's later output, said on the console
+    (always, a probe): its metrics records past the step (and a line cut at the end) are dropped
+    (``system.metrics_file.trim_metrics``), its later checkpoints moved aside and its later dumps
+    deleted (``system.run_state.set_aside_after``)."""
+    dropped = metrics_file.trim_metrics(run_dir, step, wandb_sent_through)
+    moved, dumps = run_state.set_aside_after(run_dir, step)
+    why = (f": dropped {dropped} metrics lines (records past that checkpoint, and a line cut at the end) and "
+           f"{dumps} dumps written after it" if dropped or moved or dumps else "")
+    if moved:
+        why += f"; moved the later checkpoints {moved} to checkpoints/{run_state.ABANDONED_DIR}/"
+    log.warning("resuming at step %d%s", step, why)

@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import cluster
 from actors.control import create_control, remove_control_file
-from actors.controller import RolloutLoop, SharedState, take_batch
+from actors.controller import RolloutLoop
 from actors.correction_service import CorrectionService
 from actors.learner_worker import LearnerGroup, LearnerRank, gather
 from actors.placement import check_placeable, gpu_shared, plan_placement, required_cpus
@@ -29,11 +29,12 @@ from actors.rollout_pool import RolloutPool
 from actors.rollout_worker import RolloutWorker
 from actors.run_checkpoint import (
     controller_snapshot,
-    drop_other_group_sizes,
     load_learner_half,
     restore_controller,
+    set_aside_after_checkpoint,
 )
 from actors.run_temp import make_run_temp, remove_run_temp
+from actors.shared_state import SharedState, take_batch
 from actors.step_records import RecordsInFlight, RolloutSince, SubmittedStep, step_record
 from actors.stop_signals import as_terminated, defer_signals, stop_on_signals, terminate_raises
 from actors.weight_sync import build_transport
@@ -125,13 +126,7 @@ class Trainer:
         saved = self._build(saved)
         # written once the run is accepted: a refused --resume leaves the directory as it was
         if self.ckpt is not None:
-            dropped = metrics_file.trim_metrics(self.run_dir, saved["step"], self._wandb_sent_through)
-            moved, dumps = run_state.set_aside_after(self.run_dir, saved["step"])
-            why = (f": dropped {dropped} metrics lines (records past that checkpoint, and a line cut at the end) and "
-                   f"{dumps} dumps written after it" if dropped or moved or dumps else "")  # said always (a probe)
-            if moved:
-                why += f"; moved the later checkpoints {moved} to checkpoints/{run_state.ABANDONED_DIR}/"
-            log.warning("resuming at step %d%s", saved["step"], why)
+            set_aside_after_checkpoint(self.run_dir, saved["step"], self._wandb_sent_through)
         self._saved_step = saved.get("step")  # the checkpoint on disk for this step (None: none)
         run_state.drop_replaced(self._replaced)  # started: the replaced run goes
         self._replaced = None
@@ -206,12 +201,8 @@ class Trainer:
         controller state used."""
         self.ckpt, saved = load_learner_half(self.learners, self.run_dir, self.ckpt, saved)
         self.step = saved["step"]
-        restore_controller(saved, self.sampler, self.buffer)
+        restore_controller(saved, self.sampler, self.buffer, self.cfg.rollout.group_size)
         self.nothing_kept.load_state_dict(saved.get("guards", {}).get("nothing_kept"))
-        dropped = drop_other_group_sizes(self.sampler, self.buffer, self.cfg.rollout.group_size)
-        if dropped:
-            log.warning("dropped %d buffered groups of another rollout.group_size than %d (the resume changed it)",
-                        dropped, self.cfg.rollout.group_size)
         return saved
 
     def run(self) -> dict:

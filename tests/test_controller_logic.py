@@ -11,9 +11,10 @@ import re
 import pytest
 from controller_fakes import FakeWorkerClass, InProcessRuntime, Method, WorkerDied
 
-from actors.controller import RolloutLoop, SharedState, take_batch
+from actors.controller import RolloutLoop
 from actors.placement import RoleOptions
 from actors.rollout_pool import RolloutPool
+from actors.shared_state import SharedState, take_batch
 from actors.weight_sync import ObjectStoreTransport
 from system.config.loading import resolve_config
 from system.data.buffer import TrajectoryBuffer
@@ -335,14 +336,14 @@ def test_a_batch_that_does_not_come_is_said_on_the_console(caplog):
 
     cfg, cls, pool, sampler, buffer, state, loop = build()
     cfg = cfg.model_copy(update={"report": cfg.report.model_copy(update={"stall_warning_s": 0.1})})
-    with caplog.at_level(logging.WARNING, logger="actors.controller"):
+    with caplog.at_level(logging.WARNING, logger="actors.shared_state"):
         until = time.perf_counter() + 0.6
         groups, waited = take_batch(cfg, buffer, sampler, state, 0, loop, give_up=lambda: time.perf_counter() > until,
                                     poll_s=0.02)
         quiet, _ = take_batch(cfg, buffer, sampler, state, 0, loop, give_up=lambda: time.perf_counter() > until + 0.3,
                               poll_s=0.02, warn=False)  # queued ahead: the running step's own wait warns
     assert groups == [] == quiet and waited >= 0.55
-    warnings = [r.getMessage() for r in caplog.records if r.name == "actors.controller"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "actors.shared_state"]
     # one at every 0.1 s of the wait: as many as whole periods passed (a late poll on a busy machine,
     # or a garbage collection, merges two), at least 3 of the 6 periods of the first 0.6 s
     assert 3 <= len(warnings) <= int(waited / 0.1) + 1, (warnings, waited)

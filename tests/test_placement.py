@@ -13,6 +13,7 @@ from actors.placement import (
     RoleOptions,
     actor_needs,
     gpu_shared,
+    placement_hint,
     plan_placement,
     required_cpus,
     room_for,
@@ -132,12 +133,10 @@ def test_the_learner_ranks_start_warning_says_what_they_reserve_against_the_clus
     """Found by a review: on a joined cluster too small for ``learner.num_ranks`` (``sbatch --nodes=2`` of
     the SLURM script: 4 learner GPUs for 8 ranks) the start waited without a word; the stall warning
     now says so. 8 ranks x 1 GPU against 4: too little; against 8: enough in all."""
-    from actors.learner_worker import ranks_placement_hint
-
     ranks = RoleOptions("learner_rank", 8, 1.0, 1.0, {"learner": 1.0})
     small = {"CPU": 64.0, "GPU": 8.0, "learner": 4.0}
-    assert ranks_placement_hint(ranks, small) == (
+    assert placement_hint(ranks, small, "lower learner.num_ranks or add learner nodes") == (
         "the ranks reserve 8 x 1 CPU (the cluster has 64 in all), 8 x 1 GPU (the cluster has 8 in all), "
         "8 x 1 learner (the cluster has 4 in all): too little: lower learner.num_ranks or add learner nodes")
-    assert ranks_placement_hint(ranks, {"CPU": 64.0, "GPU": 16.0, "learner": 8.0}).endswith(
+    assert placement_hint(ranks, {"CPU": 64.0, "GPU": 16.0, "learner": 8.0}, "x").endswith(
         "enough in all, unless other actors hold it; or a rank is slow to start (a model download)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from actors.controller import SharedState
+from actors.shared_state import SharedState
 from actors.step_records import RolloutSince
 
 

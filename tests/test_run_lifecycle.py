@@ -310,7 +310,7 @@ def test_a_broken_rollout_loop_is_said_with_its_cause_and_actor_method(loopback_
     "the rollout loop failed: RayTaskError(OSError)()": no message, no actor method."""
     from types import SimpleNamespace
 
-    from actors.controller import SharedState, take_batch
+    from actors.shared_state import SharedState, take_batch
 
     with pytest.raises(ray.exceptions.RayTaskError) as err:
         ray.get(_Rank.remote().step.remote(_Service.remote()))

@@ -17,11 +17,6 @@ class DumpInFlight:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="aisrl-dump")
         self._current: tuple[int, Future] | None = None
 
-    @property
-    def step(self) -> int | None:
-        """The step whose dump is in flight (None: none)."""
-        return None if self._current is None else self._current[0]
-
     def start(self, step: int, *args) -> None:
         """Write step ``step``'s dump beside the caller (after the one in flight, which is waited for)."""
         self.wait()
