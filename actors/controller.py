@@ -6,10 +6,13 @@
     sampler ─prompts─▶ worker with room (admitted) ─▶ collate, ray.put(batch)
     worker ─groups─▶ ledger.mark_generated         ─▶ publish version k+1: the reference its weights
             ─▶ buffer.add                               WILL have (offered while the step runs)
-                                                   ─▶ ONE call to the learner group (every rank):
-                                                        proximal log-probs, all-gather; rank 0 ─▶
-                                                        correction service (weights, metrics, dumps;
-                                                        it reads the batch from the object store; its
+                                                   ─▶ ONE call to the learner group (every rank;
+                                                        the batch by reference, fetched by Ray before
+                                                        the step starts): proximal log-probs,
+                                                        all-gather; rank 0 ─▶ correction service from
+                                                        a thread of its own (weights, metrics, dumps;
+                                                        it reads the batch from the object store, the
+                                                        log-probs and weights travel packed; its
                                                         handle given to rank 0 once, at the start),
                                                         in flight during the update's first forward;
                                                         broadcast weights, update, export (version k+1)

@@ -13,6 +13,7 @@ import ray
 from actors.cluster import verbose
 from system.config import RunConfig, dump_config
 from system.correction.service import CorrectionCore
+from system.learner.batch import pack_response
 from system.models.hf_files import token_names
 from system.report.dump import newest_dump, token_text_grid
 from system.report.dump_in_flight import DumpInFlight
@@ -53,13 +54,14 @@ class CorrectionService:
     def wandb_run_id(self) -> str | None:
         return self.logger.wandb_run_id
 
-    def process(self, step: int, holder: list, proximal_BT: np.ndarray, learner_version: int) -> tuple[np.ndarray, dict]:
+    def process(self, step: int, holder: list, proximal_N: np.ndarray, learner_version: int) -> tuple[np.ndarray, dict]:
         """Weights for the global batch (AIS's omega when on) and the correction's metrics (they reach the
         sinks with the step's record, ``finish_step``); a dump every ``report.dump_every`` steps. Called by
-        learner rank 0 once per step; the batch
-        itself is read here from the object store (``holder`` = [its reference]), never re-sent."""
+        learner rank 0 once per step; the batch itself is read here from the object store (``holder`` =
+        [its reference]), never re-sent. The proximal log-probs come, and the weights go back, packed:
+        one float32 per response token (``system.learner.batch.pack_response``)."""
         started = time.perf_counter()
-        batch = ray.get(holder[0]).correction_input(proximal_BT, learner_version)
+        batch = ray.get(holder[0]).correction_input(proximal_N, learner_version)
         result = self.core.process(batch.behaviour_BT, batch.proximal_BT, batch.mask_BT, batch.lag_B, batch.advantage_B)
         # the service's own share of rank 0's time/correction (the rest is the call's round trip)
         result.metrics["time/correction_service"] = time.perf_counter() - started
@@ -71,7 +73,7 @@ class CorrectionService:
         if self.logger.should_dump(step):
             undumped, self._undumped = self._undumped, None
             self._dumping.start(*undumped)  # after the previous one: one batch held for a dump at a time
-        return result.weights_BT, result.metrics
+        return pack_response(result.weights_BT, batch.mask_BT), result.metrics  # 0 off the mask: nothing lost
 
     def _dump(self, step: int, batch: CorrectionInput, token_ratios: np.ndarray) -> None:
         token_text = token_text_grid(self._token_names.result(), batch.response_ids_BT, batch.mask_BT)

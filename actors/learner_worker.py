@@ -19,10 +19,12 @@ import ray
 import torch
 
 from actors.cluster import actor_env
+from actors.correction_call import CorrectionCall
 from actors.export_handoff import ExportHandoff
 from actors.placement import RoleOptions, placement_hint
 from actors.remote_errors import process_death, remote_error
 from system.config import RunConfig
+from system.learner.batch import LearnerBatch
 from system.learner.core import LearnerCore
 from system.learner.distributed import reserve_rendezvous
 from system.learner.group_step import run_step
@@ -53,7 +55,7 @@ class LearnerRank:
         self._returned: int | None = None  # the policy version the last ``weights`` call returned
         self._lending: int | None = None  # the version this step exported into the broadcast's segment
         self._listen_fd: int | None = None
-        self.service: ray.actor.ActorHandle | None = None  # rank 0's, from use_service
+        self.service: CorrectionCall | None = None  # rank 0's, from use_service
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Rank 0: ``(this node's address, a port on it)``, listened on from now on (a port only
@@ -91,19 +93,21 @@ class LearnerRank:
         receiving an actor's handle imports that actor's module (Ray loads its class to build the
         handle's methods), which a simulated rank without torch paid on its first step (3.5 s on a
         2-core AMD EPYC VM), and a handle sent with every step is serialized with every step."""
-        self.service = service
+        self.service = CorrectionCall(service)
 
-    def step(self, holder: list, step: int) -> StepOutcome | None:
+    def step(self, batch: LearnerBatch, holder: list, step: int) -> StepOutcome | None:
         """One policy-version step (``system.learner.group_step.run_step``), called on every rank at once.
 
-        ``holder`` is ``[reference to the global LearnerBatch]``: a reference inside a list reaches the
-        rank unresolved, so rank 0 can hand the same reference to the correction service
-        (:meth:`use_service`). Returns rank 0's outcome without the payload (None on the other ranks);
-        rank 0 hands the payload to its :meth:`weights` call for version ``step``.
+        ``batch`` is the global ``LearnerBatch``, passed by reference: Ray makes it local before the call
+        starts, so a step queued behind the running one has its batch fetched meanwhile. ``holder`` is
+        ``[the same reference]``: a reference inside a list reaches the rank unresolved, so rank 0 can
+        hand it to the correction service (:meth:`use_service`) without re-sending the batch. Returns
+        rank 0's outcome without the payload (None on the other ranks); rank 0 hands the payload to its
+        :meth:`weights` call for version ``step``.
         """
         self._lending = None  # first: a step failing before its export withdraws nothing of an earlier one
         try:
-            return self._step(holder, step)
+            return self._step(batch, holder, step)
         except BaseException as exc:  # its weights call then raises too, instead of waiting for ever
             if self.rank == 0:
                 self.exports.fail(step, f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -111,14 +115,12 @@ class LearnerRank:
                     self.sender.withdraw(self._lending)
             raise
 
-    def _step(self, holder: list, step: int) -> StepOutcome | None:
+    def _step(self, batch: LearnerBatch, holder: list, step: int) -> StepOutcome | None:
         if self.rank == 0 and self.service is None:
             raise RuntimeError("learner rank 0 has no correction service: call use_service before the first step")
-        batch = ray.get(holder[0])
 
         def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
-            ref = self.service.process.remote(step, holder, proximal_BT, self.core.policy_version)
-            return lambda: ray.get(ref)
+            return self.service.start(step, batch, holder, proximal_BT, self.core.policy_version)
 
         # with a shared-memory generation rank 0 exports straight into the segment the workers copy from
         # (one full copy of the weights fewer per version); that version is lent until Ray has copied it
@@ -174,6 +176,8 @@ class LearnerRank:
 
     def close(self) -> None:
         self.exports.close()
+        if self.service is not None:
+            self.service.close()
         if self.sender is not None:  # its segment's name too, if no version announced it yet
             self.sender.close()
         if self.core is not None:  # None: its connect never completed
@@ -331,7 +335,7 @@ class LearnerGroup:
     def submit(self, batch_ref: ray.ObjectRef, step: int) -> "PendingStep":
         """Start the whole step on every rank without waiting (Ray runs a caller's calls to an actor
         in order, so a step submitted while the previous one runs starts the moment it ends)."""
-        outcomes = [r.step.remote([batch_ref], step) for r in self.ranks]
+        outcomes = [r.step.remote(batch_ref, [batch_ref], step) for r in self.ranks]
         return PendingStep(outcomes, self.ranks[0].weights.remote(step))
 
     def export_weights(self) -> ray.ObjectRef:

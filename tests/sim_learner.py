@@ -17,6 +17,7 @@ import ray
 from ray import cloudpickle
 from sim_actors import _deadline_sleep, stamp
 
+from actors.correction_call import CorrectionCall
 from actors.export_handoff import ExportHandoff
 from system.config import RunConfig
 from system.learner.batch import LearnerBatch
@@ -113,14 +114,14 @@ class SimulatedLearnerRank:
 
     def use_service(self, service) -> None:
         """As ``LearnerRank.use_service``."""
-        self.service = service
+        self.service = CorrectionCall(service)
 
-    def step(self, holder: list, step: int) -> StepOutcome | None:
+    def step(self, batch: LearnerBatch, holder: list, step: int) -> StepOutcome | None:
         """``LearnerRank.step`` simulated: the protocol of ``system.learner.group_step`` (rank 0 calls the
         real correction service once and hands the payload to its ``weights`` call) with sleeps for the
         compute and no process group (rank 0 simulates the all-gathered proximal log-probs of the batch)."""
         try:
-            return self._step(holder, step)
+            return self._step(batch, holder, step)
         except BaseException as exc:
             if self.rank == 0:
                 self.exports.fail(step, f"{type(exc).__name__}: {exc}")
@@ -133,10 +134,9 @@ class SimulatedLearnerRank:
         stamp(self.settings.timeline, "weights_return", step=step)
         return payload
 
-    def _step(self, holder: list, step: int) -> StepOutcome | None:
+    def _step(self, batch: LearnerBatch, holder: list, step: int) -> StepOutcome | None:
         stamp(self.settings.timeline, "step_call", step=step, rank=self.rank)
         t0 = time.perf_counter()
-        batch = ray.get(holder[0])
         resp = batch.response_arrays()
         mask = resp.mask_BT
         noise = self._rng.normal(0.0, self.settings.proximal_noise, mask.shape)
@@ -144,11 +144,11 @@ class SimulatedLearnerRank:
         _deadline_sleep(t0, self.settings.proximal_seconds)
         t1 = time.perf_counter()
         # as run_step: the call starts, the update's first micro-batch forward runs, then the wait
-        call = self.service.process.remote(step, holder, proximal, self._policy_version) if self.rank == 0 else None
+        wait_call = self.service.start(step, batch, holder, proximal, self._policy_version) if self.rank == 0 else None
         t2 = time.perf_counter()
         _deadline_sleep(t2, self.settings.train_seconds * self._first_forward_share(batch.num_sequences))
         tw = time.perf_counter()
-        weights, correction = ray.get(call) if call is not None else (np.ones_like(proximal), {})
+        weights, correction = wait_call() if wait_call is not None else (np.ones_like(proximal), {})
         wait = time.perf_counter() - tw
         learner = self._train_metrics(batch, mask, weights)
         _deadline_sleep(t2, self.settings.train_seconds + wait)
@@ -214,4 +214,6 @@ class SimulatedLearnerRank:
 
     def close(self) -> None:
         self.exports.close()
+        if self.service is not None:
+            self.service.close()
 

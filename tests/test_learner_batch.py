@@ -8,10 +8,12 @@ import pytest
 
 from system.learner.batch import (
     micro_batch_slices,
+    pack_response,
     response_view,
     rows_in_rank_order,
     shard_batch,
     shard_rows,
+    unpack_response,
 )
 from system.learner.collate import collate_groups
 from system.losses.aggregation import loss_normalisers
@@ -97,6 +99,25 @@ def test_response_arrays_are_the_response_only_view():
         [8, 9, 0], [10, 0, 0], [13, 14, 15], [0, 0, 0]])
     # Dr.GRPO: mean-centred only.
     np.testing.assert_allclose(batch.advantages_B, [0.5, -0.5, 0.0, 0.0])
+
+
+def test_packed_response_tokens_are_row_major_and_unpack_to_zero_padding():
+    """The correction call's packing of the hand batch: mask rows [1 1 0], [1 0 0], [1 1 1], [0 0 0]."""
+    batch = collate_groups(_hand_groups(), scale_advantages_by_std=False)
+    mask_BT = batch.response_arrays().mask_BT
+    x_BT = np.array([[1, 2, 9], [3, 9, 9], [4, 5, 6], [9, 9, 9]], np.float64)  # 9: padding, never sent
+    packed_N = pack_response(x_BT, mask_BT)
+    assert packed_N.dtype == np.float32
+    np.testing.assert_array_equal(packed_N, [1, 2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(unpack_response(packed_N, mask_BT, "x"),
+                                  [[1, 2, 0], [3, 0, 0], [4, 5, 6], [0, 0, 0]])
+    # the service's side: correction_input rebuilds the same [B, T] proximal log-probs
+    np.testing.assert_array_equal(batch.correction_input(packed_N, 3).proximal_BT,
+                                  [[1, 2, 0], [3, 0, 0], [4, 5, 6], [0, 0, 0]])
+    with pytest.raises(ValueError, match=r"proximal log-probs: \(5,\) values packed, the batch has 6"):
+        batch.correction_input(packed_N[:5], 3)
+    with pytest.raises(ValueError, match="weights"):
+        unpack_response(x_BT, mask_BT, "weights")  # [B, T] where packed values were expected
 
 
 def test_response_view_matches_a_loop_and_the_torch_twin_on_random_ragged_rows():

@@ -139,7 +139,7 @@ def test_the_driver_makes_one_blocking_call_per_step(loopback_ray, tmp_path, mon
         return list(x) if isinstance(x, list | tuple) else [x]
 
     def step_of(method: str, args: tuple) -> int:
-        return {"step": lambda: args[1], "weights": lambda: args[0], "finish_step": lambda: args[0].step,
+        return {"step": lambda: args[2], "weights": lambda: args[0], "finish_step": lambda: args[0].step,
                 "report": lambda: args[0]["step"]}[method]()
 
     main = threading.main_thread()

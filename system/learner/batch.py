@@ -67,9 +67,11 @@ class LearnerBatch:
         """int32 staleness ``lag = learner version - behaviour version`` of each sequence (spec section 0)."""
         return (learner_policy_version - self.policy_version_B).astype(np.int32)
 
-    def correction_input(self, proximal_BT: np.ndarray, learner_policy_version: int) -> CorrectionInput:
-        """The correction service's typed view of this (global) batch with its proximal log-probs."""
+    def correction_input(self, proximal_N: np.ndarray, learner_policy_version: int) -> CorrectionInput:
+        """The correction service's typed view of this (global) batch with its proximal log-probs, given
+        packed: one per response token, ``proximal_BT[mask_BT]`` (``pack_response``)."""
         resp = self.response_arrays()
+        proximal_BT = unpack_response(proximal_N, resp.mask_BT, "proximal log-probs")
         texts = (self.prompt_texts, self.response_texts) if self.prompt_texts else (("",) * self.num_sequences,) * 2
         return CorrectionInput(
             behaviour_BT=resp.behaviour_BT, proximal_BT=np.asarray(proximal_BT, dtype=np.float32),
@@ -96,6 +98,25 @@ def response_view(x_BS: np.ndarray, response_start_B: np.ndarray, response_len_B
     pos_BT = np.where(inside_BT, np.asarray(response_start_B)[:, None] + t_T[None, :], 0)
     gathered_BT = np.take_along_axis(x_BS, np.minimum(pos_BT, x_BS.shape[1] - 1), axis=1)
     return np.where(inside_BT, gathered_BT, np.zeros((), dtype=x_BS.dtype))
+
+
+def pack_response(x_BT: np.ndarray, mask_BT: np.ndarray) -> np.ndarray:
+    """``x_N = x_BT[mask_BT]`` as float32: one value per response token, in row-major order (what the
+    correction call carries each way instead of ``[B, T]``: a batch's padding is often most of it, and
+    a packed array small enough rides inline in Ray's call and reply, not through the object store)."""
+    return np.ascontiguousarray(np.asarray(x_BT, dtype=np.float32)[mask_BT])
+
+
+def unpack_response(x_N: np.ndarray, mask_BT: np.ndarray, what: str) -> np.ndarray:
+    """The inverse of :func:`pack_response`: ``x_BT[mask_BT] = x_N``, 0 elsewhere (float32). ``what``
+    names the values in the error when ``x_N`` does not hold one per response token."""
+    x_N = np.asarray(x_N, dtype=np.float32)
+    count = int(mask_BT.sum())
+    if x_N.ndim != 1 or x_N.shape[0] != count:
+        raise ValueError(f"{what}: {tuple(x_N.shape)} values packed, the batch has {count} response tokens")
+    x_BT = np.zeros(mask_BT.shape, dtype=np.float32)
+    x_BT[mask_BT] = x_N
+    return x_BT
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ rank then runs :func:`run_step`, and no token array goes back through the driver
       1. proximal_r = log-probs of the shard's sampled tokens, current weights, no grad   [B/R, T]
       2. proximal   = all-gather of every rank's proximal_r (process group), in batch order [B, T]
       3. rank 0:  correct(proximal) STARTS the one call to the correction service (which
-                  reads the batch itself from the object store)
+                  reads the batch itself from the object store; the Ray shell sends the call from
+                  a thread of its own, packed to the response tokens: ``actors.correction_call``)
       4. the update on the shard with the GLOBAL loss normalisers (valid tokens and sequences
          of the whole batch, spec section 5); after its first micro-batch's forward pass, the
          first point that needs a weight, rank 0 waits for the call and every rank receives
