@@ -9,8 +9,9 @@ The proximal log-probs go, and the weights come back, packed: one float32 per re
 and reply ride inline instead of through the object store.
 """
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 import ray
@@ -24,24 +25,30 @@ class CorrectionCall:
     def __init__(self, service: ray.actor.ActorHandle, get=ray.get) -> None:
         """``get``: how the reply is read (``ray.get``; a stand-in in the unit tests)."""
         self.service, self._get = service, get
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="aisrl-correction-call")
+        self._calls = 0
 
     def start(self, step: int, batch: LearnerBatch, holder: list, proximal_BT: np.ndarray,
               learner_version: int) -> Callable[[], tuple[np.ndarray, dict]]:
         """Start the call for ``batch`` (``holder``: ``[its reference]``, which the service reads); the
         returned function waits for ``(weights_BT, correction metrics)`` and raises what the call raised."""
-        mask_BT = batch.response_view(batch.response_mask_BS).astype(bool)
+        mask_BT = batch.response_mask_BT()  # the mask the service unpacks with (``correction_input``)
+        future: Future = Future()
 
-        def call():
-            ref = self.service.process.remote(step, holder, pack_response(proximal_BT, mask_BT), learner_version)
-            return self._get(ref)
+        def call() -> None:
+            try:
+                ref = self.service.process.remote(step, holder, pack_response(proximal_BT, mask_BT), learner_version)
+                future.set_result(self._get(ref))
+            except BaseException as exc:  # noqa: BLE001 - raised again, as it came, by the wait
+                future.set_exception(exc)
 
-        future = self._thread.submit(call)
+        # one daemon thread per call (a step's wait comes before the next step's start, so calls never
+        # overlap and reach the service in order): a call stuck in a hung service never holds up the
+        # process's exit, as a pool's worker thread, joined at exit, would
+        self._calls += 1
+        threading.Thread(target=call, name=f"aisrl-correction-call-{self._calls}", daemon=True).start()
 
         def wait() -> tuple[np.ndarray, dict]:
             weights_N, metrics = future.result()
             return unpack_response(weights_N, mask_BT, "the correction service's weights"), metrics
         return wait
 
-    def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)

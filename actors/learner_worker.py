@@ -176,8 +176,6 @@ class LearnerRank:
 
     def close(self) -> None:
         self.exports.close()
-        if self.service is not None:
-            self.service.close()
         if self.sender is not None:  # its segment's name too, if no version announced it yet
             self.sender.close()
         if self.core is not None:  # None: its connect never completed

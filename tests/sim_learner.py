@@ -214,6 +214,4 @@ class SimulatedLearnerRank:
 
     def close(self) -> None:
         self.exports.close()
-        if self.service is not None:
-            self.service.close()
 

@@ -24,12 +24,15 @@ def _batch():
 
 class _Service:
     def __init__(self, weights_N, fail: bool = False) -> None:
-        self.release, self.calls, self.weights_N, self.fail = threading.Event(), [], weights_N, fail
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.calls, self.weights_N, self.fail = [], weights_N, fail
         self.process = self
 
     def remote(self, step, holder, proximal_N, version):
         self.calls.append((step, holder, proximal_N.copy(), version, threading.current_thread().name))
-        assert self.release.wait(10)
+        self.entered.set()
+        if not self.release.wait(5):
+            raise TimeoutError("never released: the submission blocked the caller")
         if self.fail:
             raise RuntimeError("the service is gone")
         return (self.weights_N, {"correction/x": 1.0})
@@ -39,8 +42,8 @@ def test_the_call_is_started_off_the_step_thread_and_travels_packed():
     service = _Service(np.array([0.5, 2.0, 1.5], np.float32))
     call = CorrectionCall(service, get=lambda reply: reply)
     proximal_BT = np.array([[-0.15, -0.25], [-0.35, 7.0]], np.float32)  # 7.0: padding, never sent
-    wait = call.start(3, _batch(), ["ref"], proximal_BT, 2)  # returns while the submission is blocked
-    assert not service.release.is_set()
+    wait = call.start(3, _batch(), ["ref"], proximal_BT, 2)  # a start on this thread would time out here
+    assert service.entered.wait(5)  # the submission is in progress, blocked, on the call's own thread
     service.release.set()
     weights_BT, metrics = wait()
     np.testing.assert_array_equal(weights_BT, [[0.5, 2.0], [1.5, 0.0]])  # unpacked, 0 off the mask
@@ -49,7 +52,6 @@ def test_the_call_is_started_off_the_step_thread_and_travels_packed():
     assert (step, holder, version) == (3, ["ref"], 2)
     np.testing.assert_array_equal(proximal_N, np.float32([-0.15, -0.25, -0.35]))
     assert thread.startswith("aisrl-correction-call") and thread != threading.current_thread().name
-    call.close()
 
 
 def test_a_failed_call_raises_in_the_wait_and_a_short_reply_is_refused():
@@ -63,3 +65,13 @@ def test_a_failed_call_raises_in_the_wait_and_a_short_reply_is_refused():
     call = CorrectionCall(short, get=lambda reply: reply)
     with pytest.raises(ValueError, match=r"correction service's weights: \(2,\) values packed, the batch has 3"):
         call.start(1, _batch(), ["ref"], np.zeros((2, 2), np.float32), 0)()
+
+
+def test_packing_refuses_a_mask_that_is_not_bool():
+    """An integer mask would index rows by position instead of selecting tokens."""
+    from system.learner.batch import pack_response, unpack_response
+
+    with pytest.raises(TypeError, match="must be bool, got int64"):
+        pack_response(np.ones((2, 2)), np.ones((2, 2), np.int64))
+    with pytest.raises(TypeError, match="must be bool"):
+        unpack_response(np.ones(4), np.ones((2, 2), np.int64), "x")

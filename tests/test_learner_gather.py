@@ -9,19 +9,23 @@ the service (the real stack's version of this is the probe's; it takes a minute 
 import re
 import time
 
+import numpy as np
 import pytest
 import ray
 
+from actors.correction_call import CorrectionCall
 from actors.learner_worker import LearnerLostError, StepPartLostError, gather
+from system.learner.collate import collate_groups
+from system.types import Completion, Prompt, RolloutGroup
 
 pytestmark = pytest.mark.ray
 
 
 @ray.remote(num_cpus=0)
 class CorrectionService:  # named as the real one: the error names the actor by its class
-    def process(self, seconds: float) -> str:
-        time.sleep(seconds)
-        return "weights"
+    def process(self, step: int, holder: list, proximal_N: np.ndarray, version: int) -> tuple:
+        time.sleep(holder[0])  # the stand-in's holder carries how long the call takes
+        return np.ones_like(proximal_N), {}
 
 
 @ray.remote(num_cpus=0)
@@ -29,8 +33,13 @@ class Rank:
     def step(self, service=None, seconds: float = 0.0, fail: bool = False) -> str:
         if fail:
             raise ValueError("a rank's own error")
-        if service is not None:
-            return ray.get(service.process.remote(seconds))
+        if service is not None:  # as rank 0's call: on the call's own thread, raised again by the wait
+            # built here: a module-level helper would be pickled by reference, and Ray's workers cannot
+            # import a test module (the decorated class itself travels by value)
+            completion = Completion("a", 0, np.array([5]), np.array([6]), np.array([-0.5], np.float32), "", 1.0, 0)
+            batch = collate_groups([RolloutGroup(Prompt("a", "", ""), (completion,), 0)], scale_advantages_by_std=False)
+            weights_BT, _ = CorrectionCall(service).start(1, batch, [seconds], np.zeros((1, 1)), 0)()
+            return "weights" if weights_BT.tolist() == [[1.0]] else f"unexpected {weights_BT}"
         time.sleep(seconds)
         return "done"
 

@@ -79,11 +79,15 @@ class LearnerBatch:
             advantage_B=self.advantages_B.astype(np.float32), reward_B=self.rewards_B.astype(np.float32),
             response_ids_BT=resp.ids_BT, uids=self.uids, prompt_texts=texts[0], response_texts=texts[1])
 
+    def response_mask_BT(self) -> np.ndarray:
+        """bool ``[B, T]``: the response tokens (what ``pack_response`` packs, on every side of a call)."""
+        return self.response_view(self.response_mask_BS).astype(bool)
+
     def response_arrays(self) -> "ResponseArrays":
         """The response-only ``[B, T]`` view of the batch (for the loss, the correction and dumps)."""
         return ResponseArrays(
             behaviour_BT=self.response_view(self.behaviour_logp_BS).astype(np.float32),
-            mask_BT=self.response_view(self.response_mask_BS).astype(bool),
+            mask_BT=self.response_mask_BT(),
             ids_BT=self.response_view(self.input_ids_BS).astype(np.int32),
         )
 
@@ -104,12 +108,20 @@ def pack_response(x_BT: np.ndarray, mask_BT: np.ndarray) -> np.ndarray:
     """``x_N = x_BT[mask_BT]`` as float32: one value per response token, in row-major order (what the
     correction call carries each way instead of ``[B, T]``: a batch's padding is often most of it, and
     a packed array small enough rides inline in Ray's call and reply, not through the object store)."""
+    _check_mask(mask_BT)
     return np.ascontiguousarray(np.asarray(x_BT, dtype=np.float32)[mask_BT])
+
+
+def _check_mask(mask_BT: np.ndarray) -> None:
+    """A packing mask must be boolean: an integer one would index positions instead of selecting."""
+    if np.asarray(mask_BT).dtype != np.bool_:
+        raise TypeError(f"a response mask must be bool, got {np.asarray(mask_BT).dtype}")
 
 
 def unpack_response(x_N: np.ndarray, mask_BT: np.ndarray, what: str) -> np.ndarray:
     """The inverse of :func:`pack_response`: ``x_BT[mask_BT] = x_N``, 0 elsewhere (float32). ``what``
     names the values in the error when ``x_N`` does not hold one per response token."""
+    _check_mask(mask_BT)
     x_N = np.asarray(x_N, dtype=np.float32)
     count = int(mask_BT.sum())
     if x_N.ndim != 1 or x_N.shape[0] != count:
