@@ -71,7 +71,12 @@ def test_packing_refuses_a_mask_that_is_not_bool():
     """An integer mask would index rows by position instead of selecting tokens."""
     from system.learner.batch import pack_response, unpack_response
 
-    with pytest.raises(TypeError, match="must be bool, got int64"):
+    with pytest.raises(TypeError, match=r"must be a bool \[B, T\] array, got int64 of shape \(2, 2\)"):
         pack_response(np.ones((2, 2)), np.ones((2, 2), np.int64))
-    with pytest.raises(TypeError, match="must be bool"):
-        unpack_response(np.ones(4), np.ones((2, 2), np.int64), "x")
+    with pytest.raises(TypeError, match="must be a bool"):
+        unpack_response(np.ones(4), [[1, 1], [0, 1]], "x")  # a list: its values are ints
+    # a per-row mask would have packed whole rows (a probe), a wrong-sized one failed inside numpy
+    with pytest.raises(TypeError, match=r"got bool of shape \(2,\)"):
+        pack_response(np.ones((2, 3)), np.ones(2, bool))
+    with pytest.raises(ValueError, match=r"packing \(2, 3\) values with a \(3, 3\) response mask"):
+        pack_response(np.ones((2, 3)), np.ones((3, 3), bool))

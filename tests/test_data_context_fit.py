@@ -34,6 +34,29 @@ def test_context_length_as_vllm_derives_it():
     assert context_length(object()) is None
 
 
+@pytest.mark.parametrize("change, needle", [
+    # a probe: a string factor made the context "2" repeated 2048 times, every prompt passing the check
+    (dict(rope_scaling={"type": "linear", "factor": "2"}), "the RoPE factor is '2'"),
+    (dict(rope_scaling={"type": "linear", "factor": -2.0}), "the RoPE factor is -2.0"),  # refused every prompt
+    (dict(rope_scaling={"type": "linear", "factor": 0.0}), "the RoPE factor is 0.0"),
+    (dict(seq_length=float("inf")), "seq_length is inf"),  # an OverflowError naming nothing
+    (dict(seq_length="4096"), "seq_length is '4096'"),
+])
+def test_a_model_config_with_a_nonsense_length_or_rope_factor_is_refused_naming_the_key(change, needle):
+    cfg = Qwen2Config(max_position_embeddings=2048)
+    for key, value in change.items():  # seq_length: a length key Qwen2Config does not validate itself
+        setattr(cfg, key, value)
+    with pytest.raises(ValueError, match="the model's config.json: " + needle.replace("(", r"\(")):
+        context_length(cfg)
+
+
+def test_a_model_max_length_of_zero_or_below_counts_as_not_given():
+    """A probe: model_max_length -5 won over max_position_embeddings 2048 (the ``or`` skipped only 0)."""
+    cfg = Qwen2Config(max_position_embeddings=2048)
+    cfg.model_max_length = -5
+    assert context_length(cfg) == 2048
+
+
 def _prompts(*lengths: int) -> list[Prompt]:
     return [Prompt(f"p{i}", "x" * n, "1") for i, n in enumerate(lengths)]
 

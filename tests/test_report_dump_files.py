@@ -38,6 +38,8 @@ from system.report.dump import DumpError, load_dump, save_dump
         # a mask of durations was read as one (a probe: "30 tokens"); one of records raised a TypeError
         (lambda a: a.__setitem__("response_mask", a["response_mask"].astype("timedelta64[s]")), "response_mask"),
         (lambda a: a.__setitem__("response_mask", np.zeros(a["response_mask"].shape, [("a", "i4")])), "response_mask"),
+        # lags of durations were read as integers (a probe: numpy counts timedelta64 as an integer type)
+        (lambda a: a.__setitem__("lag", np.zeros(8, "m8[s]")), "lag"),
     ],
 )
 def test_bad_dumps_fail_naming_the_key_without_traceback(tmp_path, mutate, needle):

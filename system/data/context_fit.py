@@ -19,6 +19,7 @@ The context is ``max_model_len`` as vLLM (0.32) derives it from the model's conf
 """
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,20 +54,36 @@ def context_length(hf_config) -> int | None:
     ``original_max_position_embeddings``. The tokenizer's ``model_max_length`` does not bound it: vLLM
     reads the tokenizer's config only for pooling models with absolute position embeddings (a review
     found the check refusing prompts vLLM takes, e.g. a 131 072-position model whose tokenizer says 16 384)."""
+    for key in (*LENGTH_KEYS, "original_max_position_embeddings"):  # a probe: "2" * 2048 as a context
+        _check_number(key, getattr(hf_config, key, None))
     found = [v for k in LENGTH_KEYS if isinstance(v := getattr(hf_config, k, None), int | float) and v > 0]
     if not found:
         return None
-    length = getattr(hf_config, "model_max_length", None) or min(found)
+    override = getattr(hf_config, "model_max_length", None)  # 0 or below: not set (a probe's -5 won)
+    length = override if isinstance(override, int | float) and override > 0 else min(found)
     rope = _rope_parameter_sets(hf_config)
     if rope and "gemma3" not in str(getattr(hf_config, "model_type", "")):
         factor = 1.0
         for params in rope:
             if params.get("rope_type", params.get("type")) not in UNSCALED_ROPE:
                 factor = params.get("factor", factor)
+        _check_number("the RoPE factor", factor, positive=True)
         length *= factor if factor is not None else 1.0
     if any(p.get("rope_type", p.get("type")) == "longrope" for p in rope):
         length = getattr(hf_config, "original_max_position_embeddings", None) or length
     return int(length)
+
+
+def _check_number(key: str, value, positive: bool = False) -> None:
+    """A length or RoPE factor of the model's config: None, or a finite real number (``positive``: > 0). A
+    probe's config with factor "2" made the context the string repeated 2048 times, one with factor -2
+    refused every prompt as too long; a length of 0 or below counts as not given, as before."""
+    if value is None:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (positive and value <= 0):
+        raise ValueError(f"the model's config.json: {key} is {value!r}; expected a finite number"
+                         f"{' > 0' if positive else ''} (fix the model's config, or set model.path to another model)")
 
 
 @dataclass(frozen=True)

@@ -108,20 +108,26 @@ def pack_response(x_BT: np.ndarray, mask_BT: np.ndarray) -> np.ndarray:
     """``x_N = x_BT[mask_BT]`` as float32: one value per response token, in row-major order (what the
     correction call carries each way instead of ``[B, T]``: a batch's padding is often most of it, and
     a packed array small enough rides inline in Ray's call and reply, not through the object store)."""
-    _check_mask(mask_BT)
-    return np.ascontiguousarray(np.asarray(x_BT, dtype=np.float32)[mask_BT])
+    x_BT = np.asarray(x_BT, dtype=np.float32)
+    mask_BT = _checked_mask(mask_BT)
+    if x_BT.shape != mask_BT.shape:  # a per-row mask would pack whole rows (a probe)
+        raise ValueError(f"packing {tuple(x_BT.shape)} values with a {tuple(mask_BT.shape)} response mask")
+    return np.ascontiguousarray(x_BT[mask_BT])
 
 
-def _check_mask(mask_BT: np.ndarray) -> None:
-    """A packing mask must be boolean: an integer one would index positions instead of selecting."""
-    if np.asarray(mask_BT).dtype != np.bool_:
-        raise TypeError(f"a response mask must be bool, got {np.asarray(mask_BT).dtype}")
+def _checked_mask(mask_BT) -> np.ndarray:
+    """A packing mask must be a bool ``[B, T]`` array: an integer one would index positions instead of
+    selecting them."""
+    mask_BT = np.asarray(mask_BT)
+    if mask_BT.dtype != np.bool_ or mask_BT.ndim != 2:
+        raise TypeError(f"a response mask must be a bool [B, T] array, got {mask_BT.dtype} of shape {mask_BT.shape}")
+    return mask_BT
 
 
 def unpack_response(x_N: np.ndarray, mask_BT: np.ndarray, what: str) -> np.ndarray:
     """The inverse of :func:`pack_response`: ``x_BT[mask_BT] = x_N``, 0 elsewhere (float32). ``what``
     names the values in the error when ``x_N`` does not hold one per response token."""
-    _check_mask(mask_BT)
+    mask_BT = _checked_mask(mask_BT)
     x_N = np.asarray(x_N, dtype=np.float32)
     count = int(mask_BT.sum())
     if x_N.ndim != 1 or x_N.shape[0] != count:
