@@ -54,6 +54,13 @@ def test_collate_pads_and_aligns_behaviour_logprobs_with_their_tokens():
     np.testing.assert_array_equal(batch.group_index_B, [0, 0, 1, 1])
     np.testing.assert_array_equal(batch.policy_version_B, [3, 3, 4, 4])
     np.testing.assert_array_equal(batch.lag_B(5), [2, 2, 1, 1])
+    # behaviour versions 3, 3, 4, 4: at learner version 3 the last two would be lag -1 (newer than the
+    # learner); a probe found the service taking them
+    with pytest.raises(ValueError, match=r"sequence b#0: behaviour policy version 4 against learner version 3 "
+                                         r"\(2 sequence\(s\)\)"):
+        batch.lag_B(3)
+    with pytest.raises(ValueError, match="must be in 0 .. 2"):
+        batch.lag_B(2**33)  # beyond int32: it wrapped
     np.testing.assert_allclose(batch.rewards_B, [1.0, 0.0, 0.5, 0.5])
     # GRPO: group 0 has mean 0.5 and population std 0.5 -> +-0.5 / (0.5 + 1e-6); group 1 is constant.
     a = 0.5 / (0.5 + 1e-6)
@@ -112,10 +119,10 @@ def test_packed_response_tokens_are_row_major_and_unpack_to_zero_padding():
     np.testing.assert_array_equal(unpack_response(packed_N, mask_BT, "x"),
                                   [[1, 2, 0], [3, 0, 0], [4, 5, 6], [0, 0, 0]])
     # the service's side: correction_input rebuilds the same [B, T] proximal log-probs
-    np.testing.assert_array_equal(batch.correction_input(packed_N, 3).proximal_BT,
+    np.testing.assert_array_equal(batch.correction_input(packed_N, 5).proximal_BT,
                                   [[1, 2, 0], [3, 0, 0], [4, 5, 6], [0, 0, 0]])
     with pytest.raises(ValueError, match=r"proximal log-probs: \(5,\) values packed, the batch has 6"):
-        batch.correction_input(packed_N[:5], 3)
+        batch.correction_input(packed_N[:5], 5)
     with pytest.raises(ValueError, match="weights"):
         unpack_response(x_BT, mask_BT, "weights")  # [B, T] where packed values were expected
 

@@ -64,8 +64,19 @@ class LearnerBatch:
         return response_view(np.asarray(x_BS), self.response_start_B, self.response_len_B, self.num_response_tokens)
 
     def lag_B(self, learner_policy_version: int) -> np.ndarray:
-        """int32 staleness ``lag = learner version - behaviour version`` of each sequence (spec section 0)."""
-        return (learner_policy_version - self.policy_version_B).astype(np.int32)
+        """int32 staleness ``lag = learner version - behaviour version`` of each sequence (spec section 0).
+        A lag below 0 (a sample newer than the learner) or beyond int32 is refused naming the sequence: a
+        probe found the service taking it (AIS's per-lag weights then moved) and the dump it wrote refused
+        by the report."""
+        lag = learner_policy_version - np.asarray(self.policy_version_B, dtype=np.int64)
+        bad = np.flatnonzero((lag < 0) | (lag > np.iinfo(np.int32).max))
+        if bad.size:
+            row = int(bad[0])
+            name = self.uids[row] if row < len(self.uids) else f"row {row}"
+            raise ValueError(f"sequence {name}: behaviour policy version {int(self.policy_version_B[row])} against "
+                             f"learner version {learner_policy_version} ({bad.size} sequence(s)); a lag (learner "
+                             "minus behaviour version) must be in 0 .. 2**31 - 1")
+        return lag.astype(np.int32)
 
     def correction_input(self, proximal_N: np.ndarray, learner_policy_version: int) -> CorrectionInput:
         """The correction service's typed view of this (global) batch with its proximal log-probs, given
