@@ -20,12 +20,11 @@ from system.learner.batch import LearnerBatch, pack_response, unpack_response
 
 
 class CorrectionCall:
-    """Starts ``service.process`` for a step on one background thread; ``start`` returns the wait."""
+    """Starts ``service.process`` for a step on a thread of its own; ``start`` returns the wait."""
 
     def __init__(self, service: ray.actor.ActorHandle, get=ray.get) -> None:
         """``get``: how the reply is read (``ray.get``; a stand-in in the unit tests)."""
         self.service, self._get = service, get
-        self._calls = 0
 
     def start(self, step: int, batch: LearnerBatch, holder: list, proximal_BT: np.ndarray,
               learner_version: int) -> Callable[[], tuple[np.ndarray, dict]]:
@@ -44,8 +43,7 @@ class CorrectionCall:
         # one daemon thread per call (a step's wait comes before the next step's start, so calls never
         # overlap and reach the service in order): a call stuck in a hung service never holds up the
         # process's exit, as a pool's worker thread, joined at exit, would
-        self._calls += 1
-        threading.Thread(target=call, name=f"aisrl-correction-call-{self._calls}", daemon=True).start()
+        threading.Thread(target=call, name=f"aisrl-correction-call-{step}", daemon=True).start()
 
         def wait() -> tuple[np.ndarray, dict]:
             weights_N, metrics = future.result()

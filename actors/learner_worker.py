@@ -55,7 +55,7 @@ class LearnerRank:
         self._returned: int | None = None  # the policy version the last ``weights`` call returned
         self._lending: int | None = None  # the version this step exported into the broadcast's segment
         self._listen_fd: int | None = None
-        self.service: CorrectionCall | None = None  # rank 0's, from use_service
+        self.correction: CorrectionCall | None = None  # rank 0's call to the service, from use_service
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Rank 0: ``(this node's address, a port on it)``, listened on from now on (a port only
@@ -93,7 +93,7 @@ class LearnerRank:
         receiving an actor's handle imports that actor's module (Ray loads its class to build the
         handle's methods), which a simulated rank without torch paid on its first step (3.5 s on a
         2-core AMD EPYC VM), and a handle sent with every step is serialized with every step."""
-        self.service = CorrectionCall(service)
+        self.correction = CorrectionCall(service)
 
     def step(self, batch: LearnerBatch, holder: list, step: int) -> StepOutcome | None:
         """One policy-version step (``system.learner.group_step.run_step``), called on every rank at once.
@@ -116,11 +116,11 @@ class LearnerRank:
             raise
 
     def _step(self, batch: LearnerBatch, holder: list, step: int) -> StepOutcome | None:
-        if self.rank == 0 and self.service is None:
+        if self.rank == 0 and self.correction is None:
             raise RuntimeError("learner rank 0 has no correction service: call use_service before the first step")
 
         def correct(proximal_BT):  # the call starts now; the update waits for it after its first forward
-            return self.service.start(step, batch, holder, proximal_BT, self.core.policy_version)
+            return self.correction.start(step, batch, holder, proximal_BT, self.core.policy_version)
 
         # with a shared-memory generation rank 0 exports straight into the segment the workers copy from
         # (one full copy of the weights fewer per version); that version is lent until Ray has copied it

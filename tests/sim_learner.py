@@ -78,7 +78,7 @@ class SimulatedLearnerRank:
         self._rng = np.random.default_rng([cfg.seed, rank])
         self._arrays: dict[str, np.ndarray] = {}
         self.exports = ExportHandoff()
-        self.service = None  # rank 0's, from use_service
+        self.correction = None  # rank 0's call to the service, from use_service
         self.sender = None  # rank 0's with weight_sync.type=collective (connect)
         if rank == 0 and self.settings.payload_params > 0:
             shapes = synthetic_weight_shapes(self.settings.payload_params)
@@ -114,7 +114,7 @@ class SimulatedLearnerRank:
 
     def use_service(self, service) -> None:
         """As ``LearnerRank.use_service``."""
-        self.service = CorrectionCall(service)
+        self.correction = CorrectionCall(service)
 
     def step(self, batch: LearnerBatch, holder: list, step: int) -> StepOutcome | None:
         """``LearnerRank.step`` simulated: the protocol of ``system.learner.group_step`` (rank 0 calls the
@@ -144,7 +144,7 @@ class SimulatedLearnerRank:
         _deadline_sleep(t0, self.settings.proximal_seconds)
         t1 = time.perf_counter()
         # as run_step: the call starts, the update's first micro-batch forward runs, then the wait
-        wait_call = self.service.start(step, batch, holder, proximal, self._policy_version) if self.rank == 0 else None
+        wait_call = self.correction.start(step, batch, holder, proximal, self._policy_version) if self.rank == 0 else None
         t2 = time.perf_counter()
         _deadline_sleep(t2, self.settings.train_seconds * self._first_forward_share(batch.num_sequences))
         tw = time.perf_counter()
